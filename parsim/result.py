@@ -1,0 +1,308 @@
+"""Span rows -> Timeline (pandas) -> Result metrics, JSON and a readable summary.
+
+Definitions (what every number means):
+
+* step_time_s: makespan of one optimizer step (all streams, all pipeline ranks).
+* busy_s of a pipeline rank: time its compute stream runs (F, B, I, W, STEP, including
+  the TP/CP/EP communication that runs inside those ops).
+* bubble_fraction: mean over pipeline ranks of (step_time - busy) / step_time
+  (DESIGN.md); it counts every idle moment of the compute stream.
+* breakdown: the mean pipeline rank's step time split into compute, recompute,
+  tp/cp/ep communication inside ops, optimizer, exposed dp and pp communication (idle
+  while a collective or a transfer for this rank is in flight) and the pure pipeline
+  bubble (the rest). The parts add up to step_time_s.
+* mfu: model FLOPs (3 x forward of all layers and the LM head, full s^2 attention, no
+  recompute) per GPU per second / peak; hfu counts what runs, recompute included.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from .costs import PART_NAMES, ModelCosts
+from .model import active_params, megatron_flops_per_step, model_flops_per_step, total_params
+from .scenario import Scenario
+from .schedule.ir import Op, Schedule
+from .sim.engine import RawTimeline
+from .units import fmt_bytes, fmt_count, fmt_seconds
+
+COMPUTE_OPS = ("F", "B", "I", "W", "STEP")
+MEMORY_KINDS = ("params", "grads", "optimizer", "activations", "other")
+
+
+def _union_length(starts: np.ndarray, ends: np.ndarray) -> float:
+    if len(starts) == 0:
+        return 0.0
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], np.maximum.accumulate(ends[order])
+    # a new block begins where a start exceeds every earlier end
+    new = np.empty(len(s), dtype=bool)
+    new[0] = True
+    new[1:] = s[1:] > e[:-1]
+    idx = np.flatnonzero(new)
+    block_end = np.append(e[idx[1:] - 1], e[-1])
+    return float(np.sum(block_end - s[idx]))
+
+
+def _exposed(comm: pd.DataFrame, busy: pd.DataFrame) -> float:
+    """Length of the comm intervals not covered by busy intervals."""
+    if comm.empty:
+        return 0.0
+    cs, ce = comm["start_s"].to_numpy(), comm["end_s"].to_numpy()
+    bs, be = busy["start_s"].to_numpy(), busy["end_s"].to_numpy()
+    both = _union_length(np.concatenate([cs, bs]), np.concatenate([ce, be]))
+    return both - _union_length(bs, be)
+
+
+def _frame(rows: list[tuple], columns, dtypes: dict) -> pd.DataFrame:
+    """Columnar DataFrame from row tuples (transposed in C; strings as categoricals)."""
+    cols = list(zip(*rows)) if rows else [()] * len(columns)
+    data = {}
+    for name, col in zip(columns, cols):
+        dt = dtypes[name]
+        data[name] = pd.Categorical(col) if dt == "category" else np.asarray(col, dtype=dt)
+    return pd.DataFrame(data)
+
+
+def spans_frame(spans: list[tuple]) -> pd.DataFrame:
+    """The Timeline: one row per executed action."""
+    tl = _frame(spans, RawTimeline.SPAN_COLUMNS,
+                {"rank": np.int64, "stream": "category", "op": "category", "stage": np.int64,
+                 "microbatch": np.int64, "start_s": float, "end_s": float, "bytes": float})
+    mb = tl["microbatch"].to_numpy()
+    tl["microbatch"] = pd.arrays.IntegerArray(mb, mb < 0)  # -1 in the engine = no microbatch
+    return tl
+
+
+@dataclass
+class Result:
+    """One simulated optimizer step."""
+
+    scenario: Scenario
+    schedule: Schedule
+    costs: ModelCosts
+    timeline: pd.DataFrame
+    """One row per executed action (Span): rank, stream, op, stage, microbatch, start_s, end_s, bytes."""
+    memory_events: pd.DataFrame
+    """rank, time_s, delta_bytes, kind: dynamic allocations over the step."""
+    metrics: dict
+
+    @classmethod
+    def from_raw(cls, sc: Scenario, schedule: Schedule, costs: ModelCosts, raw: RawTimeline) -> "Result":
+        tl = spans_frame(raw.spans)
+        mem = _frame(raw.mem_events, RawTimeline.MEM_COLUMNS, {"rank": np.int64, "time_s": float,
+                                                                 "delta_bytes": float, "kind": "category"})
+        res = cls(sc, schedule, costs, tl, mem, {})
+        res.metrics = _metrics(res)
+        return res
+
+    def to_json(self) -> dict:
+        return self.metrics
+
+    def summary(self) -> str:
+        return format_summary(self.metrics)
+
+
+def _rank_memory(res: Result, rank: int, ev: pd.DataFrame) -> tuple[float, dict[str, float]]:
+    """Peak bytes of a rank and the breakdown by kind at that moment."""
+    static = res.costs.rank_model_states(rank, res.schedule.stage_to_rank)
+    kinds = {k: 0.0 for k in ("activations", "other")}
+    if not ev.empty:
+        ev = ev.sort_values(["time_s", "delta_bytes"], kind="stable")
+        total = ev["delta_bytes"].cumsum().to_numpy()
+        i = int(np.argmax(total))
+        upto = ev.iloc[: i + 1]
+        for k, v in upto.groupby("kind")["delta_bytes"].sum().items():
+            kinds[k] = kinds.get(k, 0.0) + float(v)
+    breakdown = {**static, **kinds}
+    return float(sum(breakdown.values())), breakdown
+
+
+def _metrics(res: Result) -> dict:
+    sc, tl, costs = res.scenario, res.timeline, res.costs
+    par, tr, m = sc.parallel, sc.training, sc.model
+    T = float(tl["end_s"].max()) if len(tl) else 0.0
+    pp = res.schedule.pp
+    s2r = res.schedule.stage_to_rank
+    compute = tl[tl["stream"] == "compute"]
+    # parts of each compute span, from the cost table (uniform over microbatches)
+    part_rows = []
+    for st in costs.stages:
+        for op, p in st.parts.items():
+            part_rows.append((st.stage, op.value, *(getattr(p, n) for n in PART_NAMES), st.flops.get(op, 0.0)))
+    parts = pd.DataFrame(part_rows, columns=["stage", "op", *PART_NAMES, "flops"])
+    joined = compute.merge(parts, on=["stage", "op"], how="left").fillna(0.0)
+    stages_out, totals = [], {k: 0.0 for k in ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm",
+                                                 "optimizer", "dp_comm", "pp_comm", "bubble")}
+    peak_all, worst = 0.0, None
+    capacity = sc.hardware.device.usable_memory_bytes
+    hw_flops_per_gpu = 0.0
+    empty = tl.iloc[0:0]
+    comp_by = dict(tuple(compute.groupby("rank")))
+    joined_by = dict(tuple(joined.groupby("rank")))
+    dp_by = dict(tuple(tl[tl["stream"] == "dp"].groupby("rank")))
+    p2p = tl[tl["stream"] == "p2p"]
+    if len(p2p):
+        # a transfer belongs to the rank that waits for it
+        s2r_arr = np.asarray(s2r)
+        dst_stage = p2p["stage"].to_numpy() + np.where(p2p["op"].to_numpy() == "SEND_F", 1, -1)
+        p2p = p2p.assign(dst=s2r_arr[dst_stage])
+    in_by = dict(tuple(p2p.groupby("dst"))) if len(p2p) else {}
+    mem_by = dict(tuple(res.memory_events.groupby("rank")))
+    for r in range(pp):
+        rc = comp_by.get(r, empty)
+        busy = float((rc["end_s"] - rc["start_s"]).sum())
+        jr = joined_by.get(r, joined.iloc[0:0])
+        step = jr[jr["op"] == "STEP"]
+        optim = float((step["end_s"] - step["start_s"]).sum())
+        not_step = jr["op"] != "STEP"
+        in_ops = {n: float(jr.loc[not_step, n].sum()) for n in PART_NAMES}
+        dp = dp_by.get(r, empty)
+        incoming = in_by.get(r, empty)
+        exp_dp = _exposed(dp, rc)
+        exp_pp = _exposed(incoming, pd.concat([rc, dp])) if len(incoming) else 0.0
+        bubble = max(0.0, T - busy - exp_dp - exp_pp)
+        for n in PART_NAMES:
+            totals[n] += in_ops[n]
+        totals["optimizer"] += optim
+        totals["dp_comm"] += exp_dp
+        totals["pp_comm"] += exp_pp
+        totals["bubble"] += bubble
+        hw_flops_per_gpu += float(jr["flops"].sum())
+        peak, mem = _rank_memory(res, r, mem_by.get(r, res.memory_events.iloc[0:0]))
+        if peak > peak_all:
+            peak_all = peak
+        if peak > capacity and (worst is None or peak - capacity > worst[1]):
+            worst = (r, peak - capacity)
+        stages_out.append({
+            "rank": r,
+            "stages": [s for s in range(len(s2r)) if s2r[s] == r],
+            "layers": sum(sc.layers_per_stage[s] for s in range(len(s2r)) if s2r[s] == r),
+            "busy_s": busy,
+            "bubble_fraction": (T - busy) / T if T > 0 else 0.0,
+            "exposed_dp_comm_s": exp_dp,
+            "exposed_pp_comm_s": exp_pp,
+            "peak_memory_bytes": peak,
+            "memory": {k: float(mem.get(k, 0.0)) for k in MEMORY_KINDS},
+        })
+    mean = {k: v / pp for k, v in totals.items()}
+    tokens = sc.tokens_per_step
+    world = par.world_size
+    model_flops = model_flops_per_step(m, tokens, tr.seq_len)
+    tflops = model_flops / T / world / 1e12 if T > 0 else 0.0
+    peak_flops = sc.hardware.device.peak(tr.precision)
+    meg = megatron_flops_per_step(m, tr.global_batch, tr.seq_len, recompute=tr.recompute == "full")
+    axis_comm = {"tp": mean["tp_comm"], "cp": mean["cp_comm"], "ep": mean["ep_comm"],
+                 "dp": mean["dp_comm"], "pp": mean["pp_comm"]}
+    bytes_by_axis = _bytes_by_axis(res)
+    n_params = total_params(m)
+    out = {
+        "name": sc.name,
+        "hardware": sc.hardware.name,
+        "model": m.name,
+        "schedule": res.schedule.name,
+        "world_size": world,
+        "parallel": {"dp": par.dp, "tp": par.tp, "pp": par.pp, "cp": par.cp, "ep": par.ep,
+                     "vpp": par.vpp, "zero": par.zero, "sequence_parallel": par.sequence_parallel},
+        "n_microbatches": res.schedule.n_microbatches,
+        "microbatch_size": tr.microbatch_size,
+        "recompute": tr.recompute,
+        "params": n_params,
+        "step_time_s": T,
+        "tokens_per_s": tokens / T if T > 0 else 0.0,
+        "tflops_per_gpu": tflops,
+        "mfu": tflops * 1e12 / peak_flops,
+        "hfu": (hw_flops_per_gpu / pp) * (1.0) / T / peak_flops if T > 0 else 0.0,
+        "megatron_tflops_per_gpu": meg / T / world / 1e12 if T > 0 else 0.0,
+        "bubble_fraction": float(np.mean([s["bubble_fraction"] for s in stages_out])) if stages_out else 0.0,
+        "exposed_comm_s": float(sum(axis_comm.values())),
+        "exposed_comm_by_axis_s": axis_comm,
+        "comm_bytes_by_axis": bytes_by_axis,
+        "breakdown_s": {"compute": mean["compute"], "recompute": mean["recompute"],
+                        "tp_comm": mean["tp_comm"], "cp_comm": mean["cp_comm"], "ep_comm": mean["ep_comm"],
+                        "optimizer": mean["optimizer"], "dp_comm": mean["dp_comm"],
+                        "pp_comm": mean["pp_comm"], "bubble": mean["bubble"]},
+        "peak_memory_bytes": peak_all,
+        "memory_capacity_bytes": capacity,
+        "fits_in_memory": worst is None,
+        "oom": None if worst is None else {"rank": worst[0], "over_by_bytes": worst[1]},
+        "stages": stages_out,
+    }
+    if m.is_moe:
+        out["active_params"] = active_params(m)
+    return out
+
+
+def _bytes_by_axis(res: Result) -> dict[str, float]:
+    """Bytes one GPU of the representative replica sends per step, by axis (mean over pipeline ranks)."""
+    tl, costs, sc = res.timeline, res.costs, res.scenario
+    pp = res.schedule.pp
+    p2p = float(tl.loc[tl["stream"] == "p2p", "bytes"].sum()) / pp
+    dp = float(tl.loc[tl["stream"] == "dp", "bytes"].sum()) / pp
+    n = sc.parallel.dp
+    # ring collectives: each GPU sends (n-1)/n of the buffer per reduce-scatter/all-gather phase
+    dp_factor = {"REDUCE_GRAD": 2 * (n - 1) / n if sc.parallel.zero == 0 else (n - 1) / n,
+                 "UNSHARD": (n - 1) / n, "PARAM_GATHER": (n - 1) / n}
+    dp_sent = 0.0
+    for op, grp in tl[tl["stream"] == "dp"].groupby("op"):
+        dp_sent += float(grp["bytes"].sum()) * dp_factor.get(op, 1.0)
+    dp_sent /= pp
+    return {"pp": p2p, "dp": dp_sent, "dp_buffer": dp, "tp": _tp_bytes(res), "cp": 0.0, "ep": 0.0}
+
+
+def _tp_bytes(res: Result) -> float:
+    sc = res.scenario
+    t = sc.parallel.tp
+    if t <= 1:
+        return 0.0
+    b, seq = sc.training.microbatch_size, sc.training.seq_len // sc.parallel.cp
+    per_collective = b * seq * sc.model.d_model * 2 * 2 * (t - 1) / t  # ring all-reduce bytes sent per GPU
+    passes = 3 if sc.training.recompute == "full" else 2  # forward, backward (+ recomputed forward)
+    layers = sc.model.n_layers / sc.parallel.pp
+    return per_collective * 2 * passes * layers * res.schedule.n_microbatches
+
+
+def format_summary(mx: dict) -> str:
+    par = mx["parallel"]
+    lines = [
+        f"{mx['name']}: {mx['model']} on {mx['world_size']} x {mx['hardware']}  "
+        f"(dp={par['dp']} tp={par['tp']} pp={par['pp']} cp={par['cp']} ep={par['ep']} vpp={par['vpp']} "
+        f"zero={par['zero']}{' sp' if par['sequence_parallel'] else ''}; {mx['schedule']}, "
+        f"{mx['n_microbatches']} microbatches of {mx['microbatch_size']}, recompute={mx['recompute']})",
+        f"  params            {fmt_count(mx['params'])}" + (f"  (active {fmt_count(mx['active_params'])})" if "active_params" in mx else ""),
+        f"  step time         {fmt_seconds(mx['step_time_s'])}",
+        f"  throughput        {mx['tokens_per_s']:,.0f} tokens/s, {mx['tflops_per_gpu']:.1f} TFLOP/s per GPU "
+        f"(MFU {mx['mfu']:.1%}, HFU {mx['hfu']:.1%})",
+        f"  bubble fraction   {mx['bubble_fraction']:.4f}",
+        f"  exposed comm      {fmt_seconds(mx['exposed_comm_s'])}  "
+        + "  ".join(f"{k}={fmt_seconds(v)}" for k, v in mx["exposed_comm_by_axis_s"].items() if v > 0),
+        "  step time breakdown (mean pipeline rank):",
+    ]
+    T = mx["step_time_s"] or 1.0
+    for k, v in mx["breakdown_s"].items():
+        if v > 0:
+            lines.append(f"    {k:<12} {fmt_seconds(v):>12}  {v / T:6.1%}")
+    fit = "fits" if mx["fits_in_memory"] else (
+        f"DOES NOT FIT: rank {mx['oom']['rank']} over by {fmt_bytes(mx['oom']['over_by_bytes'])}")
+    lines.append(f"  peak memory       {fmt_bytes(mx['peak_memory_bytes'])} of {fmt_bytes(mx['memory_capacity_bytes'])} usable: {fit}")
+    lines.append("  rank  layers  busy          bubble   peak memory   params     grads      optimizer  activations")
+    for s in mx["stages"]:
+        mm = s["memory"]
+        lines.append(f"  {s['rank']:>4}  {s['layers']:>6}  {fmt_seconds(s['busy_s']):>12}  {s['bubble_fraction']:7.4f}  "
+                     f"{fmt_bytes(s['peak_memory_bytes']):>11}  {fmt_bytes(mm['params']):>9}  {fmt_bytes(mm['grads']):>9}  "
+                     f"{fmt_bytes(mm['optimizer']):>9}  {fmt_bytes(mm['activations']):>9}")
+    return "\n".join(lines)
+
+
+def json_safe(obj):
+    """Replace NaN/inf (not valid JSON) by None, recursively."""
+    if isinstance(obj, float) and (math.isnan(obj) or math.isinf(obj)):
+        return None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj

@@ -1,0 +1,321 @@
+"""Scenario TOML -> Scenario, with ``--set section.key=value`` overrides.
+
+Strict: an unknown table or key, a wrong type, degrees that do not divide, heads not
+divisible by tp — each is a ConfigError naming the file and the dotted key.
+"""
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+from .hardware import HardwareProfile, load_profile
+from .model import ModelSpec, model_from_table
+from .parallel import AXES, ParallelConfig, check_parallel, partition_layers
+
+PRECISIONS = ("bf16", "fp16", "fp32", "fp8")
+OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "muon", "adafactor")
+RECOMPUTE = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """What one optimizer step processes, and how."""
+
+    global_batch: int
+    """Sequences per optimizer step, over all data-parallel replicas."""
+    seq_len: int
+    """Tokens per sequence."""
+    microbatch_size: int = 1
+    """Sequences per microbatch."""
+    precision: str = "bf16"
+    """Compute precision: bf16 | fp16 | fp32 | fp8 (mixed precision keeps fp32 master weights)."""
+    optimizer: str = "adam"
+    """sgd | momentum | adam | adamw | muon | adafactor."""
+    recompute: str = "none"
+    """Activation recomputation: none | selective | full."""
+    flash_attention: bool = True
+    """FlashAttention-style attention: scores never stored; causal blocks skipped."""
+    dropout: bool | None = None
+    """Dropout masks stored; default: on for GeLU (GPT-style) models, off for SwiGLU (Llama-style)."""
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """Which pipeline schedule runs, and on how many microbatches."""
+
+    name: str = "1F1B"
+    """Registered schedule name (GPipe, 1F1B, Interleaved1F1B, ZBH1, ...)."""
+    n_microbatches: int | None = None
+    """Microbatches per step and pipeline; default global_batch / (dp * microbatch_size)."""
+
+
+@dataclass(frozen=True)
+class OverlapConfig:
+    """Which communication overlaps with compute: stated here, visible in the result."""
+
+    grad_reduce: bool = True
+    """Bucketed DP gradient reduction launched during the last backward (DDP / Megatron --overlap-grad-reduce)."""
+    param_gather: bool = False
+    """ZeRO parameter all-gather overlapped with the next step's forward (--overlap-param-gather)."""
+    tp_comm: bool = False
+    """TP collectives pipelined with their GEMMs (--tp-comm-overlap)."""
+
+
+@dataclass(frozen=True)
+class MeasuredCosts:
+    """A ``[costs]`` table: measured per-microbatch times that replace the cost model."""
+
+    forward_s: tuple[float, ...]
+    """Forward time of one microbatch, per stage."""
+    backward_s: tuple[float, ...] | None
+    """Full backward (B) per stage; or None when given as input + weight parts."""
+    backward_input_s: tuple[float, ...] | None
+    """Backward for inputs (I) per stage."""
+    backward_weight_s: tuple[float, ...] | None
+    """Backward for weights (W) per stage."""
+    p2p_s: float = 0.0
+    """One activation/gradient transfer between neighbouring stages."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Everything a simulation needs; built by :func:`load_scenario`."""
+
+    name: str
+    file: str
+    hardware: HardwareProfile
+    gpus: int
+    model: ModelSpec
+    training: TrainingConfig
+    parallel: ParallelConfig
+    schedule: ScheduleConfig
+    overlap: OverlapConfig = field(default_factory=OverlapConfig)
+    costs: MeasuredCosts | None = None
+    layers_per_stage: tuple[int, ...] = ()
+    """Transformer blocks on each stage (n_stages entries)."""
+
+    @property
+    def n_microbatches(self) -> int:
+        if self.schedule.n_microbatches is not None:
+            return self.schedule.n_microbatches
+        return self.training.global_batch // (self.parallel.dp * self.training.microbatch_size)
+
+    @property
+    def dropout(self) -> bool:
+        if self.training.dropout is not None:
+            return self.training.dropout
+        return self.model.ffn == "gelu"
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.training.global_batch * self.training.seq_len
+
+
+TOP_KEYS = {"name", "hardware", "gpus", "model", "training", "parallel", "schedule", "costs", "overlap", "description"}
+
+
+def _check_keys(table: dict, allowed, file: str, prefix: str) -> None:
+    for k in table:
+        if k not in allowed:
+            raise ConfigError(file, f"{prefix}{k}", f"unknown key (known: {', '.join(sorted(allowed))})")
+
+
+def _typed(table: dict, key: str, typ, file: str, prefix: str, default=None, required=False):
+    if key not in table:
+        if required:
+            raise ConfigError(file, f"{prefix}{key}", "missing (required)")
+        return default
+    v = table[key]
+    ok = isinstance(v, typ) and not (typ is int and isinstance(v, bool))
+    if typ is float and isinstance(v, int) and not isinstance(v, bool):
+        v, ok = float(v), True
+    if not ok:
+        want = getattr(typ, "__name__", str(typ))
+        raise ConfigError(file, f"{prefix}{key}", f"expected {want}, got {v!r}")
+    if typ in (int, float) and v <= 0 and key not in ("zero", "p2p_s"):
+        raise ConfigError(file, f"{prefix}{key}", f"must be positive, got {v!r}")
+    return v
+
+
+def _choice(v, choices, file, key):
+    if v not in choices:
+        raise ConfigError(file, key, f"{v!r} is not one of {', '.join(choices)}")
+    return v
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``section.key=value`` -> (["section", "key"], typed value); value parsed as TOML."""
+    if "=" not in text:
+        raise ConfigError("--set", text, "expected section.key=value")
+    path, raw = text.split("=", 1)
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw  # bare strings: --set schedule.name=ZBH1
+    return path.strip().split("."), value
+
+
+def apply_overrides(doc: dict, overrides: list[str]) -> dict:
+    for text in overrides:
+        keys, value = parse_override(text)
+        node = doc
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise ConfigError("--set", text, f"{k} is not a table")
+        node[keys[-1]] = value
+    return doc
+
+
+def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
+    """Read a scenario file; ``overrides`` are ``section.key=value`` strings."""
+    path = Path(path)
+    file = str(path)
+    try:
+        doc = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(file, None, "no such scenario file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(file, None, f"not valid TOML: {e}") from None
+    doc = apply_overrides(doc, overrides or [])
+    return scenario_from_dict(doc, file, base_dir=path.parent)
+
+
+def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Scenario:
+    _check_keys(doc, TOP_KEYS, file, "")
+    name = _typed(doc, "name", str, file, "", default=Path(file).stem)
+    hw_name = _typed(doc, "hardware", str, file, "", required=True)
+    try:
+        hardware = load_profile(hw_name, base_dir=base_dir)
+    except ConfigError as e:
+        raise ConfigError(e.file or file, e.key if e.file else "hardware", e.problem) from None
+    gpus = _typed(doc, "gpus", int, file, "", required=True)
+    if "model" not in doc or not isinstance(doc["model"], dict):
+        raise ConfigError(file, "model", "missing [model] table (preset = \"...\" or explicit fields)")
+    model = model_from_table(doc["model"], file)
+    training = _training(doc.get("training", {}), file)
+    parallel = _parallel(doc.get("parallel", {}), file)
+    schedule = _schedule(doc.get("schedule", {}), file)
+    overlap = _simple(OverlapConfig, doc.get("overlap", {}), file, "overlap.")
+    check_parallel(parallel, gpus, file)
+    _check_model_parallel(model, training, parallel, file)
+    interleaved = parallel.vpp > 1
+    layers = partition_layers(model.n_layers, parallel.n_stages, file=file, interleaved=interleaved)
+    costs = _costs(doc["costs"], file, parallel.n_stages) if "costs" in doc else None
+    sc = Scenario(name, file, hardware, gpus, model, training, parallel, schedule, overlap, costs, layers)
+    _check_batch(sc)
+    return sc
+
+
+def _simple(cls, table: dict, file: str, prefix: str):
+    names = {f.name for f in fields(cls)}
+    _check_keys(table, names, file, prefix)
+    for k, v in table.items():
+        if not isinstance(v, bool):
+            raise ConfigError(file, f"{prefix}{k}", f"expected true/false, got {v!r}")
+    return cls(**table)
+
+
+def _training(t: dict, file: str) -> TrainingConfig:
+    p = "training."
+    _check_keys(t, {f.name for f in fields(TrainingConfig)}, file, p)
+    tc = TrainingConfig(
+        global_batch=_typed(t, "global_batch", int, file, p, required=True),
+        seq_len=_typed(t, "seq_len", int, file, p, required=True),
+        microbatch_size=_typed(t, "microbatch_size", int, file, p, 1),
+        precision=_choice(_typed(t, "precision", str, file, p, "bf16"), PRECISIONS, file, p + "precision"),
+        optimizer=_choice(_typed(t, "optimizer", str, file, p, "adam"), OPTIMIZERS, file, p + "optimizer"),
+        recompute=_choice(_typed(t, "recompute", str, file, p, "none"), RECOMPUTE, file, p + "recompute"),
+        flash_attention=_typed(t, "flash_attention", bool, file, p, True),
+        dropout=_typed(t, "dropout", bool, file, p, None),
+    )
+    return tc
+
+
+def _parallel(t: dict, file: str) -> ParallelConfig:
+    p = "parallel."
+    _check_keys(t, {f.name for f in fields(ParallelConfig)}, file, p)
+    kw = {}
+    for axis in ("dp", "tp", "pp", "cp", "ep", "vpp"):
+        kw[axis] = _typed(t, axis, int, file, p, 1)
+    zero = t.get("zero", 0)
+    if isinstance(zero, bool) or not isinstance(zero, int):
+        raise ConfigError(file, p + "zero", f"expected an integer 0..3, got {zero!r}")
+    kw["zero"] = zero
+    kw["sequence_parallel"] = _typed(t, "sequence_parallel", bool, file, p, False)
+    if "order" in t:
+        order = t["order"]
+        if not isinstance(order, list) or sorted(order) != sorted(AXES):
+            raise ConfigError(file, p + "order", f"must be a permutation of {list(AXES)}")
+        kw["order"] = tuple(order)
+    return ParallelConfig(**kw)
+
+
+def _schedule(t: dict, file: str) -> ScheduleConfig:
+    p = "schedule."
+    _check_keys(t, {f.name for f in fields(ScheduleConfig)}, file, p)
+    return ScheduleConfig(
+        name=_typed(t, "name", str, file, p, "1F1B"),
+        n_microbatches=_typed(t, "n_microbatches", int, file, p, None),
+    )
+
+
+def _per_stage(t: dict, key: str, file: str, n_stages: int) -> tuple[float, ...] | None:
+    if key not in t:
+        return None
+    v = t[key]
+    vals = v if isinstance(v, list) else [v]
+    for x in vals:
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or x < 0:
+            raise ConfigError(file, f"costs.{key}", f"expected non-negative seconds, got {x!r}")
+    if isinstance(v, list):
+        if len(v) != n_stages:
+            raise ConfigError(file, f"costs.{key}", f"has {len(v)} values but there are {n_stages} stages (pp*vpp)")
+        return tuple(float(x) for x in v)
+    return (float(v),) * n_stages
+
+
+def _costs(t: dict, file: str, n_stages: int) -> MeasuredCosts:
+    _check_keys(t, {f.name for f in fields(MeasuredCosts)}, file, "costs.")
+    fwd = _per_stage(t, "forward_s", file, n_stages)
+    if fwd is None:
+        raise ConfigError(file, "costs.forward_s", "missing (required in a [costs] table)")
+    b = _per_stage(t, "backward_s", file, n_stages)
+    bi = _per_stage(t, "backward_input_s", file, n_stages)
+    bw = _per_stage(t, "backward_weight_s", file, n_stages)
+    if b is None and (bi is None or bw is None):
+        raise ConfigError(file, "costs.backward_s", "missing: give backward_s, or backward_input_s and backward_weight_s")
+    if b is not None and (bi is not None or bw is not None):
+        raise ConfigError(file, "costs.backward_s", "give backward_s or the input/weight split, not both")
+    p2p = t.get("p2p_s", 0.0)
+    if isinstance(p2p, bool) or not isinstance(p2p, (int, float)) or p2p < 0:
+        raise ConfigError(file, "costs.p2p_s", f"expected non-negative seconds, got {p2p!r}")
+    return MeasuredCosts(fwd, b, bi, bw, float(p2p))
+
+
+def _check_model_parallel(model: ModelSpec, tr: TrainingConfig, par: ParallelConfig, file: str) -> None:
+    if model.n_heads % par.tp:
+        raise ConfigError(file, "parallel.tp", f"{model.n_heads} attention heads are not divisible by tp={par.tp}")
+    if model.n_kv_heads % par.tp and par.tp % model.n_kv_heads:
+        raise ConfigError(file, "parallel.tp", f"{model.n_kv_heads} KV heads do not divide or split evenly over tp={par.tp}")
+    if tr.seq_len % par.cp:
+        raise ConfigError(file, "parallel.cp", f"seq_len={tr.seq_len} is not divisible by cp={par.cp}")
+    if par.sequence_parallel and tr.seq_len % par.tp:
+        raise ConfigError(file, "parallel.sequence_parallel", f"seq_len={tr.seq_len} is not divisible by tp={par.tp}")
+    if par.ep > 1 and not model.is_moe:
+        raise ConfigError(file, "parallel.ep", f"ep={par.ep} but model {model.name} has no experts")
+    if model.is_moe and model.n_experts % par.ep:
+        raise ConfigError(file, "parallel.ep", f"{model.n_experts} experts are not divisible by ep={par.ep}")
+
+
+def _check_batch(sc: Scenario) -> None:
+    tr, par = sc.training, sc.parallel
+    per_replica = par.dp * tr.microbatch_size
+    if sc.schedule.n_microbatches is None and tr.global_batch % per_replica:
+        raise ConfigError(sc.file, "training.global_batch",
+                          f"{tr.global_batch} is not divisible by dp*microbatch_size = {per_replica}")
+    if sc.n_microbatches < 1:
+        raise ConfigError(sc.file, "schedule.n_microbatches", "must be at least 1")

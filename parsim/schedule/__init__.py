@@ -1,0 +1,31 @@
+"""Schedule IR, builders, lowering passes, validation and text grids.
+
+See ``ir.py`` for the action grammar and runtime semantics shared by the simulator
+and the torch runtime.
+"""
+from .builders import (
+    BUILDERS,
+    build,
+    gpipe,
+    interleaved_1f1b,
+    lookup,
+    one_f_one_b,
+    one_f_one_b_iw,
+    register,
+    single_chunk,
+    zero_bubble_h1,
+    zero_bubble_h2,
+)
+from .dryrun import DryRun, Durations, dry_run, peak_in_flight
+from .grid import format_grid, format_timeline_grid
+from .ir import Action, Op, Schedule, parse, schedule_from_csv
+from .passes import add_grad_reduction, add_send_recv, add_unshard_reshard, lower, validate
+
+__all__ = [
+    "Action", "Op", "Schedule", "parse", "schedule_from_csv",
+    "BUILDERS", "build", "lookup", "register", "single_chunk",
+    "gpipe", "one_f_one_b", "one_f_one_b_iw", "interleaved_1f1b", "zero_bubble_h1", "zero_bubble_h2",
+    "add_send_recv", "add_unshard_reshard", "add_grad_reduction", "lower", "validate",
+    "DryRun", "Durations", "dry_run", "peak_in_flight",
+    "format_grid", "format_timeline_grid",
+]

@@ -1,0 +1,216 @@
+"""SimPy interpreter of a lowered schedule.
+
+The kernel is domain-free: it knows ranks, streams, links, actions, durations and
+byte counts, never transformers. Everything it needs about cost comes through a
+:class:`CostTable` (seconds and bytes per (stage, op)); everything it produces is a
+list of span rows and memory events, from which ``parsim.result`` derives metrics.
+
+Semantics (the same the torch runtime implements):
+
+* each rank walks its action list in order; compute actions (F, B, I, W, STEP) run on
+  the rank's compute stream and block the walk;
+* ``SEND_*`` is non-blocking: the transfer starts when issued, occupies the link for
+  bytes/bandwidth and arrives one latency later;
+* ``RECV_*`` posts a receive; the compute action that consumes the data waits for it;
+* ``REDUCE_GRAD`` and ``UNSHARD`` run asynchronously on the rank's data-parallel
+  stream (one collective at a time per stream); STEP waits for its stage's
+  REDUCE_GRAD, compute of a stage waits for its pending UNSHARD;
+* memory: F stashes activations until the matching backward frees them; each
+  action may hold transient bytes while it runs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import simpy
+
+from ..schedule.ir import Action, Op, Schedule
+
+COMPUTE_OPS = frozenset({Op.F, Op.B, Op.I, Op.W, Op.STEP})
+BACKWARD_OPS = frozenset({Op.B, Op.I})
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """What one action costs; the engine's only input about the workload."""
+
+    duration_s: float
+    """Time the action occupies its stream."""
+    bytes: float = 0.0
+    """Bytes moved (communication actions)."""
+    stash_bytes: float = 0.0
+    """Bytes allocated at the start and kept after the end (F: the activation stash)."""
+    free_bytes: float = 0.0
+    """Bytes released at the end (B/I/W: the stash of the forward they consume)."""
+    transient_bytes: float = 0.0
+    """Bytes alive only while the action runs (workspace, recomputed activations)."""
+    mem_kind: str = "activations"
+    """Memory category of stash/free/transient bytes (activations | other)."""
+    then_comm_s: float = 0.0
+    """Asynchronous collective launched on the dp stream when the action ends (ZeRO param all-gather after STEP)."""
+    then_comm_bytes: float = 0.0
+    """Bytes of that collective."""
+
+
+@dataclass
+class Link:
+    """A unidirectional point-to-point path; concurrent transfers queue FIFO on it."""
+
+    name: str
+    bandwidth: float
+    """Bytes per second (effective)."""
+    latency_s: float
+    free_at: float = 0.0
+
+    def transfer(self, now: float, nbytes: float) -> tuple[float, float]:
+        """Start and arrival time of a transfer issued at ``now``."""
+        start = max(now, self.free_at)
+        occupy = nbytes / self.bandwidth if self.bandwidth > 0 else 0.0
+        self.free_at = start + occupy
+        return start, start + occupy + self.latency_s
+
+
+class CostTable(Protocol):
+    def op_cost(self, stage: int, op: Op) -> OpCost: ...
+    def p2p_bytes(self, stage: int, op: Op) -> float: ...
+    def link_spec(self, src_rank: int, dst_rank: int) -> tuple[str, float, float]:
+        """(name, effective bandwidth B/s, latency s) of the path between two pipeline ranks."""
+        ...
+
+
+@dataclass
+class RawTimeline:
+    """Columnar output of one run: span rows and memory events."""
+
+    spans: list[tuple] = field(default_factory=list)
+    """(rank, stream, op, stage, microbatch, start_s, end_s, bytes); microbatch -1 = none."""
+    mem_events: list[tuple] = field(default_factory=list)
+    """(rank, time_s, delta_bytes, kind)."""
+
+    SPAN_COLUMNS = ("rank", "stream", "op", "stage", "microbatch", "start_s", "end_s", "bytes")
+    MEM_COLUMNS = ("rank", "time_s", "delta_bytes", "kind")
+
+
+class _Mailbox:
+    """Arrival times of p2p messages, and events for receivers that came early."""
+
+    def __init__(self, env: simpy.Environment):
+        self.env = env
+        self.arrival: dict[tuple, float] = {}
+        self.waiting: dict[tuple, simpy.Event] = {}
+
+    def deliver(self, key: tuple, at: float) -> None:
+        self.arrival[key] = at
+        ev = self.waiting.pop(key, None)
+        if ev is not None:
+            ev.succeed()
+
+    def event(self, key: tuple) -> simpy.Event:
+        ev = self.waiting.get(key)
+        if ev is None:
+            ev = self.waiting[key] = self.env.event()
+        return ev
+
+
+def simulate_schedule(schedule: Schedule, costs: CostTable) -> RawTimeline:
+    """Run one optimizer step of a lowered schedule; return its spans and memory events.
+
+    Each rank process keeps its own clock and hands control to the SimPy scheduler
+    only when it needs a message that has not been sent yet. Ranks interact only
+    through message arrival times on point-to-point links that one sender owns
+    (FIFO in that sender's program order), so this gives exactly the timeline of
+    advancing every rank in global time order, with far fewer events.
+    """
+    env = simpy.Environment()
+    out = RawTimeline()
+    box = _Mailbox(env)
+    links: dict[tuple[int, int], Link] = {}
+
+    def link(src: int, dst: int) -> Link:
+        lk = links.get((src, dst))
+        if lk is None:
+            name, bw, lat = costs.link_spec(src, dst)
+            lk = links[(src, dst)] = Link(name, bw, lat)
+        return lk
+
+    n_stages = schedule.n_stages
+    s2r = schedule.stage_to_rank
+    for rank, actions in enumerate(schedule.actions):
+        env.process(_rank_process(rank, actions, costs, link, box, out, n_stages, s2r))
+    env.run()
+    return out
+
+
+def _needs(action: Action, n_stages: int, s2r: tuple[int, ...], rank: int) -> tuple | None:
+    """Mailbox key of the remote input a compute action consumes, if any."""
+    s, op = action.stage, action.op
+    if op is Op.F and s > 0 and s2r[s - 1] != rank:
+        return (s, "F", action.microbatch)
+    if op in BACKWARD_OPS and s < n_stages - 1 and s2r[s + 1] != rank:
+        return (s, "B", action.microbatch)
+    return None
+
+
+def _rank_process(rank, actions, costs, link_of, box, out, n_stages, s2r):
+    spans = out.spans
+    mem = out.mem_events
+    t = 0.0                             # this rank's clock: when its compute stream is next free
+    dp_free = 0.0                       # when its dp stream is next free
+    reduce_done: dict[int, float] = {}  # stage -> end of its REDUCE_GRAD
+    unshard_done: dict[int, float] = {}  # stage -> end of its pending UNSHARD
+    arrival = box.arrival
+    op_cost = costs.op_cost
+    for a in actions:
+        op = a.op
+        if op is Op.RECV_F or op is Op.RECV_B:
+            continue  # posting a receive costs nothing; the consumer waits below
+        if op is Op.SEND_F or op is Op.SEND_B:
+            fwd = op is Op.SEND_F
+            dst_stage = a.stage + 1 if fwd else a.stage - 1
+            nbytes = costs.p2p_bytes(a.stage, op)
+            start, arrive = link_of(rank, s2r[dst_stage]).transfer(t, nbytes)
+            spans.append((rank, "p2p", op.value, a.stage, a.microbatch, start, arrive, nbytes))
+            box.deliver((dst_stage, "F" if fwd else "B", a.microbatch), arrive)
+            continue
+        c = op_cost(a.stage, op)
+        if op is Op.REDUCE_GRAD or op is Op.UNSHARD:
+            start = t if t > dp_free else dp_free
+            dp_free = start + c.duration_s
+            (reduce_done if op is Op.REDUCE_GRAD else unshard_done)[a.stage] = dp_free
+            spans.append((rank, "dp", op.value, a.stage, -1, start, dp_free, c.bytes))
+            if c.stash_bytes:
+                mem.append((rank, start, c.stash_bytes, c.mem_kind))
+            continue
+        if op is Op.RESHARD:
+            if c.free_bytes:
+                mem.append((rank, t, -c.free_bytes, c.mem_kind))
+            continue
+        # compute: wait for remote input, pending parameter gathers, gradient reduction
+        start = t
+        key = _needs(a, n_stages, s2r, rank)
+        if key is not None:
+            at = arrival.get(key)
+            if at is None:
+                yield box.event(key)  # the sender has not reached its SEND yet
+                at = arrival[key]
+            if at > start:
+                start = at
+        if op is Op.STEP:
+            start = max(start, reduce_done.get(a.stage, 0.0))
+        pending = unshard_done.get(a.stage)
+        if pending is not None and pending > start:
+            start = pending
+        end = start + c.duration_s
+        t = end
+        if c.stash_bytes or c.transient_bytes:
+            mem.append((rank, start, c.stash_bytes + c.transient_bytes, c.mem_kind))
+        spans.append((rank, "compute", op.value, a.stage, -1 if a.microbatch is None else a.microbatch,
+                      start, end, c.bytes))
+        released = c.free_bytes + c.transient_bytes
+        if released:
+            mem.append((rank, end, -released, c.mem_kind))
+        if c.then_comm_s > 0:
+            s0 = max(end, dp_free)
+            dp_free = s0 + c.then_comm_s
+            spans.append((rank, "dp", "PARAM_GATHER", a.stage, -1, s0, dp_free, c.then_comm_bytes))

@@ -1,0 +1,80 @@
+"""Chrome/Perfetto trace and Gantt plot from a Result's timeline."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+OP_COLORS = {"F": "#4C72B0", "B": "#DD8452", "I": "#C44E52", "W": "#8172B3", "STEP": "#55A868",
+             "SEND_F": "#64B5CD", "SEND_B": "#CCB974", "REDUCE_GRAD": "#937860", "UNSHARD": "#DA8BC3",
+             "PARAM_GATHER": "#8C8C8C"}
+STREAM_TID = {"compute": 0, "p2p": 1, "dp": 2}
+
+
+def chrome_trace(timeline: pd.DataFrame, name: str = "parsim") -> dict:
+    """Trace Event Format (loads in Perfetto / chrome://tracing): a process per rank, a thread per stream."""
+    events = []
+    for rank in sorted(timeline["rank"].unique()):
+        events.append({"ph": "M", "name": "process_name", "pid": int(rank), "args": {"name": f"pipeline rank {rank}"}})
+        for stream, tid in STREAM_TID.items():
+            events.append({"ph": "M", "name": "thread_name", "pid": int(rank), "tid": tid, "args": {"name": stream}})
+    for row in timeline.itertuples(index=False):
+        mb = "" if pd.isna(row.microbatch) else int(row.microbatch)
+        events.append({
+            "ph": "X", "name": f"{row.stage}{row.op}{mb}", "cat": row.op,
+            "pid": int(row.rank), "tid": STREAM_TID.get(row.stream, 3),
+            "ts": row.start_s * 1e6, "dur": (row.end_s - row.start_s) * 1e6,
+            "args": {"stage": int(row.stage), "microbatch": mb, "bytes": float(row.bytes)},
+        })
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"generator": name}}
+
+
+def write_trace(timeline: pd.DataFrame, path: str) -> None:
+    with open(path, "w") as f:
+        json.dump(chrome_trace(timeline), f)
+
+
+def gantt(timeline: pd.DataFrame, ax, title: str = "", show_labels: bool | None = None) -> None:
+    """Pipeline Gantt on ``ax``: one row per rank (compute), dp-stream bars beneath; idle = white."""
+    ranks = sorted(timeline["rank"].unique())
+    comp = timeline[timeline["stream"] == "compute"]
+    dp = timeline[timeline["stream"] == "dp"]
+    if show_labels is None:
+        show_labels = len(comp) <= 400
+    for r in ranks:
+        rc = comp[comp["rank"] == r]
+        for op, grp in rc.groupby("op"):
+            ax.broken_barh(list(zip(grp["start_s"], grp["end_s"] - grp["start_s"])), (r - 0.4, 0.55),
+                           facecolors=OP_COLORS.get(op, "#999999"), edgecolor="white", linewidth=0.3)
+        rd = dp[dp["rank"] == r]
+        if len(rd):
+            ax.broken_barh(list(zip(rd["start_s"], rd["end_s"] - rd["start_s"])), (r + 0.18, 0.2),
+                           facecolors=OP_COLORS["REDUCE_GRAD"])
+        if show_labels:
+            for row in rc.itertuples(index=False):
+                if row.op in ("F", "B", "I", "W") and not pd.isna(row.microbatch):
+                    ax.text((row.start_s + row.end_s) / 2, r - 0.12, str(int(row.microbatch)),
+                            ha="center", va="center", fontsize=6, color="white")
+    ax.set_yticks(ranks)
+    ax.set_yticklabels([f"rank {r}" for r in ranks])
+    ax.invert_yaxis()
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("pipeline rank")
+    if title:
+        ax.set_title(title)
+    from matplotlib.patches import Patch
+    present = [op for op in OP_COLORS if op in set(comp["op"]) or (op == "REDUCE_GRAD" and len(dp))]
+    ax.legend(handles=[Patch(color=OP_COLORS[o], label=o) for o in present], loc="upper right",
+              fontsize=7, ncol=min(6, len(present)))
+
+
+def plot_gantt(timeline: pd.DataFrame, path: str, title: str = "") -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    n = timeline["rank"].nunique()
+    fig, ax = plt.subplots(figsize=(12, 1.0 + 0.45 * n))
+    gantt(timeline, ax, title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

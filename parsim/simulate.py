@@ -1,0 +1,47 @@
+"""Scenario -> lowered schedule + costs -> engine -> Result."""
+from __future__ import annotations
+
+from .costs import ModelCosts
+from .errors import ScheduleError
+from .result import Result
+from .scenario import Scenario
+from .schedule import build, lower
+from .schedule.grid import format_grid
+from .schedule.ir import Schedule
+from .sim.engine import simulate_schedule
+
+
+def schedule_for(sc: Scenario) -> Schedule:
+    """The lowered schedule a scenario runs (the same one the torch runtime executes)."""
+    par = sc.parallel
+    try:
+        sched = build(sc.schedule.name, par.pp, sc.n_microbatches, par.vpp)
+    except ScheduleError as e:
+        # name the scenario file and key: the user fixes it there
+        raise ScheduleError(f"{sc.file}: schedule.name: {e.problem}", e.grid) from None
+    return lower(sched, zero3=par.zero == 3 and par.dp > 1)
+
+
+def simulate(sc: Scenario, costs: ModelCosts | None = None) -> Result:
+    """Simulate one optimizer step of ``sc``."""
+    sched = schedule_for(sc)
+    costs = costs or ModelCosts(sc)
+    raw = simulate_schedule(sched, costs)
+    _check_complete(sched, raw)
+    return Result.from_raw(sc, sched, costs, raw)
+
+
+def _check_complete(sched: Schedule, raw) -> None:
+    """A rank whose compute did not all run is stuck: report where, with the grid."""
+    done: dict[int, int] = {}
+    for row in raw.spans:
+        if row[1] == "compute":
+            done[row[0]] = done.get(row[0], 0) + 1
+    for rank, actions in enumerate(sched.actions):
+        compute = [i for i, a in enumerate(actions) if a.op.is_compute]
+        n = done.get(rank, 0)
+        if n < len(compute):
+            step = compute[n]
+            raise ScheduleError(
+                f"deadlock: rank {rank} never ran step {step} ({actions[step]})",
+                format_grid(sched, mark=(rank, step)))
