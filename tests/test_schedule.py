@@ -79,15 +79,15 @@ GRID = [
     (name, pp, m, vpp)
     for name in ("GPipe", "1F1B", "ZBH1", "ZBH2")
     for pp in (1, 2, 3, 4, 7, 8, 16)
-    for m in (1, 2, 3, 5, 8, 16, 17, 32, 64)
+    for m in (1, 2, 3, 5, 8, 17, 32, 64)
     for vpp in (1,)
-    if pp * m <= 512
+    if pp * m <= 256 or (pp, m) == (16, 64)
 ] + [
     ("Interleaved1F1B", pp, m, vpp)
     for pp in (1, 2, 3, 4, 8, 16)
     for vpp in (2, 3, 4)
     for m in (pp, 2 * pp, 4 * pp)
-    if pp * m * vpp <= 1024
+    if pp * m * vpp <= 512 or (pp, m, vpp) == (16, 16, 4)
 ]
 
 

@@ -106,7 +106,8 @@ def test_zero_bubble_table5_bubble_rates(row):
     p, m, tf, tb, tw, tc = x["p"], x["m"], x["T_F"], x["T_B"], x["T_W"], x["T_comm"]
     ideal = m * (tf + tb + tw)
     for key, fn in (("1F1B", one_f_one_b), ("ZB-H1", zero_bubble_h1), ("ZB-H2", zero_bubble_h2)):
-        for sched in (fn(p, m), lower(fn(p, m), reduce_grad=False, optimizer_step=False)):
+        lowered = [lower(fn(p, m), reduce_grad=False, optimizer_step=False)] if p * m <= 512 else []
+        for sched in [fn(p, m)] + lowered:
             run = dry_run(sched, f=tf, b=tb + tw, i=tb, w=tw, comm=tc)
             cost = max(run.compute_end[r] - run.compute_start[r] for r in range(p))
             assert (cost - ideal) / cost == pytest.approx(expected[key], abs=6e-5), key
@@ -154,3 +155,29 @@ def test_reduce_grad_overlaps_and_step_waits():
     assert run.spans[1][k_step][0] == run.spans[1][k_red][1]  # STEP starts when the reduction ends
     # rank 1 (last stage) finishes its backwards first; its reduction overlaps rank 0's cool-down
     assert run.spans[1][k_red][0] < run.spans[0][len(s.actions[0]) - 3][1]
+
+
+@pytest.mark.parametrize("name, vpp", [("GPipe", 1), ("1F1B", 1), ("Interleaved1F1B", 2), ("ZBH1", 1), ("ZBH2", 1)])
+def test_dry_run_times_respect_every_dependency(name, vpp):
+    """Independent of the engine's bookkeeping: read the spans back and check causality."""
+    for sched in (build(name, 4, 8, vpp), lower(build(name, 4, 8, vpp), zero3=True)):
+        run = dry_run(sched, f=1.5, b=2.5, i=1.25, w=1.0, comm=0.75)
+        at = {}
+        for r, row in enumerate(sched.actions):
+            prev_end = 0.0
+            for a, (start, end) in zip(row, run.spans[r]):
+                if a.op.is_compute:
+                    assert start >= prev_end  # one compute at a time per rank
+                    prev_end = end
+                    at[(a.op.value, a.stage, a.microbatch)] = (start, end, r)
+        for (op, s, m), (start, _, r) in at.items():
+            if op == "F" and s > 0:
+                _, e, r2 = at[("F", s - 1, m)]
+                assert start >= e + (0.75 if r2 != r else 0)
+            if op in ("B", "I"):
+                assert start >= at[("F", s, m)][1]
+                if s < sched.n_stages - 1:
+                    up = at.get(("B", s + 1, m)) or at[("I", s + 1, m)]
+                    assert start >= up[1] + (0.75 if up[2] != r else 0)
+            if op == "W":
+                assert start >= at[("I", s, m)][1]

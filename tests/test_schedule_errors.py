@@ -79,7 +79,7 @@ def test_cross_rank_cycle_deadlocks():
     for sched in (s, lower(s)):
         err = _raises(sched, "deadlock", "rank 0 step", "waits for", "rank 1 step")
         assert _marked_cell(err.grid) in ("0B0", "0RECV_B0")
-    err = _raises(s, "rank 0 step 1 (0B0) waits for 1B/I0 on rank 1", "rank 1 step 1 (1F1) waits for 0F1")
+    err = _raises(s, "rank 0 step 1 (0B0) waits for 1B0/1I0 on rank 1", "rank 1 step 1 (1F1) waits for 0F1")
     assert _marked_cell(err.grid) == "0B0"
 
 

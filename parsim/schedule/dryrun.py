@@ -78,7 +78,7 @@ def _describe(key: tuple) -> str:
     if key[0] == "out":
         return f"{key[1]}F{key[2]}"
     if key[0] == "grad":
-        return f"{key[1]}B/I{key[2]}"
+        return f"{key[1]}B{key[2]}/{key[1]}I{key[2]}"
     if key[0] == "done":
         return f"{key[1]}{key[2].value}{key[3] if key[3] is not None else ''}"
     if key[0] == "reduced":

@@ -49,17 +49,17 @@ def format_grid(
     n_cols = max((len(c) for c in rows), default=0)
     lo, hi = _columns(n_cols, mark_col, window)
     width = max([len(t) for c in rows for _, t in c[lo:hi]] + [3]) + 2
-    label_w = len(f"rank {len(rows) - 1}") + 3
+    label_w = len(f"rank {len(rows) - 1}") + 4
 
     def head(r: int) -> str:
         tag = ">> " if r == mark_rank else "   "
         return f"{tag}rank {r}".ljust(label_w)
 
+    pad = " " * (len(_ELLIPSIS) + 1) if lo > 0 else ""
     step_labels = "".join(str(c).center(width) for c in range(lo, hi))
-    out = [" " * label_w + step_labels.rstrip()]
+    out = [" " * label_w + pad + step_labels.rstrip()]
     for r, cells in enumerate(rows):
-        line = head(r) + (_ELLIPSIS + " " if lo > 0 else "")
-        pad = len(_ELLIPSIS) + 1 if lo > 0 else 0
+        line = head(r) + (_ELLIPSIS + " " if lo > 0 and len(cells) > lo else pad)
         for col in range(lo, min(hi, len(cells))):
             text = cells[col][1]
             line += (f"[{text}]" if r == mark_rank and col == mark_col else text).center(width)
@@ -67,9 +67,8 @@ def format_grid(
             line += " " + _ELLIPSIS
         out.append(line.rstrip())
         if r == mark_rank and mark_col is not None and lo <= mark_col < hi:
-            offset = label_w + pad + (mark_col - lo) * width
             text = f"[{cells[mark_col][1]}]"
-            start = offset + (width - len(text)) // 2
+            start = label_w + len(pad) + (mark_col - lo) * width + (width - len(text)) // 2
             out.append(" " * start + "^" * len(text) + f" rank {r} step {mark_step}")
     if lo > 0 or hi < n_cols:
         out.append(f"(steps {lo}..{hi - 1} of {n_cols} shown)")

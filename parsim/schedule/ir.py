@@ -39,6 +39,7 @@ import io
 import re
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import lru_cache
 
 
 class Op(str, Enum):
@@ -116,15 +117,17 @@ class Action:
             raise ValueError(f"{self.op.value} takes no microbatch, got {self.microbatch}")
 
     def __str__(self) -> str:
-        mb = "" if self.microbatch is None else str(self.microbatch)
-        return f"{self.stage}{self.op.value}{mb}"
+        mb = "" if self.microbatch is None else self.microbatch
+        return f"{self.stage}{_OP_TEXT[self.op]}{mb}"
 
     def __repr__(self) -> str:
         return f"Action({self})"
 
 
+_OP_TEXT = {op: op.value for op in Op}
+_OP_BY_TEXT = {op.value: op for op in Op}
 _OPS_ALT = "|".join(sorted((re.escape(o.value) for o in Op), key=len, reverse=True))
-_ACTION_RE = re.compile(rf"(\d+)({_OPS_ALT})(\d*)")
+_ACTION_RE = re.compile(rf"([0-9]+)({_OPS_ALT})([0-9]*)")
 
 
 def parse(text: str) -> Action:
@@ -132,10 +135,16 @@ def parse(text: str) -> Action:
 
     Raises ValueError naming the text when it is not an action.
     """
-    m = _ACTION_RE.fullmatch(text.strip())
+    return _parse(text.strip())
+
+
+@lru_cache(maxsize=1 << 16)
+def _parse(text: str) -> Action:
+    m = _ACTION_RE.fullmatch(text)
     if m is None:
         raise ValueError(f"not an action: {text!r} (expected e.g. '2F0', '3SEND_F1', '1UNSHARD')")
-    stage, op, mb = int(m.group(1)), Op(m.group(2)), m.group(3)
+    stage, op, mb = m.groups()
+    stage, op = int(stage), _OP_BY_TEXT[op]
     try:
         return Action(stage, op, int(mb) if mb else None)
     except ValueError as err:

@@ -26,7 +26,6 @@ from .dryrun import DryRun, _fail, dry_run
 from .grid import format_grid
 from .ir import Action, Op, Schedule
 
-_FWD_COMM = (Op.SEND_F, Op.RECV_F)
 _P2P = (Op.SEND_F, Op.RECV_F, Op.SEND_B, Op.RECV_B)
 
 
