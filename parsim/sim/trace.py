@@ -43,13 +43,13 @@ def gantt(timeline: pd.DataFrame, ax, title: str = "", show_labels: bool | None 
         show_labels = len(comp) <= 400
     for r in ranks:
         rc = comp[comp["rank"] == r]
-        for op, grp in rc.groupby("op"):
+        for op, grp in rc.groupby("op", observed=True):
             ax.broken_barh(list(zip(grp["start_s"], grp["end_s"] - grp["start_s"])), (r - 0.4, 0.55),
                            facecolors=OP_COLORS.get(op, "#999999"), edgecolor="white", linewidth=0.3)
         rd = dp[dp["rank"] == r]
-        if len(rd):
-            ax.broken_barh(list(zip(rd["start_s"], rd["end_s"] - rd["start_s"])), (r + 0.18, 0.2),
-                           facecolors=OP_COLORS["REDUCE_GRAD"])
+        for op, grp in rd.groupby("op", observed=True):
+            ax.broken_barh(list(zip(grp["start_s"], grp["end_s"] - grp["start_s"])), (r + 0.18, 0.2),
+                           facecolors=OP_COLORS.get(op, "#999999"))
         if show_labels:
             for row in rc.itertuples(index=False):
                 if row.op in ("F", "B", "I", "W") and not pd.isna(row.microbatch):
@@ -63,9 +63,12 @@ def gantt(timeline: pd.DataFrame, ax, title: str = "", show_labels: bool | None 
     if title:
         ax.set_title(title)
     from matplotlib.patches import Patch
-    present = [op for op in OP_COLORS if op in set(comp["op"]) or (op == "REDUCE_GRAD" and len(dp))]
+    shown = pd.concat([comp, dp])
+    shown = shown[shown["end_s"] > shown["start_s"]]
+    present = [op for op in OP_COLORS if op in set(shown["op"].astype(str))]
     ax.legend(handles=[Patch(color=OP_COLORS[o], label=o) for o in present], loc="upper right",
-              fontsize=7, ncol=min(6, len(present)))
+              bbox_to_anchor=(1.0, -0.08), fontsize=7, ncol=max(1, len(present)), frameon=False,
+              title="compute (tall) / data-parallel stream (thin); white = idle", title_fontsize=7)
 
 
 def plot_gantt(timeline: pd.DataFrame, path: str, title: str = "") -> None:
