@@ -25,8 +25,10 @@ from .memory import (ActivationOptions, layer_activation_bytes, layer_recompute_
 from .model import (ModelSpec, attention_core_flops, embedding_params, head_gemm, head_params,
                     is_moe_layer, layer_elementwise_bytes, layer_gemms, layer_params)
 from .schedule.ir import Op
+from .schedule.semantics import traits as schedule_traits, weight_versions as schedule_weight_versions
 from .scenario import Scenario
 from .sim.engine import OpCost
+from . import moe as _moe
 
 PART_NAMES = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm")
 # FlashAttention backward runs 5 matmuls for the forward's 2 (it recomputes the scores):
@@ -64,6 +66,8 @@ class StageCost:
     """Global indices of the transformer blocks on this stage."""
     params: float
     """Parameters this GPU holds for the stage (after TP/EP sharding, before ZeRO)."""
+    expert_params: float = 0.0
+    """Part of ``params`` in routed experts (sharded over ep; ZeRO shards them over dp*cp/ep)."""
     parts: dict[Op, Parts] = field(default_factory=dict)
     flops: dict[Op, float] = field(default_factory=dict)
     """Hardware FLOPs executed per op (recompute included)."""
@@ -84,12 +88,18 @@ class ModelCosts:
         self.dev = sc.hardware.device
         self.prec = sc.training.precision
         self.act_opts = ActivationOptions(sc.training.recompute, sc.training.flash_attention,
-                                          sc.parallel.sequence_parallel, sc.dropout)
+                                          sc.parallel.sequence_parallel, sc.dropout,
+                                          bytes_per_element=_activation_element_bytes(self.prec))
         par = sc.parallel
         self.pipeline_ranks = par.pipeline_ranks()
         self.tp_group = par.group_ranks("tp", 0)
         self.cp_group = par.group_ranks("cp", 0)
         self.dp_group = par.group_ranks("dp", 0)
+        # MoE: one layer's routing, expert GEMMs and all-to-all on the slowest EP rank (parsim.moe)
+        self.moe = _moe.moe_phase(sc, self._tokens()[2]) if sc.model.n_moe_layers else None
+        self.edp_group = _moe.expert_dp_ranks(par) if par.ep > 1 else self.dp_group
+        self.traits = schedule_traits(sc.schedule.name)
+        self.chain_len = par.n_stages // self.traits.n_chains  # stages per model copy
         self.stages = self._build_stages()
 
     # ---- CostTable protocol -------------------------------------------------
@@ -111,6 +121,8 @@ class ModelCosts:
         sc = self.sc
         out, first = [], 0
         for s, n in enumerate(sc.layers_per_stage):
+            if s % self.chain_len == 0:
+                first = 0  # a two-copy schedule (DualPipe, Chimera): each chain holds the whole model
             st = StageCost(stage=s, layers=tuple(range(first, first + n)), params=0.0)
             first += n
             self._stage_params(st)
@@ -129,10 +141,10 @@ class ModelCosts:
         return tr.microbatch_size, seq, tr.microbatch_size * seq
 
     def _is_first(self, st: StageCost) -> bool:
-        return st.stage == 0
+        return st.stage % self.chain_len == 0
 
     def _is_last(self, st: StageCost) -> bool:
-        return st.stage == self.sc.parallel.n_stages - 1
+        return st.stage % self.chain_len == self.chain_len - 1
 
     def _stage_params(self, st: StageCost) -> None:
         m, par = self.sc.model, self.sc.parallel
@@ -140,6 +152,7 @@ class ModelCosts:
         for li in st.layers:
             expert = _expert_params(m, li)
             total += (layer_params(m, li) - expert) / par.tp + expert / (par.tp * par.ep)
+            st.expert_params += expert / (par.tp * par.ep)
         if self._is_first(st):
             total += embedding_params(m) / par.tp
         if self._is_last(st):
@@ -158,6 +171,9 @@ class ModelCosts:
         m, par = sc.model, sc.parallel
         b, seq, tokens = self._tokens()
         gemms = layer_gemms(m, tokens, par.tp, li)
+        moe = self.moe if is_moe_layer(m, li) else None
+        if moe is not None:  # routed experts are costed by parsim.moe (tokens actually routed)
+            gemms = tuple(g for g in gemms if not g.name.startswith("expert_"))
         f_gemm = sum(dev.gemm_time(g.m, g.n, g.k, prec, g.count) for g in gemms)
         i_gemm = sum(dev.gemm_time(g.m, g.k, g.n, prec, g.count) for g in gemms)
         w_gemm = sum(dev.gemm_time(g.k, g.n, g.m, prec, g.count) for g in gemms)
@@ -168,14 +184,75 @@ class ModelCosts:
         f_attn = dev.attention_time(executed, prec)
         bwd_ratio = FLASH_BACKWARD_FLOP_RATIO if sc.training.flash_attention else 2.0
         i_attn = dev.attention_time(executed * bwd_ratio, prec)
-        elem = dev.memory_time(layer_elementwise_bytes(m, tokens, par.tp, par.sequence_parallel))
+        f_attn, i_attn = f_attn + self._scores_traffic(1.0), i_attn + self._scores_traffic(2.0)
+        clock = dev.sustained_fraction
+        f_gemm, i_gemm, w_gemm = f_gemm / clock, i_gemm / clock, w_gemm / clock
+        f_attn, i_attn = f_attn / clock + self._launch(1), i_attn / clock + self._launch(2)
+        elem = dev.memory_time(layer_elementwise_bytes(m, tokens, par.tp, par.sequence_parallel,
+                                                       _activation_element_bytes(prec)))
         act_bytes = tokens * m.d_model * PRECISION_BYTES.get(prec, 2)
-        tp_fwd = 2 * self._tp_allreduce(act_bytes)
+        tp_fwd = self._tp_layer_comm(act_bytes, f_gemm)
+        tp_bwd = self._tp_layer_comm(act_bytes, i_gemm)
         cp_fwd = self._cp_exchange(f_attn)
         fwd = Parts(compute=f_gemm + f_attn + elem, tp_comm=tp_fwd, cp_comm=cp_fwd)
-        inp = Parts(compute=i_gemm + i_attn + 2 * elem, tp_comm=tp_fwd, cp_comm=cp_fwd)
+        inp = Parts(compute=i_gemm + i_attn + 2 * elem, tp_comm=tp_bwd, cp_comm=cp_fwd)
         wgt = Parts(compute=w_gemm)
+        if moe is not None:
+            fwd, inp, wgt, gemm_flops = self._moe_parts(moe, fwd, inp, wgt, gemm_flops)
         return fwd, inp, wgt, gemm_flops + attn_flops, gemm_flops + 2 * attn_flops, gemm_flops
+
+    def _moe_parts(self, ph, fwd: Parts, inp: Parts, wgt: Parts, flops: float):
+        """Add the slowest EP rank's expert GEMMs and its dispatch + combine all-to-alls
+        (2 per pass); with ``overlap.ep_comm`` only what exceeds the pass's compute is exposed."""
+        clock = self.dev.sustained_fraction
+        fwd = fwd + Parts(compute=ph.forward_s / clock)
+        inp = inp + Parts(compute=ph.backward_input_s / clock)
+        wgt = wgt + Parts(compute=ph.backward_weight_s / clock)
+        a2a = 2 * ph.all_to_all_s
+        ep_f = max(0.0, a2a - fwd.compute) if self.sc.overlap.ep_comm else a2a
+        ep_i = max(0.0, a2a - inp.compute - wgt.compute) if self.sc.overlap.ep_comm else a2a
+        return (fwd + Parts(ep_comm=ep_f), inp + Parts(ep_comm=ep_i), wgt, flops + ph.forward_flops)
+
+    def _tp_layer_comm(self, act_bytes: float, gemm_s: float) -> float:
+        """Exposed TP communication of one block in one pass (Megatron f/g operators).
+
+        Without sequence parallelism: two all-reduces of the block's activation (after the
+        attention projection and after FC2). With it: an all-gather before QKV/FC1 and a
+        reduce-scatter after proj/FC2 -- the same ring bytes, norms sharded. With
+        ``overlap.tp_comm`` the collectives are split into tp chunks pipelined with the
+        neighbouring GEMMs: the first chunk stays exposed, and whatever exceeds the GEMMs.
+        """
+        par = self.sc.parallel
+        if par.tp <= 1:
+            return 0.0
+        if par.sequence_parallel:
+            comm = 2 * (collective_time(self.hw, "all_gather", act_bytes, self.tp_group)
+                        + collective_time(self.hw, "reduce_scatter", act_bytes, self.tp_group))
+        else:
+            comm = 2 * self._tp_allreduce(act_bytes)
+        if not self.sc.overlap.tp_comm:
+            return comm
+        return max(comm / par.tp, comm - gemm_s)
+
+    def _scores_traffic(self, passes: float) -> float:
+        """Without FlashAttention the s x s scores go through HBM: the fused scale-mask-
+        softmax reads and writes them, dropout reads them and writes them with a 1-byte
+        mask, the PV batched GEMM reads them (forward; the backward does it twice)."""
+        sc, par = self.sc, self.sc.parallel
+        if sc.training.flash_attention:
+            return 0.0
+        b, seq, _ = self._tokens()
+        heads = max(1, sc.model.n_heads // par.tp)
+        scores = b * heads * seq * sc.training.seq_len * PRECISION_BYTES.get(self.prec, 2)
+        per_pass = 2 + (2.5 if sc.dropout else 0.0) + 1
+        return passes * self.dev.memory_time(per_pass * scores)
+
+    def _launch(self, passes: int) -> float:
+        """Kernel launch gaps of one block per pass: ~12 kernels in a fused forward (2 norms,
+        4 GEMMs, attention, bias-gelu, 2 bias-dropout-adds, 2 TP collectives), +3 unfused
+        attention kernels without FlashAttention; the backward launches twice as many."""
+        n = 12 + (0 if self.sc.training.flash_attention else 3)
+        return passes * n * self.dev.kernel_launch_s
 
     def _cp_exchange(self, attn_time: float) -> float:
         """Exposed part of the ring K/V exchange: cp-1 steps, each overlapping one attention block."""
@@ -211,7 +288,7 @@ class ModelCosts:
             i = i + Parts(compute=dev.gemm_time(g.m, g.k, g.n, prec) + 2 * loss / 3)
             w = w + Parts(compute=dev.gemm_time(g.k, g.n, g.m, prec))
             ff, fi, fw = ff + g.flops, fi + g.flops, fw + g.flops
-        recompute = sc.training.recompute
+        recompute = "full" if self.traits.remat else sc.training.recompute
         if recompute == "full":
             i = i + Parts(recompute=layers_fwd.total)
             fi += layers_fwd_flops
@@ -232,9 +309,15 @@ class ModelCosts:
     def _stage_memory(self, st: StageCost) -> None:
         sc, m, par = self.sc, self.sc.model, self.sc.parallel
         b, seq, tokens = self._tokens()
-        act = sum(layer_activation_bytes(m, seq, b, par.tp, self.act_opts, li) for li in st.layers)
+        rows = self.moe.routed_rows if self.moe is not None else None
+        etp = self.moe.expert_tp if self.moe is not None else None
+        act = sum(layer_activation_bytes(m, seq, b, par.tp, self.act_opts, li, routed_rows=rows, expert_tp=etp)
+                  for li in st.layers)
         if self._is_last(st):
-            act += logits_bytes(m, seq, b, par.tp)
+            # fp32 logits for the loss, plus the final norm's input and the LM head's input
+            # (two d_model activations per token; replicated over tp unless sequence parallel)
+            head_inputs = 2 * tokens * m.d_model * self.act_opts.bytes_per_element
+            act += logits_bytes(m, seq, b, par.tp) + head_inputs / (par.tp if par.sequence_parallel else 1)
         st.activation_bytes = act
         # W needs each linear's input and output-gradient; the rest is freed by I
         st.weight_grad_stash_bytes = min(act, sum(_weight_grad_stash(m, tokens, par.tp, par.sequence_parallel, li)
@@ -252,8 +335,9 @@ class ModelCosts:
             else:
                 bi, bw = mc.backward_input_s[s], mc.backward_weight_s[s]
                 b = bi + bw
-            st.parts = {Op.F: Parts(compute=mc.forward_s[s]), Op.I: Parts(compute=bi),
-                        Op.W: Parts(compute=bw), Op.B: Parts(compute=b)}
+            rec = Parts(recompute=mc.forward_s[s]) if self.traits.remat else Parts()  # GPipeRemat: B reruns F
+            st.parts = {Op.F: Parts(compute=mc.forward_s[s]), Op.I: Parts(compute=bi) + rec,
+                        Op.W: Parts(compute=bw), Op.B: Parts(compute=b) + rec}
 
     def _stage_ops(self, st: StageCost) -> None:
         sc, par = self.sc, self.sc.parallel
@@ -262,6 +346,11 @@ class ModelCosts:
             b, seq, _ = self._tokens()
             transient = layer_recompute_transient_bytes(sc.model, seq, b, par.tp, self.act_opts, st.layers[0])
         act, wstash = st.activation_bytes, st.weight_grad_stash_bytes
+        if self.traits.remat and sc.training.recompute != "full":
+            # GPipe re-materialization: F keeps the stage's input only; B holds the
+            # recomputed activations of the whole stage while it runs
+            transient, act = act, min(act, st.p2p_bytes * (par.tp if par.sequence_parallel else 1))
+            wstash = min(wstash, act)
         st.ops = {
             Op.F: OpCost(st.parts[Op.F].total, stash_bytes=act),
             Op.B: OpCost(st.parts[Op.B].total, free_bytes=act, transient_bytes=transient),
@@ -279,20 +368,27 @@ class ModelCosts:
         ops: dict[Op, OpCost] = {}
         if par.dp > 1:
             kind = "all_reduce" if par.zero == 0 else "reduce_scatter"
-            t = collective_time(hw, kind, grad_bytes, self.dp_group)
+            t = collective_time(hw, kind, (st.params - st.expert_params) * g, self.dp_group)
+            if st.expert_params:  # expert gradients reduce over the expert-data-parallel ranks
+                t += collective_time(hw, kind, st.expert_params * g, self.edp_group)
             if sc.overlap.grad_reduce and st.layers:
                 # buckets of later layers reduce while earlier layers still run backward
                 bwd = st.parts[Op.B].total
                 n = len(st.layers)
                 t = max(t - bwd * (n - 1) / n, t / n)
             ops[Op.REDUCE_GRAD] = OpCost(t, bytes=grad_bytes)
-        shard = st.params / (par.dp if par.zero >= 1 else 1)
+        shard = (st.params - st.expert_params) / (par.dp if par.zero >= 1 else 1)
+        shard += st.expert_params / (len(self.edp_group) if par.zero >= 1 else 1)
         step_bytes = shard * (2 * k + g + w)  # read+write optimizer state, read grads, write weights
-        then = 0.0
-        if par.zero in (1, 2) and par.dp > 1 and not sc.overlap.param_gather:
-            then = collective_time(hw, "all_gather", st.params * w, self.dp_group)
+        then, then_bytes = 0.0, 0.0
+        if par.zero in (1, 2) and par.dp > 1:
+            # ZeRO-1/2: all-gather of the updated parameter shards (reduce-scatter + all-gather
+            # = the all-reduce's bytes); overlapped with the next step's forward when asked
+            then_bytes = st.params * w
+            if not sc.overlap.param_gather:
+                then = collective_time(hw, "all_gather", then_bytes, self.dp_group)
         ops[Op.STEP] = OpCost(self.dev.memory_time(step_bytes), then_comm_s=then,
-                              then_comm_bytes=st.params * w if then else 0.0)
+                              then_comm_bytes=then_bytes)
         if par.zero == 3 and par.dp > 1:
             gather = collective_time(hw, "all_gather", st.params * w, self.dp_group)
             window = 2 * st.params * w / max(1, len(st.layers))  # two blocks gathered at a time
@@ -305,8 +401,35 @@ class ModelCosts:
         """Model-state bytes of a pipeline rank (all its stages)."""
         par, tr = self.sc.parallel, self.sc.training
         n = sum(st.params for st in self.stages if stage_to_rank[st.stage] == rank)
-        ms = model_state_bytes(n, par.dp, par.zero, tr.optimizer, tr.precision)
-        return {"params": ms.params, "grads": ms.grads, "optimizer": ms.optimizer}
+        ne = sum(st.expert_params for st in self.stages if stage_to_rank[st.stage] == rank)
+        ms = model_state_bytes(n - ne, par.dp, par.zero, tr.optimizer, tr.precision)
+        # experts: ZeRO shards them over the ranks that hold the same experts (dp*cp/ep)
+        me = model_state_bytes(ne, len(self.edp_group), par.zero, tr.optimizer, tr.precision)
+        extra = self.weight_versions(rank) - 1  # PipeDream / 2BW stashed weight versions (16-bit copies)
+        stash = extra * n * PRECISION_BYTES.get(tr.precision, 2)
+        return {"params": ms.params + me.params + stash, "grads": ms.grads + me.grads,
+                "optimizer": ms.optimizer + me.optimizer}
+
+    def weight_versions(self, rank: int) -> int:
+        """Weight versions a pipeline rank holds (1 unless PipeDream / PipeDream-2BW)."""
+        return schedule_weight_versions(self.traits, self.sc.parallel.pp, self.sc.n_microbatches, rank)
+
+    def overlap_cost(self, f_stage: int, b_stage: int, b_op: Op) -> float:
+        """Duration of an OVERLAP_F_B pair: ``[costs] overlap_f_b_s`` of the F's stage when
+        given; otherwise F + B minus the communication each hides under the other's compute
+        (TP/CP/EP collectives inside the ops; with measured costs and no key: F + B)."""
+        mc = self.sc.costs
+        if mc is not None and mc.overlap_f_b_s is not None:
+            return mc.overlap_f_b_s[f_stage]
+        f, b = self.stages[f_stage].parts[Op.F], self.stages[b_stage].parts[b_op]
+        comm = lambda p: p.tp_comm + p.cp_comm + p.ep_comm  # noqa: E731
+        hidden = min(comm(f), b.compute + b.recompute) + min(comm(b), f.compute + f.recompute)
+        return f.total + b.total - hidden
+
+
+def _activation_element_bytes(precision: str) -> int:
+    """Bytes of one activation element: 4 in fp32 training, else 16-bit (fp8 GEMMs keep bf16 activations)."""
+    return 4 if precision == "fp32" else 2
 
 
 def _expert_params(m: ModelSpec, li: int) -> float:

@@ -62,6 +62,12 @@ class Device:
     """Fraction of peak that fused (Flash) attention reaches (0..1]."""
     kernel_launch_s: float
     """Per-kernel launch/dispatch overhead (seconds); added by the cost layer, not here."""
+    sustained_fraction: float = 1.0
+    """Fraction of the benchmarked compute rate (GEMM, attention) a long training run
+    sustains: power/thermal clocks and kernel overheads the cost model does not itemise.
+    The cost layer divides compute-bound time by it. Optional key ``device.sustained_fraction``
+    (default 1), fitted once per GPU type by benchmarks/fidelity.py --fit on half the
+    published rows, the error reported on the other half; never a per-case factor."""
 
     def peak(self, precision: str) -> float:
         """Dense peak FLOP/s at ``precision``; ValueError naming the known ones otherwise."""
@@ -185,6 +191,9 @@ class HardwareProfile:
     """Latency of one network switch hop, seconds."""
     source_path: str
     """The TOML file it was loaded from (``""`` when built in code)."""
+    nvls_bandwidth: float = 0.0
+    """NVLink SHARP (in-switch reduction) all-reduce algorithm bandwidth S/t inside a node,
+    bytes/s; 0 = the NVSwitch cannot reduce (optional key ``node.nvls_gbyte_per_s``)."""
 
     @property
     def node_nic_bandwidth(self) -> float:
@@ -224,14 +233,14 @@ _SCHEMA: dict[str, dict[str, tuple[str, bool]]] = {
         "memory_tbyte_per_s": ("pos", _REQ),
         "gemm_efficiency": ("frac", _REQ), "gemm_half_dim": ("nonneg", _REQ),
         "memory_efficiency": ("frac", _REQ), "attention_efficiency": ("frac", _REQ),
-        "kernel_launch_us": ("nonneg", _REQ),
+        "kernel_launch_us": ("nonneg", _REQ), "sustained_fraction": ("frac", _OPT),
     },
     "node": {
         "gpus_per_node": ("int", _REQ),
         "nvlink_gbyte_per_s": ("pos", _REQ), "nvlink_latency_us": ("nonneg", _REQ),
         "nvlink_efficiency": ("frac", _REQ),
         "pcie_gbyte_per_s": ("pos", _REQ), "pcie_latency_us": ("nonneg", _REQ),
-        "pcie_efficiency": ("frac", _REQ),
+        "pcie_efficiency": ("frac", _REQ), "nvls_gbyte_per_s": ("pos", _OPT),
     },
     "network": {
         "nic_gbit_per_s": ("pos", _REQ), "nics_per_node": ("int", _REQ),
@@ -318,6 +327,7 @@ def parse_profile(data: Mapping[str, Any], file: str = "<profile>") -> HardwareP
         gemm_efficiency=d["gemm_efficiency"], gemm_half_dim=d["gemm_half_dim"],
         memory_efficiency=d["memory_efficiency"], attention_efficiency=d["attention_efficiency"],
         kernel_launch_s=to_si("kernel_launch_us", d["kernel_launch_us"]),
+        sustained_fraction=d.get("sustained_fraction", 1.0),
     )
 
     def tier(name: str, table: dict[str, Any], bw_key: str) -> LinkTier:
@@ -333,6 +343,7 @@ def parse_profile(data: Mapping[str, Any], file: str = "<profile>") -> HardwareP
         spine_oversubscription=nw["spine_oversubscription"], gpus_per_leaf=nw["gpus_per_leaf"],
         switch_latency_s=to_si("switch_latency_us", nw["switch_latency_us"]),
         source_path="" if file.startswith("<") else file,
+        nvls_bandwidth=to_si("nvls_gbyte_per_s", nd["nvls_gbyte_per_s"]) if "nvls_gbyte_per_s" in nd else 0.0,
     )
 
 
@@ -398,11 +409,15 @@ def profile_to_tables(profile: HardwareProfile) -> dict[str, dict[str, Any]]:
         "gemm_half_dim": d.gemm_half_dim, "memory_efficiency": d.memory_efficiency,
         "attention_efficiency": d.attention_efficiency, "kernel_launch_us": d.kernel_launch_s / US,
     })
+    if d.sustained_fraction != 1.0:
+        dev["sustained_fraction"] = d.sustained_fraction
     node = {"gpus_per_node": profile.gpus_per_node,
             "nvlink_gbyte_per_s": nv.bandwidth / GB, "nvlink_latency_us": nv.latency_s / US,
             "nvlink_efficiency": nv.efficiency,
             "pcie_gbyte_per_s": pc.bandwidth / GB, "pcie_latency_us": pc.latency_s / US,
             "pcie_efficiency": pc.efficiency}
+    if profile.nvls_bandwidth:
+        node["nvls_gbyte_per_s"] = profile.nvls_bandwidth / GB
     net = {"nic_gbit_per_s": nic.bandwidth * 8 / GB, "nics_per_node": profile.nics_per_node,
            "nic_latency_us": nic.latency_s / US, "nic_efficiency": nic.efficiency,
            "spine_oversubscription": profile.spine_oversubscription,

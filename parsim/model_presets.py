@@ -90,6 +90,31 @@ _LIST: list[ModelSpec] = [
               max_seq_len=40960, n_experts=128, top_k=8, d_ff_expert=768, qk_norm=True),
     ModelSpec("qwen3-235b-a22b", 94, 4096, 64, 4, 12288, 151936, ffn="swiglu", head_dim=128,
               max_seq_len=40960, n_experts=128, top_k=8, d_ff_expert=1536, qk_norm=True),
+    # Classic MoE families as decoder-only stacks (parsim models decoders; the originals'
+    # encoder-decoder cross-attention, < 0.5% of their weights, is left out). MoE replaces
+    # every other FFN (moe_every=2, first MoE at layer 1); gelu stands for ReLU/GeLU FFNs.
+    # Switch-Base-128 (top-1): Fedus et al. 2021 (arXiv:2101.03961) Table 9: T5-Base d 768,
+    # d_ff 3072, 12 heads, 12+12 layers, 128 experts, capacity factor 1.25; 7.4B params.
+    ModelSpec("switch-base-128", 24, 768, 12, 12, 3072, 32128, ffn="gelu", tied_embeddings=True,
+              max_seq_len=512, n_experts=128, top_k=1, moe_every=2, first_dense_layers=1,
+              capacity_factor=1.25),
+    # GShard MoE(2048E, 36L) (top-2): Lepikhin et al. 2020 (arXiv:2006.16668) Table 3: d 1024,
+    # d_ff 8192, 16 heads, 36 layers, 2048 experts, capacity 2N/E (capacity_factor 1.0 here,
+    # where capacity = factor * tokens * top_k / n_experts); "600B" (this stack counts 619B).
+    ModelSpec("gshard-600b", 36, 1024, 16, 16, 8192, 32000, ffn="gelu", tied_embeddings=True,
+              max_seq_len=1024, n_experts=2048, top_k=2, moe_every=2, first_dense_layers=1,
+              capacity_factor=1.0),
+    # GLaM (top-2): Du et al. 2022 (arXiv:2112.06905) Table 4. 64B/64E: 64 layers, d 8192,
+    # d_ff 32768, 128 heads x 128, 64 experts every other layer, 256K vocabulary: 1.162T total
+    # (this stack: 1.153T), 96.6B activated (this stack counts 88.0B: the paper's activated
+    # figure is not reproducible from Table 4 together with its total; see tests/test_moe.py).
+    # 8B/64E: 32 layers, d 4096, d_ff 16384, 32 heads: 143B total, 8.7B activated (here 9.6B).
+    ModelSpec("glam-64e", 64, 8192, 128, 128, 32768, 256000, ffn="gelu", head_dim=128,
+              tied_embeddings=True, max_seq_len=1024, n_experts=64, top_k=2, moe_every=2,
+              first_dense_layers=1, capacity_factor=2.0),
+    ModelSpec("glam-8b-64e", 32, 4096, 32, 32, 16384, 256000, ffn="gelu", head_dim=128,
+              tied_embeddings=True, max_seq_len=1024, n_experts=64, top_k=2, moe_every=2,
+              first_dense_layers=1, capacity_factor=2.0),
 ]
 
 PRESETS: dict[str, ModelSpec] = {m.name: m for m in _LIST}

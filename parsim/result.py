@@ -23,7 +23,8 @@ import numpy as np
 import pandas as pd
 
 from .costs import PART_NAMES, ModelCosts
-from .model import active_params, megatron_flops_per_step, model_flops_per_step, total_params
+from .model import active_params, is_moe_layer, megatron_flops_per_step, model_flops_per_step, total_params
+from .moe import moe_metrics
 from .scenario import Scenario
 from .schedule.ir import Op, Schedule
 from .sim.engine import RawTimeline
@@ -134,7 +135,7 @@ def _metrics(res: Result) -> dict:
         for op, p in st.parts.items():
             part_rows.append((st.stage, op.value, *(getattr(p, n) for n in PART_NAMES), st.flops.get(op, 0.0)))
     parts = pd.DataFrame(part_rows, columns=["stage", "op", *PART_NAMES, "flops"])
-    joined = compute.merge(parts, on=["stage", "op"], how="left").fillna(0.0)
+    joined = _hidden_comm(compute.merge(parts, on=["stage", "op"], how="left").fillna(0.0))
     stages_out, totals = [], {k: 0.0 for k in ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm",
                                                  "optimizer", "dp_comm", "pp_comm", "bubble")}
     peak_all, worst = 0.0, None
@@ -231,8 +232,98 @@ def _metrics(res: Result) -> dict:
         "oom": None if worst is None else {"rank": worst[0], "over_by_bytes": worst[1]},
         "stages": stages_out,
     }
+    out.update(_schedule_metrics(res, compute, T, stages_out))
     if m.is_moe:
         out["active_params"] = active_params(m)
+        if costs.moe is not None:
+            out["moe"] = _moe_metrics(res, peak_all)
+            out["comm_bytes_by_axis"]["ep"] = _ep_bytes(res, out["moe"])
+    return out
+
+
+def _moe_layers_per_rank(res: Result) -> list[int]:
+    m, s2r = res.scenario.model, res.schedule.stage_to_rank
+    per = [0] * res.schedule.pp
+    for st in res.costs.stages:
+        per[s2r[st.stage]] += sum(is_moe_layer(m, li) for li in st.layers)
+    return per
+
+
+def _moe_metrics(res: Result, peak: float) -> dict:
+    """The ``moe`` object: per-EP-rank routed tokens, expert compute, all-to-all, drops, memory."""
+    sc = res.scenario
+    return moe_metrics(res.costs.moe, _moe_layers_per_rank(res), res.schedule.n_microbatches,
+                       sc.training.recompute == "full", peak, res.costs.act_opts.bytes_per_element,
+                       sc.model.d_model)
+
+
+def _ep_bytes(res: Result, mx: dict) -> float:
+    """Bytes one GPU sends in dispatch/combine all-to-alls per step (mean pipeline rank)."""
+    per_layer = (6 if res.scenario.training.recompute == "full" else 4) * mx["all_to_all_bytes_per_rank"]["send"]
+    return per_layer * float(np.mean(_moe_layers_per_rank(res))) * res.schedule.n_microbatches
+
+
+def _hidden_comm(j: pd.DataFrame) -> pd.DataFrame:
+    """Spans shorter than their op's parts (the halves of a DualPipe OVERLAP_F_B) hid
+    communication under the other op's compute: take the difference off their tp/cp/ep
+    parts first, then off compute, so every span's parts add up to its duration."""
+    if j.empty:
+        return j
+    dur = (j["end_s"] - j["start_s"]).to_numpy()
+    tot = j[list(PART_NAMES)].sum(axis=1).to_numpy()
+    excess = tot - dur
+    mask = excess > 1e-9 * np.maximum(tot, 1e-30)
+    if not mask.any():
+        return j
+    j = j.copy()
+    comm_cols, work_cols = ["tp_comm", "cp_comm", "ep_comm"], ["compute", "recompute"]
+    comm = j[comm_cols].sum(axis=1).to_numpy()
+    work = j[work_cols].sum(axis=1).to_numpy()
+    cut = np.where(mask, np.minimum(excess, comm), 0.0)
+    rest = np.where(mask, excess - cut, 0.0)
+    k_comm = np.where(comm > 0, (comm - cut) / np.where(comm > 0, comm, 1.0), 1.0)
+    k_work = np.where(work > 0, (work - rest) / np.where(work > 0, work, 1.0), 1.0)
+    for c in comm_cols:
+        j[c] = j[c].to_numpy() * k_comm
+    for c in work_cols:
+        j[c] = j[c].to_numpy() * k_work
+    return j
+
+
+def _schedule_metrics(res: Result, compute: pd.DataFrame, T: float, stages_out: list) -> dict:
+    """Schedule-level fields: the split, the ZB-paper bubble, PipeDream semantics.
+
+    * ``layers_per_stage``: transformer blocks of every stage (the chosen partition).
+    * ``bubble_fraction_span``: Qi et al.'s (zero-bubble paper) view: with S the longest
+      span of any rank's compute (first start to last end), mean over ranks of
+      (S - busy) / S. Equal to ``bubble_fraction`` when every rank starts at 0 and the
+      last compute ends the step; lower for ZB-H2's parallelogram.
+    * ``pipedream`` (PipeDream, PipeDream2BW only): per pipeline rank ``weight_versions``
+      and ``staleness_steps``, and ``steady_state_step_s`` / ``steady_state_tokens_per_s``:
+      without a flush, a step in steady state lasts the busiest rank's compute per step
+      (fill and drain are paid once per run); ``step_time_s`` stays the makespan of one
+      step started from an empty pipeline.
+    """
+    sc, sched = res.scenario, res.schedule
+    out: dict = {"layers_per_stage": list(sc.layers_per_stage), "partition": sc.schedule.partition
+                 if sc.schedule.layers_per_stage is None else "explicit"}
+    spans = []
+    if len(compute):
+        g = compute.groupby("rank")
+        spans = list((g["end_s"].max() - g["start_s"].min()).to_numpy())
+    S = max(spans, default=0.0)
+    out["bubble_fraction_span"] = (float(np.mean([(S - st["busy_s"]) / S for st in stages_out]))
+                                   if S > 0 and stages_out else 0.0)
+    from .schedule.semantics import staleness_steps, traits
+    t = traits(sc.schedule.name)
+    if t.weight_versions:
+        steady = max((st["busy_s"] for st in stages_out), default=0.0)
+        out["pipedream"] = {
+            "weight_versions": [res.costs.weight_versions(r) for r in range(sched.pp)],
+            "staleness_steps": [staleness_steps(t, sched.pp, r) for r in range(sched.pp)],
+            "steady_state_step_s": steady,
+            "steady_state_tokens_per_s": sc.tokens_per_step / steady if steady > 0 else 0.0,
+        }
     return out
 
 

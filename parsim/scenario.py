@@ -6,13 +6,14 @@ divisible by tp — each is a ConfigError naming the file and the dotted key.
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
 from .hardware import HardwareProfile, load_profile
 from .model import ModelSpec, model_from_table
+from .moe import MoEConfig, check_moe, moe_from_table
 from .parallel import AXES, ParallelConfig, check_parallel, partition_layers
 
 PRECISIONS = ("bf16", "fp16", "fp32", "fp8")
@@ -50,6 +51,11 @@ class ScheduleConfig:
     """Registered schedule name (GPipe, 1F1B, Interleaved1F1B, ZBH1, ...)."""
     n_microbatches: int | None = None
     """Microbatches per step and pipeline; default global_batch / (dp * microbatch_size)."""
+    partition: str = "even"
+    """Layers -> stages: "even" (as equal as possible) | "balanced" (dynamic programming over
+    per-layer times, embedding and LM head included, under the memory limit; parsim/partition.py)."""
+    layers_per_stage: tuple[int, ...] | None = None
+    """Explicit transformer blocks per stage (n_stages entries summing to n_layers); overrides partition."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,20 @@ class OverlapConfig:
     """ZeRO parameter all-gather overlapped with the next step's forward (--overlap-param-gather)."""
     tp_comm: bool = False
     """TP collectives pipelined with their GEMMs (--tp-comm-overlap)."""
+    ep_comm: bool = False
+    """Expert all-to-alls hidden behind another microbatch's compute (DualPipe-style overlap)."""
+
+
+@dataclass(frozen=True)
+class SimulationConfig:
+    """How the engine simulates the job."""
+
+    mode: str = "fast"
+    """"fast": one replica, cross-replica collectives costed on the topology; "full": every
+    replica in true time order with all traffic as flows on the shared network (contention)."""
+
+
+SIM_MODES = ("fast", "full")
 
 
 @dataclass(frozen=True)
@@ -78,6 +98,8 @@ class MeasuredCosts:
     """Backward for weights (W) per stage."""
     p2p_s: float = 0.0
     """One activation/gradient transfer between neighbouring stages."""
+    overlap_f_b_s: tuple[float, ...] | None = None
+    """Duration of one overlapped F&B pair (DualPipe's OVERLAP_F_B), per stage of its F; None: F + B."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +118,10 @@ class Scenario:
     costs: MeasuredCosts | None = None
     layers_per_stage: tuple[int, ...] = ()
     """Transformer blocks on each stage (n_stages entries)."""
+    moe: MoEConfig = field(default_factory=MoEConfig)
+    """The ``[moe]`` table: routing imbalance, expert TP, token dropping (MoE models)."""
+    simulation: SimulationConfig = field(default_factory=SimulationConfig)
+    """The ``[simulation]`` table: engine mode."""
 
     @property
     def n_microbatches(self) -> int:
@@ -114,7 +140,8 @@ class Scenario:
         return self.training.global_batch * self.training.seq_len
 
 
-TOP_KEYS = {"name", "hardware", "gpus", "model", "training", "parallel", "schedule", "costs", "overlap", "description"}
+TOP_KEYS = {"name", "hardware", "gpus", "model", "training", "parallel", "schedule", "costs", "overlap", "description", "moe",
+            "simulation"}
 
 
 def _check_keys(table: dict, allowed, file: str, prefix: str) -> None:
@@ -200,14 +227,61 @@ def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Sc
     parallel = _parallel(doc.get("parallel", {}), file)
     schedule = _schedule(doc.get("schedule", {}), file)
     overlap = _simple(OverlapConfig, doc.get("overlap", {}), file, "overlap.")
+    parallel = _schedule_shape(parallel, schedule, file)
     check_parallel(parallel, gpus, file)
     _check_model_parallel(model, training, parallel, file)
-    interleaved = parallel.vpp > 1
-    layers = partition_layers(model.n_layers, parallel.n_stages, file=file, interleaved=interleaved)
+    layers = _layers(model, parallel, schedule, file)
     costs = _costs(doc["costs"], file, parallel.n_stages) if "costs" in doc else None
-    sc = Scenario(name, file, hardware, gpus, model, training, parallel, schedule, overlap, costs, layers)
+    moe = moe_from_table(doc["moe"], file) if "moe" in doc else MoEConfig()
+    if "moe" in doc and not model.is_moe:
+        raise ConfigError(file, "moe", f"model {model.name} has no experts")
+    check_moe(moe, model, parallel, file)
+    simulation = _simulation(doc.get("simulation", {}), file)
+    sc = Scenario(name, file, hardware, gpus, model, training, parallel, schedule, overlap, costs, layers, moe,
+                  simulation)
     _check_batch(sc)
+    if schedule.partition == "balanced" and schedule.layers_per_stage is None:
+        from .partition import balanced_layers  # needs the cost model, which needs a Scenario
+        sc = replace(sc, layers_per_stage=balanced_layers(sc))
     return sc
+
+
+def _schedule_shape(par: ParallelConfig, schedule: ScheduleConfig, file: str) -> ParallelConfig:
+    """V-shaped and bidirectional schedules hold two stages per rank: their vpp is 2."""
+    from .schedule.semantics import traits
+    t = traits(schedule.name)
+    if t.stages_per_rank is None or par.vpp == t.stages_per_rank:
+        return par
+    if par.vpp != 1:
+        raise ConfigError(file, "parallel.vpp", f"schedule {schedule.name} places {t.stages_per_rank} stages "
+                                                f"per rank: vpp must be {t.stages_per_rank} (or left out), got {par.vpp}")
+    return replace(par, vpp=t.stages_per_rank)
+
+
+def _layers(model: ModelSpec, par: ParallelConfig, schedule: ScheduleConfig, file: str) -> tuple[int, ...]:
+    """Transformer blocks per stage: explicit, or even (per chain for two-copy schedules)."""
+    from .schedule.semantics import traits
+    t = traits(schedule.name)
+    n = par.n_stages
+    if schedule.layers_per_stage is not None:
+        lps = schedule.layers_per_stage
+        per_chain = n // t.n_chains
+        if len(lps) not in (n, per_chain) or any(k < 1 for k in lps) or sum(lps) != model.n_layers * (len(lps) // per_chain):
+            raise ConfigError(file, "schedule.layers_per_stage",
+                              f"needs {per_chain} positive counts summing to n_layers={model.n_layers}, got {list(lps)}")
+        return tuple(lps) * (n // len(lps))
+    if t.n_chains > 1:
+        return partition_layers(model.n_layers, n // t.n_chains, file=file) * t.n_chains
+    interleaved = par.vpp > 1 and t.stages_per_rank is None
+    return partition_layers(model.n_layers, n, file=file, interleaved=interleaved)
+
+
+def _simulation(t: dict, file: str) -> SimulationConfig:
+    if not isinstance(t, dict):
+        raise ConfigError(file, "simulation", "must be a table ([simulation])")
+    _check_keys(t, {f.name for f in fields(SimulationConfig)}, file, "simulation.")
+    mode = _choice(_typed(t, "mode", str, file, "simulation.", "fast"), SIM_MODES, file, "simulation.mode")
+    return SimulationConfig(mode=mode)
 
 
 def _simple(cls, table: dict, file: str, prefix: str):
@@ -257,9 +331,15 @@ def _parallel(t: dict, file: str) -> ParallelConfig:
 def _schedule(t: dict, file: str) -> ScheduleConfig:
     p = "schedule."
     _check_keys(t, {f.name for f in fields(ScheduleConfig)}, file, p)
+    lps = t.get("layers_per_stage")
+    if lps is not None and (not isinstance(lps, list) or not all(isinstance(x, int) and not isinstance(x, bool)
+                                                                  for x in lps)):
+        raise ConfigError(file, p + "layers_per_stage", f"expected a list of integers, got {lps!r}")
     return ScheduleConfig(
         name=_typed(t, "name", str, file, p, "1F1B"),
         n_microbatches=_typed(t, "n_microbatches", int, file, p, None),
+        partition=_choice(_typed(t, "partition", str, file, p, "even"), ("even", "balanced"), file, p + "partition"),
+        layers_per_stage=tuple(lps) if lps is not None else None,
     )
 
 
@@ -293,7 +373,8 @@ def _costs(t: dict, file: str, n_stages: int) -> MeasuredCosts:
     p2p = t.get("p2p_s", 0.0)
     if isinstance(p2p, bool) or not isinstance(p2p, (int, float)) or p2p < 0:
         raise ConfigError(file, "costs.p2p_s", f"expected non-negative seconds, got {p2p!r}")
-    return MeasuredCosts(fwd, b, bi, bw, float(p2p))
+    ov = _per_stage(t, "overlap_f_b_s", file, n_stages)
+    return MeasuredCosts(fwd, b, bi, bw, float(p2p), ov)
 
 
 def _check_model_parallel(model: ModelSpec, tr: TrainingConfig, par: ParallelConfig, file: str) -> None:

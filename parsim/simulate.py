@@ -26,7 +26,11 @@ def simulate(sc: Scenario, costs: ModelCosts | None = None) -> Result:
     """Simulate one optimizer step of ``sc``."""
     sched = schedule_for(sc)
     costs = costs or ModelCosts(sc)
-    raw = simulate_schedule(sched, costs)
+    if sc.simulation.mode == "full" and sc.costs is None:
+        from .sim.fullsim import simulate_full
+        raw = simulate_full(sc, sched, costs)
+    else:
+        raw = simulate_schedule(sched, costs)
     _check_complete(sched, raw)
     return Result.from_raw(sc, sched, costs, raw)
 
@@ -38,7 +42,7 @@ def _check_complete(sched: Schedule, raw) -> None:
         if row[1] == "compute":
             done[row[0]] = done.get(row[0], 0) + 1
     for rank, actions in enumerate(sched.actions):
-        compute = [i for i, a in enumerate(actions) if a.op.is_compute]
+        compute = [i for i, a in enumerate(actions) if a.op.is_compute for _ in a.parts]
         n = done.get(rank, 0)
         if n < len(compute):
             step = compute[n]

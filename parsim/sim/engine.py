@@ -17,6 +17,12 @@ Semantics (the same the torch runtime implements):
   REDUCE_GRAD, compute of a stage waits for its pending UNSHARD;
 * memory: F stashes activations until the matching backward frees them; each
   action may hold transient bytes while it runs.
+* ``OVERLAP_F_B`` (DualPipe): one compute that waits for the F part's input and the
+  B part's output-gradient, lasts ``costs.overlap_cost(f, b)`` (F + B when the cost
+  table has no such method), and is recorded as two back-to-back spans (its F, then
+  its B) splitting that duration in proportion to their own costs.
+* chains (``schedule.n_chains > 1``): a stage's producer/consumer is
+  ``schedule.prev_stage``/``next_stage``, not s -/+ 1.
 """
 from __future__ import annotations
 
@@ -27,7 +33,7 @@ import simpy
 
 from ..schedule.ir import Action, Op, Schedule
 
-COMPUTE_OPS = frozenset({Op.F, Op.B, Op.I, Op.W, Op.STEP})
+COMPUTE_OPS = frozenset({Op.F, Op.B, Op.I, Op.W, Op.STEP, Op.OVERLAP_F_B})
 BACKWARD_OPS = frozenset({Op.B, Op.I})
 
 
@@ -136,23 +142,36 @@ def simulate_schedule(schedule: Schedule, costs: CostTable) -> RawTimeline:
 
     n_stages = schedule.n_stages
     s2r = schedule.stage_to_rank
+    nbr = ([schedule.prev_stage(s) for s in range(n_stages)], [schedule.next_stage(s) for s in range(n_stages)])
     for rank, actions in enumerate(schedule.actions):
-        env.process(_rank_process(rank, actions, costs, link, box, out, n_stages, s2r))
+        env.process(_rank_process(rank, actions, costs, link, box, out, nbr, s2r))
     env.run()
     return out
 
 
-def _needs(action: Action, n_stages: int, s2r: tuple[int, ...], rank: int) -> tuple | None:
+def _needs(action: Action, nbr: tuple[list, list], s2r: tuple[int, ...], rank: int) -> tuple | None:
     """Mailbox key of the remote input a compute action consumes, if any."""
     s, op = action.stage, action.op
-    if op is Op.F and s > 0 and s2r[s - 1] != rank:
-        return (s, "F", action.microbatch)
-    if op in BACKWARD_OPS and s < n_stages - 1 and s2r[s + 1] != rank:
-        return (s, "B", action.microbatch)
+    if op is Op.F:
+        p = nbr[0][s]
+        if p is not None and s2r[p] != rank:
+            return (s, "F", action.microbatch)
+    elif op in BACKWARD_OPS:
+        q = nbr[1][s]
+        if q is not None and s2r[q] != rank:
+            return (s, "B", action.microbatch)
     return None
 
 
-def _rank_process(rank, actions, costs, link_of, box, out, n_stages, s2r):
+def _overlap_cost(costs, f: Action, b: Action) -> tuple[OpCost, OpCost, float]:
+    """(F cost, B cost, duration of the pair) of a composite OVERLAP_F_B."""
+    cf, cb = costs.op_cost(f.stage, Op.F), costs.op_cost(b.stage, b.op)
+    fn = getattr(costs, "overlap_cost", None)
+    dur = fn(f.stage, b.stage, b.op) if fn is not None else cf.duration_s + cb.duration_s
+    return cf, cb, dur
+
+
+def _rank_process(rank, actions, costs, link_of, box, out, nbr, s2r):
     spans = out.spans
     mem = out.mem_events
     t = 0.0                             # this rank's clock: when its compute stream is next free
@@ -167,11 +186,26 @@ def _rank_process(rank, actions, costs, link_of, box, out, n_stages, s2r):
             continue  # posting a receive costs nothing; the consumer waits below
         if op is Op.SEND_F or op is Op.SEND_B:
             fwd = op is Op.SEND_F
-            dst_stage = a.stage + 1 if fwd else a.stage - 1
+            dst_stage = nbr[1][a.stage] if fwd else nbr[0][a.stage]
             nbytes = costs.p2p_bytes(a.stage, op)
             start, arrive = link_of(rank, s2r[dst_stage]).transfer(t, nbytes)
             spans.append((rank, "p2p", op.value, a.stage, a.microbatch, start, arrive, nbytes))
             box.deliver((dst_stage, "F" if fwd else "B", a.microbatch), arrive)
+            continue
+        if op is Op.OVERLAP_F_B:
+            start = t
+            for part in a.sub:
+                key = _needs(part, nbr, s2r, rank)
+                if key is not None:
+                    at = arrival.get(key)
+                    if at is None:
+                        yield box.event(key)
+                        at = arrival[key]
+                    start = max(start, at)
+                pending = unshard_done.get(part.stage)
+                if pending is not None and pending > start:
+                    start = pending
+            t = _run_overlap(rank, a, start, costs, spans, mem)
             continue
         c = op_cost(a.stage, op)
         if op is Op.REDUCE_GRAD or op is Op.UNSHARD:
@@ -188,7 +222,7 @@ def _rank_process(rank, actions, costs, link_of, box, out, n_stages, s2r):
             continue
         # compute: wait for remote input, pending parameter gathers, gradient reduction
         start = t
-        key = _needs(a, n_stages, s2r, rank)
+        key = _needs(a, nbr, s2r, rank)
         if key is not None:
             at = arrival.get(key)
             if at is None:
@@ -210,7 +244,24 @@ def _rank_process(rank, actions, costs, link_of, box, out, n_stages, s2r):
         released = c.free_bytes + c.transient_bytes
         if released:
             mem.append((rank, end, -released, c.mem_kind))
-        if c.then_comm_s > 0:
+        if c.then_comm_s > 0 or c.then_comm_bytes > 0:
             s0 = max(end, dp_free)
             dp_free = s0 + c.then_comm_s
             spans.append((rank, "dp", "PARAM_GATHER", a.stage, -1, s0, dp_free, c.then_comm_bytes))
+
+
+def _run_overlap(rank, a, start, costs, spans, mem) -> float:
+    """Record a composite OVERLAP_F_B starting at ``start``; return its end."""
+    f, b = a.sub
+    cf, cb, dur = _overlap_cost(costs, f, b)
+    total = cf.duration_s + cb.duration_s
+    mid = start + (dur * cf.duration_s / total if total > 0 else dur / 2)
+    end = start + dur
+    if cf.stash_bytes or cf.transient_bytes or cb.transient_bytes:
+        mem.append((rank, start, cf.stash_bytes + cf.transient_bytes + cb.transient_bytes, cf.mem_kind))
+    spans.append((rank, "compute", "F", f.stage, f.microbatch, start, mid, cf.bytes))
+    spans.append((rank, "compute", b.op.value, b.stage, b.microbatch, mid, end, cb.bytes))
+    released = cf.transient_bytes + cb.free_bytes + cb.transient_bytes
+    if released:
+        mem.append((rank, end, -released, cf.mem_kind))
+    return end
