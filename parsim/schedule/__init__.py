@@ -16,6 +16,11 @@ from .builders import (
     zero_bubble_h1,
     zero_bubble_h2,
 )
+from . import bidirectional, pipedream, zero_bubble  # noqa: F401  (register their builders)
+from .bidirectional import chimera, dualpipe, dualpipe_v
+from .pipedream import gpipe_remat, naive, pipedream as pipedream_async, pipedream_2bw
+from .semantics import ScheduleTraits, traits
+from .zero_bubble import zbv
 from .dryrun import DryRun, Durations, dry_run, peak_in_flight
 from .grid import format_grid, format_timeline_grid
 from .ir import Action, Op, Schedule, parse, schedule_from_csv
@@ -28,4 +33,6 @@ __all__ = [
     "add_send_recv", "add_unshard_reshard", "add_grad_reduction", "lower", "validate",
     "DryRun", "Durations", "dry_run", "peak_in_flight",
     "format_grid", "format_timeline_grid",
+    "naive", "gpipe_remat", "pipedream_async", "pipedream_2bw", "zbv", "dualpipe", "dualpipe_v", "chimera",
+    "ScheduleTraits", "traits",
 ]

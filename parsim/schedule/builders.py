@@ -7,14 +7,20 @@ adds the communication. Stage s lives on rank s (non-interleaved) or s % pp
 turns impossible combinations into one-line :class:`ScheduleError`.
 
 To add a schedule: write ``def my_schedule(pp, m) -> Schedule`` here or elsewhere and
-``register("MySchedule", single_chunk(my_schedule))`` (or a callable taking vpp).
+``register("MySchedule", single_chunk(my_schedule))`` (or a callable taking vpp); give it
+memory semantics with ``semantics.set_traits``. More builders live in ``pipedream.py``
+(Naive, GPipeRemat, PipeDream, PipeDream2BW), ``zero_bubble.py`` (ZBV) and
+``bidirectional.py`` (DualPipe, DualPipeV, Chimera). Builders construct trusted actions
+(``ir.act``/``ir.action_table``) and ``Schedule.trusted``: no re-validation on the hot path.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
 from ..errors import ScheduleError
-from .ir import Action, Op, Schedule
+from functools import lru_cache
+
+from .ir import Action, Op, Schedule, act, action_table, no_gc
 
 Builder = Callable[..., Schedule]
 
@@ -27,14 +33,14 @@ def _check_sizes(pp: int, m: int) -> None:
 
 
 def _linear(name: str, pp: int, m: int, rank_lists: list[list[Action]]) -> Schedule:
-    return Schedule(name, pp, m, tuple(range(pp)), rank_lists)
+    return Schedule.trusted(name, pp, m, tuple(range(pp)), tuple(tuple(r) for r in rank_lists))
 
 
 def gpipe(pp: int, m: int) -> Schedule:
     """GPipe: all forwards, then all backwards (microbatch order 0..m-1)."""
     _check_sizes(pp, m)
     rows = [
-        [Action(r, Op.F, j) for j in range(m)] + [Action(r, Op.B, j) for j in range(m)]
+        [act(r, Op.F, j) for j in range(m)] + [act(r, Op.B, j) for j in range(m)]
         for r in range(pp)
     ]
     return _linear("GPipe", pp, m, rows)
@@ -49,19 +55,20 @@ def _one_f_one_b_rank(
     I of microbatch j; the W's still owed at the end come last, in order.
     """
     warmup = min(warmup, m)
-    for j in range(warmup):
-        yield Action(r, Op.F, j)
+    fw = action_table(r, Op.F, m)
+    bw = action_table(r, Op.I if split else Op.B, m)
+    ww = action_table(r, Op.W, m) if split else None
+    yield from fw[:warmup]
     next_w = 0
     for j in range(m):
         if warmup + j < m:
-            yield Action(r, Op.F, warmup + j)
-        yield Action(r, Op.I if split else Op.B, j)
+            yield fw[warmup + j]
+        yield bw[j]
         if split and j >= w_lag:
-            yield Action(r, Op.W, next_w)
+            yield ww[next_w]
             next_w += 1
     if split:
-        for j in range(next_w, m):
-            yield Action(r, Op.W, j)
+        yield from ww[next_w:]
 
 
 def one_f_one_b(pp: int, m: int) -> Schedule:
@@ -137,25 +144,24 @@ def interleaved_1f1b(pp: int, m: int, vpp: int) -> Schedule:
             f"Interleaved1F1B needs the number of microbatches ({m}) to be a multiple of pp={pp}"
         )
     total = m * vpp
+    f_tab = [action_table(s, Op.F, m) for s in range(pp * vpp)]
+    b_tab = [action_table(s, Op.B, m) for s in range(pp * vpp)]
+    # virtual-microbatch index k -> (chunk, microbatch): the same for every rank
+    fwd_idx = [_interleaved_index(k, pp, vpp, forward=True) for k in range(total)]
+    bwd_idx = [_interleaved_index(k, pp, vpp, forward=False) for k in range(total)]
     rows = []
     for r in range(pp):
         warmup = min((pp - r - 1) * 2 + (vpp - 1) * pp, total)
-
-        def fwd(k: int) -> Action:
-            c, j = _interleaved_index(k, pp, vpp, forward=True)
-            return Action(c * pp + r, Op.F, j)
-
-        def bwd(k: int) -> Action:
-            c, j = _interleaved_index(k, pp, vpp, forward=False)
-            return Action(c * pp + r, Op.B, j)
-
-        row = [fwd(k) for k in range(warmup)]
+        fwd = [f_tab[c * pp + r][j] for c, j in fwd_idx]
+        bwd = [b_tab[c * pp + r][j] for c, j in bwd_idx]
+        row = fwd[:warmup]
         for k in range(total - warmup):
-            row += [fwd(warmup + k), bwd(k)]
-        row += [bwd(k) for k in range(total - warmup, total)]
+            row.append(fwd[warmup + k])
+            row.append(bwd[k])
+        row += bwd[total - warmup:]
         rows.append(row)
     stage_to_rank = tuple(s % pp for s in range(pp * vpp))
-    return Schedule("Interleaved1F1B", pp * vpp, m, stage_to_rank, rows)
+    return Schedule.trusted("Interleaved1F1B", pp * vpp, m, stage_to_rank, tuple(tuple(r) for r in rows))
 
 
 # ----------------------------------------------------------------------------- registry
@@ -202,12 +208,21 @@ def lookup(name: str) -> tuple[str, Builder]:
 
 
 def build(name: str, pp: int, n_microbatches: int, vpp: int = 1) -> Schedule:
-    """Build the named schedule; impossible combinations raise a one-line ScheduleError."""
+    """Build the named schedule; impossible combinations raise a one-line ScheduleError.
+
+    Schedules are immutable, so builds are cached by (builder, pp, m, vpp).
+    """
     _, fn = lookup(name)
     _check_sizes(pp, n_microbatches)
     if not isinstance(vpp, int) or vpp < 1:
         raise ScheduleError(f"vpp must be >= 1, got {vpp}")
-    return fn(pp, n_microbatches, vpp)
+    return _cached_build(fn, pp, n_microbatches, vpp)
+
+
+@lru_cache(maxsize=256)
+def _cached_build(fn: Builder, pp: int, m: int, vpp: int) -> Schedule:
+    with no_gc():
+        return fn(pp, m, vpp)
 
 
 register("GPipe", single_chunk(gpipe, "GPipe"))

@@ -40,6 +40,8 @@ class Durations:
     step: float = 1.0
     rendezvous: bool = False
     """Transfers start only when both the SEND and the RECV were issued."""
+    overlap: float | None = None
+    """Time of a composite OVERLAP_F_B; None: its F plus its B (or I), serially."""
 
     def compute(self, op: Op) -> float:
         return {Op.F: self.f, Op.B: self.b, Op.I: self.i, Op.W: self.w, Op.STEP: self.step}[op]
@@ -166,22 +168,30 @@ class _Runner:
 
     # -- one action ----------------------------------------------------------------
     def _try(self, r: int, a: Action, ready: deque):
-        s, m, op, n = a.stage, a.microbatch, a.op, self.s.n_stages
+        s, m, op = a.stage, a.microbatch, a.op
         t = self.clock[r]
         if op is Op.F or op is Op.B or op is Op.I:
             t = max(t, self._params(r, a))
-            if op is not Op.F:
-                t = max(t, self._local(("out", s, m)))
-            src = s - 1 if op is Op.F else s + 1
-            if 0 <= src < n:
-                got, wait = self._input(r, a, src, fwd=op is Op.F)
+            got, wait = self._inputs(r, a)
+            if wait:
+                return wait
+            self._compute(r, a, max(t, got), ready)
+            self._produced(a, self.clock[r], ready)
+        elif op is Op.OVERLAP_F_B:
+            f, b = a.sub
+            t = max(t, self._params(r, f), self._params(r, b))
+            for part in a.sub:
+                got, wait = self._inputs(r, part)
                 if wait:
                     return wait
                 t = max(t, got)
-            self._compute(r, a, t, ready)
-            self._set(("out" if op is Op.F else "grad", s, m), self.clock[r], ready)
-            if op is Op.B:
-                self.bwd_done[s] += 1
+            dur = self.d.overlap if self.d.overlap is not None else self.dur[Op.F] + self.dur[b.op]
+            start = max(self.clock[r], t)
+            end = self.clock[r] = start + dur
+            self.spans[r][self.pos[r]] = (start, end)
+            for part in a.sub:
+                self._set(("done", part.stage, part.op, part.microbatch), end, ready)
+                self._produced(part, end, ready)
         elif op is Op.W:
             t = max(t, self._params(r, a), self._local(("done", s, Op.I, m)))
             self._compute(r, a, t, ready)
@@ -198,6 +208,25 @@ class _Runner:
             self._collective(r, a, t, ready)
         return None
 
+    def _inputs(self, r: int, a: Action):
+        """(ready time, None) or (None, wait) for an F, B or I: its own F (backward) and its peer's data."""
+        s, m = a.stage, a.microbatch
+        t = 0.0
+        if a.op is not Op.F:
+            t = self._local(("out", s, m))
+        src = self.s.prev_stage(s) if a.op is Op.F else self.s.next_stage(s)
+        if src is not None:
+            got, wait = self._input(r, a, src, fwd=a.op is Op.F)
+            if wait:
+                return None, wait
+            t = max(t, got)
+        return t, None
+
+    def _produced(self, a: Action, end: float, ready: deque) -> None:
+        self._set(("out" if a.op is Op.F else "grad", a.stage, a.microbatch), end, ready)
+        if a.op is Op.B:
+            self.bwd_done[a.stage] += 1
+
     def _collective(self, r: int, a: Action, t: float, ready: deque) -> None:
         s, op = a.stage, a.op
         if op is Op.UNSHARD:
@@ -209,13 +238,13 @@ class _Runner:
                 raise _LocalError(f"RESHARD of stage {s} without a preceding UNSHARD")
             start = end = t
         elif op is Op.REDUCE_GRAD:
-            if self.bwd_done[s] < self.s.n_microbatches:
+            if self.bwd_done[s] < len(self.s.microbatches_of(s)):
                 raise _LocalError(f"comes before the last backward of stage {s}")
             start = max(t, self.dp_free[r])
             end = self.dp_free[r] = start + self.d.reduce
             self.avail[("reduced", s)] = end
         else:  # STEP
-            if self.bwd_done[s] < self.s.n_microbatches:
+            if self.bwd_done[s] < len(self.s.microbatches_of(s)):
                 raise _LocalError(f"comes before the last backward of stage {s}")
             if s in self.reduced:
                 t = max(t, self._local(("reduced", s)))
@@ -292,11 +321,12 @@ def peak_in_flight(schedule: Schedule) -> tuple[int, ...]:
     peaks = []
     for row in schedule.actions:
         live = peak = 0
-        for a in row:
-            if a.op is Op.F:
-                live += 1
-                peak = max(peak, live)
-            elif a.op is Op.B or a.op is Op.I:
-                live -= 1
+        for whole in row:
+            for a in whole.parts:
+                if a.op is Op.F:
+                    live += 1
+                    peak = max(peak, live)
+                elif a.op is Op.B or a.op is Op.I:
+                    live -= 1
         peaks.append(peak)
     return tuple(peaks)

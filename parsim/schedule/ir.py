@@ -28,6 +28,22 @@ Runtime semantics (the simulator and the torch runtime both follow them):
 * ``sREDUCE_GRAD``: data-parallel gradient reduction of stage s, launched
   asynchronously (its own stream) after the last backward (``B`` or ``W``) of s.
 * ``sSTEP``: optimizer step of stage s; waits for its ``REDUCE_GRAD`` (if any).
+* ``(sFm;tBn)OVERLAP_F_B``: a composite compute action (DualPipe): the forward of
+  stage s on microbatch m and the backward (``B``; or ``I``) of stage t on microbatch
+  n run overlapped, one after the other's communication. It needs both inputs (the F
+  input of s and the output-gradient of t), takes one duration (``[costs]
+  overlap_f_b_s``, or the cost model's F+B minus the communication one hides under
+  the other's compute), then produces both outputs. ``Action.sub`` holds the two
+  parts; ``stage`` is the F part's stage. A runtime that cannot overlap may execute it
+  as the F then the B, sequentially (the validation runtime does): the order and the
+  dependencies are the same, only the duration differs.
+
+Chains (bidirectional schedules, ``Schedule.n_chains > 1``): the stages split into
+``n_chains`` equal runs, each a full copy of the model, each fed its own contiguous
+block of ``n_microbatches // n_chains`` microbatches. A stage at the start of a run
+has no predecessor (it reads the data), one at its end no successor (it computes the
+loss): use ``Schedule.prev_stage``/``next_stage``/``microbatches_of`` rather than
+``s - 1``/``s + 1``. With one chain (every other schedule) they are the plain ones.
 
 A schedule with no SEND/RECV at all is *unlowered*: its cross-rank data dependencies
 are implicit. :func:`parsim.schedule.passes.lower` makes them explicit.
@@ -35,8 +51,10 @@ are implicit. :func:`parsim.schedule.passes.lower` makes them explicit.
 from __future__ import annotations
 
 import csv
+import gc
 import io
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import lru_cache
@@ -62,13 +80,15 @@ class Op(str, Enum):
     REDUCE_GRAD = "REDUCE_GRAD"
     STEP = "STEP"
     """Optimizer step of the stage's parameters (after its REDUCE_GRAD)."""
+    OVERLAP_F_B = "OVERLAP_F_B"
+    """Composite: the F of one (stage, microbatch) overlapped with the B/I of another (DualPipe)."""
 
     def __str__(self) -> str:
         return self.value
 
     @property
     def is_compute(self) -> bool:
-        """Blocks the rank's compute stream: F, B, I, W, STEP."""
+        """Blocks the rank's compute stream: F, B, I, W, STEP, OVERLAP_F_B."""
         return self in _COMPUTE
 
     @property
@@ -91,7 +111,7 @@ class Op(str, Enum):
         return self in _PER_MICROBATCH
 
 
-_COMPUTE = frozenset({Op.F, Op.B, Op.I, Op.W, Op.STEP})
+_COMPUTE = frozenset({Op.F, Op.B, Op.I, Op.W, Op.STEP, Op.OVERLAP_F_B})
 _P2P = frozenset({Op.SEND_F, Op.RECV_F, Op.SEND_B, Op.RECV_B})
 _BACKWARD = frozenset({Op.B, Op.I, Op.W})
 _PER_MICROBATCH = frozenset({Op.F, Op.B, Op.I, Op.W}) | _P2P
@@ -104,24 +124,97 @@ class Action:
     stage: int
     op: Op
     microbatch: int | None = None
+    sub: tuple["Action", "Action"] | None = None
+    """OVERLAP_F_B only: its (F, B-or-I) parts; ``stage`` is the F part's stage."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.op, Op):
             object.__setattr__(self, "op", Op(self.op))
         if self.stage < 0:
             raise ValueError(f"action stage must be >= 0, got {self.stage}")
+        if self.op is Op.OVERLAP_F_B:
+            f, b = self.sub if self.sub is not None and len(self.sub) == 2 else (None, None)
+            if f is None or f.op is not Op.F or b.op not in (Op.B, Op.I) or self.microbatch is not None:
+                raise ValueError("OVERLAP_F_B needs sub=(an F action, a B or I action) and no microbatch")
+            if self.stage != f.stage:
+                raise ValueError(f"OVERLAP_F_B stage must be its F part's stage {f.stage}, got {self.stage}")
+            return
+        if self.sub is not None:
+            raise ValueError(f"{self.op.value} takes no sub-actions")
         if self.op.has_microbatch:
             if self.microbatch is None or self.microbatch < 0:
                 raise ValueError(f"{self.op.value} needs a microbatch >= 0, got {self.microbatch}")
         elif self.microbatch is not None:
             raise ValueError(f"{self.op.value} takes no microbatch, got {self.microbatch}")
 
+    @property
+    def parts(self) -> tuple["Action", ...]:
+        """The compute parts: (F, B) of a composite, else (self,)."""
+        return self.sub if self.sub is not None else (self,)
+
     def __str__(self) -> str:
+        if self.sub is not None:
+            return f"({self.sub[0]};{self.sub[1]}){self.op.value}"
         mb = "" if self.microbatch is None else self.microbatch
         return f"{self.stage}{_OP_TEXT[self.op]}{mb}"
 
     def __repr__(self) -> str:
         return f"Action({self})"
+
+
+_INTERN: dict[tuple, Action] = {}
+_NEW = object.__new__
+_SET_STAGE, _SET_OP = Action.stage.__set__, Action.op.__set__  # slot descriptors: no frozen check
+_SET_MB, _SET_SUB = Action.microbatch.__set__, Action.sub.__set__
+
+
+def act(stage: int, op: Op, microbatch: int | None = None) -> Action:
+    """A trusted, interned action (no validation): for builders and passes on the hot path.
+
+    Actions are immutable, so one object per (stage, op, microbatch) is shared.
+    """
+    key = (stage, op._value_, microbatch)  # Enum.__hash__ is slow Python code: key by the text
+    a = _INTERN.get(key)
+    if a is None:
+        a = _NEW(Action)
+        _SET_STAGE(a, stage)
+        _SET_OP(a, op)
+        _SET_MB(a, microbatch)
+        _SET_SUB(a, None)
+        if len(_INTERN) < 1 << 22:
+            _INTERN[key] = a
+    return a
+
+
+def action_table(stage: int, op: Op, n: int) -> list[Action]:
+    """``[act(stage, op, j) for j in range(n)]`` built in one tight loop (trusted, not interned):
+    builders and passes index these tables instead of constructing actions one call at a time."""
+    new, ss, so, sm, sb = _NEW, _SET_STAGE, _SET_OP, _SET_MB, _SET_SUB
+    out = [new(Action) for _ in range(n)]
+    for j, a in enumerate(out):
+        ss(a, stage)
+        so(a, op)
+        sm(a, j)
+        sb(a, None)
+    return out
+
+
+@contextmanager
+def no_gc():
+    """Pause the cyclic garbage collector while building large acyclic structures
+    (hundreds of thousands of actions); reference counting still frees memory."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def overlap(f: Action, b: Action) -> Action:
+    """The composite ``(f;b)OVERLAP_F_B`` action."""
+    return Action(f.stage, Op.OVERLAP_F_B, None, (f, b))
 
 
 _OP_TEXT = {op: op.value for op in Op}
@@ -140,6 +233,15 @@ def parse(text: str) -> Action:
 
 @lru_cache(maxsize=1 << 16)
 def _parse(text: str) -> Action:
+    if text.startswith("(") and text.endswith(")" + Op.OVERLAP_F_B.value):
+        inner = text[1:-len(Op.OVERLAP_F_B.value) - 1]
+        parts = inner.split(";")
+        try:
+            if len(parts) != 2:
+                raise ValueError("expected two parts")
+            return overlap(_parse(parts[0].strip()), _parse(parts[1].strip()))
+        except ValueError as err:
+            raise ValueError(f"not an action: {text!r} ({err})") from None
     m = _ACTION_RE.fullmatch(text)
     if m is None:
         raise ValueError(f"not an action: {text!r} (expected e.g. '2F0', '3SEND_F1', '1UNSHARD')")
@@ -154,7 +256,10 @@ def _parse(text: str) -> Action:
 def _as_actions(rows) -> tuple[tuple[Action, ...], ...]:
     out = []
     for row in rows:
-        out.append(tuple(a if isinstance(a, Action) else parse(a) for a in row))
+        row = tuple(row)
+        if not all(type(a) is Action for a in row):
+            row = tuple(a if isinstance(a, Action) else parse(a) for a in row)
+        out.append(row)
     return tuple(out)
 
 
@@ -170,6 +275,8 @@ class Schedule:
     """Stage index -> pipeline rank."""
     actions: tuple[tuple[Action, ...], ...] = field(repr=False)
     """Per pipeline rank, in issue order; dense (no None)."""
+    n_chains: int = 1
+    """Model copies the stages form (2 for DualPipe and Chimera: see the module doc)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stage_to_rank", tuple(int(r) for r in self.stage_to_rank))
@@ -181,6 +288,38 @@ class Schedule:
         bad = [r for r in self.stage_to_rank if not 0 <= r < len(self.actions)]
         if bad:
             raise ValueError(f"stage_to_rank names rank {bad[0]} but there are {len(self.actions)} ranks")
+        if self.n_chains < 1 or self.n_stages % self.n_chains or self.n_microbatches % self.n_chains:
+            raise ValueError(f"{self.n_chains} chains must divide the {self.n_stages} stages "
+                             f"and the {self.n_microbatches} microbatches")
+
+    @classmethod
+    def trusted(cls, name, n_stages, n_microbatches, stage_to_rank, actions, n_chains=1) -> "Schedule":
+        """Build without checks or conversion: ``actions`` must be tuples of Actions and
+        ``stage_to_rank`` a tuple of ints (builders and passes on the hot path)."""
+        s = object.__new__(cls)
+        for k, v in (("name", name), ("n_stages", n_stages), ("n_microbatches", n_microbatches),
+                     ("stage_to_rank", stage_to_rank), ("actions", actions), ("n_chains", n_chains)):
+            object.__setattr__(s, k, v)
+        return s
+
+    @property
+    def chain_len(self) -> int:
+        """Stages per chain (``n_stages`` with one chain)."""
+        return self.n_stages // self.n_chains
+
+    def prev_stage(self, stage: int) -> int | None:
+        """The stage whose forward output ``stage`` consumes (None at a chain start)."""
+        return stage - 1 if stage % self.chain_len else None
+
+    def next_stage(self, stage: int) -> int | None:
+        """The stage that consumes ``stage``'s forward output (None at a chain end)."""
+        return stage + 1 if (stage + 1) % self.chain_len else None
+
+    def microbatches_of(self, stage: int) -> range:
+        """The microbatches ``stage`` processes (its chain's block; all with one chain)."""
+        per = self.n_microbatches // self.n_chains
+        c = stage // self.chain_len
+        return range(c * per, (c + 1) * per)
 
     @property
     def pp(self) -> int:
@@ -201,11 +340,12 @@ class Schedule:
     @property
     def is_lowered(self) -> bool:
         """Whether any rank holds an explicit SEND/RECV."""
-        return any(a.op.is_p2p for row in self.actions for a in row)
+        return any(a.op in _P2P for row in self.actions for a in row)
 
     def with_actions(self, actions) -> "Schedule":
-        """A copy with other per-rank lists (same name, stages, placement)."""
-        return Schedule(self.name, self.n_stages, self.n_microbatches, self.stage_to_rank, actions)
+        """A copy with other per-rank lists (same name, stages, placement, chains)."""
+        return Schedule(self.name, self.n_stages, self.n_microbatches, self.stage_to_rank, actions,
+                        self.n_chains)
 
     def compute_only(self) -> "Schedule":
         """The same schedule without comm actions (F, B, I, W and STEP only)."""
@@ -241,9 +381,10 @@ class Schedule:
         n_stages: int | None = None,
         n_microbatches: int | None = None,
         stage_to_rank: tuple[int, ...] | None = None,
+        n_chains: int = 1,
     ) -> "Schedule":
         """Inverse of :meth:`to_csv`; see :func:`schedule_from_csv`."""
-        return schedule_from_csv(text, name, n_stages, n_microbatches, stage_to_rank)
+        return schedule_from_csv(text, name, n_stages, n_microbatches, stage_to_rank, n_chains)
 
     @classmethod
     def from_text(cls, text: str, name: str = "text", **kw) -> "Schedule":
@@ -265,6 +406,7 @@ def schedule_from_csv(
     n_stages: int | None = None,
     n_microbatches: int | None = None,
     stage_to_rank: tuple[int, ...] | None = None,
+    n_chains: int = 1,
 ) -> Schedule:
     """Read a PyTorch pipelining CSV (one row per rank; empty cells are skipped).
 
@@ -272,10 +414,10 @@ def schedule_from_csv(
     from the largest index seen.
     """
     rows = [[parse(c) for c in row if c.strip()] for row in csv.reader(io.StringIO(text))]
-    return _assemble(rows, name, n_stages, n_microbatches, stage_to_rank)
+    return _assemble(rows, name, n_stages, n_microbatches, stage_to_rank, n_chains)
 
 
-def _assemble(rows, name, n_stages=None, n_microbatches=None, stage_to_rank=None) -> Schedule:
+def _assemble(rows, name, n_stages=None, n_microbatches=None, stage_to_rank=None, n_chains=1) -> Schedule:
     if stage_to_rank is None:
         seen: dict[int, int] = {}
         for r, row in enumerate(rows):
@@ -290,6 +432,6 @@ def _assemble(rows, name, n_stages=None, n_microbatches=None, stage_to_rank=None
     if n_stages is None:
         n_stages = len(stage_to_rank)
     if n_microbatches is None:
-        mbs = [a.microbatch for row in rows for a in row if a.microbatch is not None]
+        mbs = [p.microbatch for row in rows for a in row for p in a.parts if p.microbatch is not None]
         n_microbatches = max(mbs, default=-1) + 1
-    return Schedule(name, n_stages, n_microbatches, tuple(stage_to_rank), rows)
+    return Schedule(name, n_stages, n_microbatches, tuple(stage_to_rank), rows, n_chains)

@@ -24,45 +24,109 @@ from collections import Counter
 from ..errors import ScheduleError
 from .dryrun import DryRun, _fail, dry_run
 from .grid import format_grid
-from .ir import Action, Op, Schedule
+from .ir import Action, Op, Schedule, act, action_table, no_gc
 
 _P2P = (Op.SEND_F, Op.RECV_F, Op.SEND_B, Op.RECV_B)
 
 
 def _refuse_if_present(schedule: Schedule, ops: tuple[Op, ...], pass_name: str) -> None:
+    ops = frozenset(ops)
     for r, row in enumerate(schedule.actions):
+        if ops.isdisjoint({a.op for a in row}):
+            continue
         for k, a in enumerate(row):
             if a.op in ops:
                 raise _fail(schedule, r, k, f"{pass_name}: the schedule already has {a.op.value} actions")
 
 
 def add_send_recv(schedule: Schedule) -> Schedule:
-    """Insert SEND/RECV around every compute whose peer stage is on another rank."""
+    """Insert SEND/RECV around every compute whose peer stage is on another rank.
+
+    One linear pass; a composite OVERLAP_F_B gets the RECVs of both its parts before
+    it and their SENDs after it.
+    """
     _refuse_if_present(schedule, _P2P, "add_send_recv")
-    n, rank_of = schedule.n_stages, schedule.rank_of
+    s2r = schedule.stage_to_rank
+    n, nm = schedule.n_stages, schedule.n_microbatches
+    prev = [schedule.prev_stage(s) for s in range(n)]
+    nxt = [schedule.next_stage(s) for s in range(n)]
+    F, B, I = Op.F, Op.B, Op.I
+    # per stage: the RECV_F/SEND_B tables when its producer is remote, SEND_F/RECV_B when its consumer is
+    up = [action_table(s, Op.RECV_F, nm) if p is not None and s2r[p] != s2r[s] else None for s, p in enumerate(prev)]
+    up_b = [action_table(s, Op.SEND_B, nm) if t is not None else None for s, t in enumerate(up)]
+    down = [action_table(s, Op.SEND_F, nm) if q is not None and s2r[q] != s2r[s] else None for s, q in enumerate(nxt)]
+    down_b = [action_table(s, Op.RECV_B, nm) if t is not None else None for s, t in enumerate(down)]
     rows = []
-    for r, row in enumerate(schedule.actions):
+    for row in schedule.actions:
         out: list[Action] = []
+        push = out.append
         for a in row:
-            s, m = a.stage, a.microbatch
-            fwd, bwd = a.op is Op.F, a.op is Op.B or a.op is Op.I
-            if fwd and s > 0 and rank_of(s - 1) != r:
-                out.append(Action(s, Op.RECV_F, m))
-            if bwd and s < n - 1 and rank_of(s + 1) != r:
-                out.append(Action(s, Op.RECV_B, m))
-            out.append(a)
-            if fwd and s < n - 1 and rank_of(s + 1) != r:
-                out.append(Action(s, Op.SEND_F, m))
-            if bwd and s > 0 and rank_of(s - 1) != r:
-                out.append(Action(s, Op.SEND_B, m))
-        rows.append(out)
-    return schedule.with_actions(rows)
+            op = a.op
+            if op is F:
+                s, m = a.stage, a.microbatch
+                t = up[s]
+                if t is not None:
+                    push(t[m])
+                push(a)
+                t = down[s]
+                if t is not None:
+                    push(t[m])
+            elif op is B or op is I:
+                s, m = a.stage, a.microbatch
+                t = down_b[s]
+                if t is not None:
+                    push(t[m])
+                push(a)
+                t = up_b[s]
+                if t is not None:
+                    push(t[m])
+            elif op is Op.OVERLAP_F_B:
+                f, b = a.sub
+                if up[f.stage] is not None:
+                    push(up[f.stage][f.microbatch])
+                if down_b[b.stage] is not None:
+                    push(down_b[b.stage][b.microbatch])
+                push(a)
+                if down[f.stage] is not None:
+                    push(down[f.stage][f.microbatch])
+                if up_b[b.stage] is not None:
+                    push(up_b[b.stage][b.microbatch])
+            else:
+                push(a)
+        rows.append(tuple(out))
+    return _same_shape(schedule, tuple(rows))
+
+
+def _same_shape(schedule: Schedule, rows: tuple) -> Schedule:
+    return Schedule.trusted(schedule.name, schedule.n_stages, schedule.n_microbatches,
+                            schedule.stage_to_rank, rows, schedule.n_chains)
+
+
+def _last_backward(row, n_stages: int | None = None) -> dict[int, int]:
+    """Stage -> index of its last B or W (a composite counts for its B part).
+
+    Scans from the end; stops once ``n_stages`` stages (the rank's, when known) are found.
+    """
+    last: dict[int, int] = {}
+    B, W, OV = Op.B, Op.W, Op.OVERLAP_F_B
+    for k in range(len(row) - 1, -1, -1):
+        a = row[k]
+        op = a.op
+        if op is B or op is W:
+            last.setdefault(a.stage, k)
+        elif op is OV and a.sub[1].op is B:
+            last.setdefault(a.sub[1].stage, k)
+        else:
+            continue
+        if n_stages is not None and len(last) == n_stages:
+            break
+    return last
 
 
 def _windows(row: tuple[Action, ...], stage: int) -> list[tuple[int, int]]:
     """Index windows [first, last] during which ``stage`` needs its parameters."""
-    fwd = [k for k, a in enumerate(row) if a.stage == stage and a.op is Op.F]
-    bwd = [k for k, a in enumerate(row) if a.stage == stage and a.op.is_backward]
+    fwd = [k for k, a in enumerate(row) if any(p.stage == stage and p.op is Op.F for p in a.parts)]
+    bwd = [k for k, a in enumerate(row) if any(p.stage == stage and p.op.is_backward for p in a.parts)]
     wins = [(w[0], w[-1]) for w in (fwd, bwd) if w]
     if len(wins) == 2 and wins[1][0] <= wins[0][1]:
         return [(min(wins[0][0], wins[1][0]), max(wins[0][1], wins[1][1]))]
@@ -93,25 +157,32 @@ def add_grad_reduction(schedule: Schedule, reduce: bool = True, step: bool = Tru
     """REDUCE_GRAD after each stage's last backward (if ``reduce``); STEPs at the end."""
     _refuse_if_present(schedule, (Op.REDUCE_GRAD, Op.STEP), "add_grad_reduction")
     rows = []
+    per_rank = [0] * schedule.pp
+    for r in schedule.stage_to_rank:
+        per_rank[r] += 1
     for r, row in enumerate(schedule.actions):
-        last: dict[int, int] = {}
-        for k, a in enumerate(row):
-            if a.op is Op.B or a.op is Op.W:
-                last[a.stage] = k
+        last = _last_backward(row, per_rank[r])
+        order = sorted(last.items(), key=lambda kv: kv[1])
         at: dict[int, list[Action]] = {}
-        for s, k in sorted(last.items(), key=lambda kv: kv[1]):
+        for s, k in order:
             while k + 1 < len(row) and row[k + 1].op in (Op.SEND_B, Op.SEND_F):
                 k += 1
             if reduce:
-                at.setdefault(k, []).append(Action(s, Op.REDUCE_GRAD))
+                at.setdefault(k, []).append(act(s, Op.REDUCE_GRAD))
         out: list[Action] = []
-        for k, a in enumerate(row):
-            out.append(a)
-            out += at.get(k, [])
+        if at:
+            prev = 0
+            for k in sorted(at):
+                out += row[prev:k + 1]
+                out += at[k]
+                prev = k + 1
+            out += row[prev:]
+        else:
+            out += row
         if step:
-            out += [Action(s, Op.STEP) for s, _ in sorted(last.items(), key=lambda kv: kv[1])]
-        rows.append(out)
-    return schedule.with_actions(rows)
+            out += [act(s, Op.STEP) for s, _ in order]
+        rows.append(tuple(out))
+    return _same_shape(schedule, tuple(rows))
 
 
 def lower(
@@ -121,11 +192,30 @@ def lower(
     reduce_grad: bool = True,
     optimizer_step: bool = True,
 ) -> Schedule:
-    """Compose the passes: UNSHARD/RESHARD (zero3), SEND/RECV, REDUCE_GRAD and STEP."""
-    s = add_unshard_reshard(schedule) if zero3 else schedule
-    s = add_send_recv(s)
-    if reduce_grad or optimizer_step:
-        s = add_grad_reduction(s, reduce=reduce_grad, step=optimizer_step)
+    """Compose the passes: UNSHARD/RESHARD (zero3), SEND/RECV, REDUCE_GRAD and STEP.
+
+    Cached on the (immutable) schedule and the flags: lowering the same build twice is free.
+    """
+    key = (id(schedule), zero3, reduce_grad, optimizer_step)
+    hit = _LOWERED.get(key)
+    if hit is not None and hit[0] is schedule:
+        return hit[1]
+    low = _lower(schedule, zero3, reduce_grad, optimizer_step)
+    if len(_LOWERED) >= 32:
+        _LOWERED.pop(next(iter(_LOWERED)))
+    _LOWERED[key] = (schedule, low)  # the schedule is kept alive, so its id is not reused
+    return low
+
+
+_LOWERED: dict[tuple, tuple[Schedule, Schedule]] = {}
+
+
+def _lower(schedule: Schedule, zero3: bool, reduce_grad: bool, optimizer_step: bool) -> Schedule:
+    with no_gc():
+        s = add_unshard_reshard(schedule) if zero3 else schedule
+        s = add_send_recv(s)
+        if reduce_grad or optimizer_step:
+            s = add_grad_reduction(s, reduce=reduce_grad, step=optimizer_step)
     return s
 
 
@@ -135,7 +225,7 @@ def lower(
 def _check_placement(schedule: Schedule) -> None:
     n, nm = schedule.n_stages, schedule.n_microbatches
     for r, row in enumerate(schedule.actions):
-        for k, a in enumerate(row):
+        for k, a in ((k, p) for k, whole in enumerate(row) for p in whole.parts):
             s = a.stage
             if s >= n:
                 raise _fail(schedule, r, k, f"stage {s} out of range (n_stages={n})")
@@ -143,10 +233,13 @@ def _check_placement(schedule: Schedule) -> None:
                 raise _fail(schedule, r, k, f"stage {s} lives on rank {schedule.rank_of(s)}, not here")
             if a.microbatch is not None and a.microbatch >= nm:
                 raise _fail(schedule, r, k, f"microbatch {a.microbatch} out of range (n_microbatches={nm})")
+            if a.microbatch is not None and a.microbatch not in schedule.microbatches_of(s):
+                raise _fail(schedule, r, k, f"microbatch {a.microbatch} is not in stage {s}'s chain")
             if a.op.is_p2p:
-                peer = s + 1 if a.op in (Op.SEND_F, Op.RECV_B) else s - 1
-                if not 0 <= peer < n:
-                    raise _fail(schedule, r, k, f"stage {s} has no stage {peer} to talk to")
+                fwd_peer = a.op in (Op.SEND_F, Op.RECV_B)
+                peer = schedule.next_stage(s) if fwd_peer else schedule.prev_stage(s)
+                if peer is None:
+                    raise _fail(schedule, r, k, f"stage {s} has no stage {s + 1 if fwd_peer else s - 1} to talk to")
                 if schedule.rank_of(peer) == r:
                     raise _fail(schedule, r, k, f"stages {s} and {peer} share rank {r}: no SEND/RECV between them")
 
@@ -155,11 +248,11 @@ def _check_rank_order(schedule: Schedule, r: int, lowered: bool) -> None:
     """Same-rank prerequisites, duplicates, ZeRO-3 windows, reduction placement."""
     row = schedule.actions[r]
     managed = {a.stage for a in row if a.op is Op.UNSHARD}
-    last_bwd = {a.stage: k for k, a in enumerate(row) if a.op is Op.B or a.op is Op.W}
+    last_bwd = _last_backward(row)
     reduced = {a.stage for a in row if a.op is Op.REDUCE_GRAD}
     seen: set[tuple] = set()  # (stage, op, microbatch) of the actions issued so far
     gathered: set[int] = set()
-    for k, a in enumerate(row):
+    for k, a in ((k, p) for k, whole in enumerate(row) for p in whole.parts):
         s, m, op = a.stage, a.microbatch, a.op
         key = (s, op, m)
         if key in seen and op not in (Op.UNSHARD, Op.RESHARD):
@@ -209,8 +302,8 @@ def _check_compute(schedule: Schedule, r: int, a: Action, seen: set[tuple], lowe
 
 def _check_input(schedule: Schedule, r: int, a: Action, seen: set[tuple], lowered: bool, fwd: bool) -> str | None:
     s, m = a.stage, a.microbatch
-    src = s - 1 if fwd else s + 1
-    if not 0 <= src < schedule.n_stages:
+    src = schedule.prev_stage(s) if fwd else schedule.next_stage(s)
+    if src is None:
         return None
     if schedule.rank_of(src) == r:
         if fwd and (src, Op.F, m) in seen:
@@ -230,13 +323,14 @@ def _first_step(schedule: Schedule, r: int, pred) -> int | None:
 
 def _check_counts(schedule: Schedule) -> None:
     """Each (stage, microbatch): one F, and one B or one I and one W (plus their sends)."""
-    count = Counter((a.stage, a.op, a.microbatch) for row in schedule.actions for a in row)
+    count = Counter((p.stage, p.op, p.microbatch) for row in schedule.actions for a in row for p in a.parts)
     lowered = schedule.is_lowered
     n = schedule.n_stages
     for s in range(n):
         r = schedule.rank_of(s)
-        for m in range(schedule.n_microbatches):
-            at = lambda op: _first_step(schedule, r, lambda a: a == Action(s, op, m))  # noqa: E731
+        nxt, prv = schedule.next_stage(s), schedule.prev_stage(s)
+        for m in schedule.microbatches_of(s):
+            at = lambda op: _first_step(schedule, r, lambda a: Action(s, op, m) in a.parts)  # noqa: E731
             problem, step = None, None
             if not count[(s, Op.F, m)]:
                 problem = f"stage {s} microbatch {m} has no F"
@@ -244,10 +338,10 @@ def _check_counts(schedule: Schedule) -> None:
                 problem, step = f"stage {s} microbatch {m} has no B (or I+W)", at(Op.F)
             elif count[(s, Op.I, m)] and not count[(s, Op.W, m)]:
                 problem, step = f"stage {s} microbatch {m} has I but no W", at(Op.I)
-            elif lowered and s < n - 1 and schedule.rank_of(s + 1) != r and not count[(s, Op.SEND_F, m)]:
-                problem, step = f"{s}F{m} has no {s}SEND_F{m} for stage {s + 1}", at(Op.F)
-            elif lowered and s > 0 and schedule.rank_of(s - 1) != r and not count[(s, Op.SEND_B, m)]:
-                problem = f"stage {s} microbatch {m} sends no gradient to stage {s - 1} (SEND_B missing)"
+            elif lowered and nxt is not None and schedule.rank_of(nxt) != r and not count[(s, Op.SEND_F, m)]:
+                problem, step = f"{s}F{m} has no {s}SEND_F{m} for stage {nxt}", at(Op.F)
+            elif lowered and prv is not None and schedule.rank_of(prv) != r and not count[(s, Op.SEND_B, m)]:
+                problem = f"stage {s} microbatch {m} sends no gradient to stage {prv} (SEND_B missing)"
                 step = at(Op.B) if count[(s, Op.B, m)] else at(Op.I)
             if problem:
                 if step is not None:
