@@ -48,31 +48,29 @@ def _union_length(starts: np.ndarray, ends: np.ndarray) -> float:
     return float(np.sum(block_end - s[idx]))
 
 
-def _exposed(comm: pd.DataFrame, busy: pd.DataFrame) -> float:
-    """Length of the comm intervals not covered by busy intervals."""
-    if comm.empty:
+def _exposed_arrays(cs: np.ndarray, ce: np.ndarray, bs: np.ndarray, be: np.ndarray) -> float:
+    """Length of the comm intervals [cs, ce) not covered by busy intervals [bs, be)."""
+    if len(cs) == 0:
         return 0.0
-    cs, ce = comm["start_s"].to_numpy(), comm["end_s"].to_numpy()
-    bs, be = busy["start_s"].to_numpy(), busy["end_s"].to_numpy()
     both = _union_length(np.concatenate([cs, bs]), np.concatenate([ce, be]))
     return both - _union_length(bs, be)
 
 
-def _frame(rows: list[tuple], columns, dtypes: dict) -> pd.DataFrame:
-    """Columnar DataFrame from row tuples (transposed in C; strings as categoricals)."""
-    cols = list(zip(*rows)) if rows else [()] * len(columns)
-    data = {}
-    for name, col in zip(columns, cols):
-        dt = dtypes[name]
-        data[name] = pd.Categorical(col) if dt == "category" else np.asarray(col, dtype=dt)
-    return pd.DataFrame(data)
+def _frame(rows: list[tuple], dtype: list[tuple[str, str]], categories: tuple[str, ...]) -> pd.DataFrame:
+    """Columnar DataFrame from row tuples: numpy parses them in C; strings become categoricals."""
+    arr = np.array(rows, dtype=dtype) if rows else np.zeros(0, dtype=dtype)
+    return pd.DataFrame({name: (pd.Categorical(arr[name].astype(object)) if name in categories else arr[name])
+                         for name in arr.dtype.names})
+
+
+SPAN_DTYPE = [("rank", "i8"), ("stream", "U8"), ("op", "U16"), ("stage", "i8"), ("microbatch", "i8"),
+              ("start_s", "f8"), ("end_s", "f8"), ("bytes", "f8")]
+MEM_DTYPE = [("rank", "i8"), ("time_s", "f8"), ("delta_bytes", "f8"), ("kind", "U16")]
 
 
 def spans_frame(spans: list[tuple]) -> pd.DataFrame:
     """The Timeline: one row per executed action."""
-    tl = _frame(spans, RawTimeline.SPAN_COLUMNS,
-                {"rank": np.int64, "stream": "category", "op": "category", "stage": np.int64,
-                 "microbatch": np.int64, "start_s": float, "end_s": float, "bytes": float})
+    tl = _frame(spans, SPAN_DTYPE, ("stream", "op"))
     mb = tl["microbatch"].to_numpy()
     tl["microbatch"] = pd.arrays.IntegerArray(mb, mb < 0)  # -1 in the engine = no microbatch
     return tl
@@ -94,8 +92,7 @@ class Result:
     @classmethod
     def from_raw(cls, sc: Scenario, schedule: Schedule, costs: ModelCosts, raw: RawTimeline) -> "Result":
         tl = spans_frame(raw.spans)
-        mem = _frame(raw.mem_events, RawTimeline.MEM_COLUMNS, {"rank": np.int64, "time_s": float,
-                                                                 "delta_bytes": float, "kind": "category"})
+        mem = _frame(raw.mem_events, MEM_DTYPE, ("kind",))
         res = cls(sc, schedule, costs, tl, mem, {})
         res.metrics = _metrics(res)
         return res
@@ -107,19 +104,25 @@ class Result:
         return format_summary(self.metrics)
 
 
-def _rank_memory(res: Result, rank: int, ev: pd.DataFrame) -> tuple[float, dict[str, float]]:
-    """Peak bytes of a rank and the breakdown by kind at that moment."""
+def _rank_memory(res: Result, rank: int, time: np.ndarray, delta: np.ndarray,
+                 kind: np.ndarray) -> tuple[float, dict[str, float]]:
+    """Peak bytes of a rank and the breakdown by kind at that moment (events of this rank only)."""
     static = res.costs.rank_model_states(rank, res.schedule.stage_to_rank)
-    kinds = {k: 0.0 for k in ("activations", "other")}
-    if not ev.empty:
-        ev = ev.sort_values(["time_s", "delta_bytes"], kind="stable")
-        total = ev["delta_bytes"].cumsum().to_numpy()
-        i = int(np.argmax(total))
-        upto = ev.iloc[: i + 1]
-        for k, v in upto.groupby("kind")["delta_bytes"].sum().items():
-            kinds[k] = kinds.get(k, 0.0) + float(v)
+    kinds = {"activations": 0.0, "other": 0.0}
+    if len(delta):
+        order = np.lexsort((delta, time))  # at equal times frees (negative) come first
+        total = np.cumsum(delta[order])
+        upto = order[: int(np.argmax(total)) + 1]
+        for k in np.unique(kind[upto]):
+            kinds[str(k)] = kinds.get(str(k), 0.0) + float(delta[upto][kind[upto] == k].sum())
     breakdown = {**static, **kinds}
     return float(sum(breakdown.values())), breakdown
+
+
+def _rank_slices(ranks: np.ndarray, pp: int) -> tuple[np.ndarray, np.ndarray]:
+    """(order, bounds): rows of rank r are order[bounds[r]:bounds[r+1]]."""
+    order = np.argsort(ranks, kind="stable")
+    return order, np.searchsorted(ranks[order], np.arange(pp + 1))
 
 
 def _metrics(res: Result) -> dict:
@@ -141,39 +144,50 @@ def _metrics(res: Result) -> dict:
     peak_all, worst = 0.0, None
     capacity = sc.hardware.device.usable_memory_bytes
     hw_flops_per_gpu = 0.0
-    empty = tl.iloc[0:0]
-    comp_by = dict(tuple(compute.groupby("rank")))
-    joined_by = dict(tuple(joined.groupby("rank")))
-    dp_by = dict(tuple(tl[tl["stream"] == "dp"].groupby("rank")))
+    def cols(df, *names):
+        return [df[n].to_numpy() for n in names]
+
+    c_rank, c_start, c_end = cols(compute, "rank", "start_s", "end_s")
+    busy_all = np.bincount(c_rank, weights=c_end - c_start, minlength=pp)
+    j_rank, j_start, j_end, j_flops = cols(joined, "rank", "start_s", "end_s", "flops")
+    is_step = (joined["op"] == "STEP").to_numpy()
+    optim_all = np.bincount(j_rank[is_step], weights=(j_end - j_start)[is_step], minlength=pp)
+    parts_all = {n: np.bincount(j_rank[~is_step], weights=joined[n].to_numpy()[~is_step], minlength=pp)
+                 for n in PART_NAMES}
+    flops_all = np.bincount(j_rank, weights=j_flops, minlength=pp)
+    c_ord, c_b = _rank_slices(c_rank, pp)
+    dpf = tl[tl["stream"] == "dp"]
+    d_rank, d_start, d_end = cols(dpf, "rank", "start_s", "end_s")
+    d_ord, d_b = _rank_slices(d_rank, pp)
     p2p = tl[tl["stream"] == "p2p"]
+    p_start, p_end = cols(p2p, "start_s", "end_s")
     if len(p2p):
         # a transfer belongs to the rank that waits for it
         s2r_arr = np.asarray(s2r)
-        dst_stage = p2p["stage"].to_numpy() + np.where(p2p["op"].to_numpy() == "SEND_F", 1, -1)
-        p2p = p2p.assign(dst=s2r_arr[dst_stage])
-    in_by = dict(tuple(p2p.groupby("dst"))) if len(p2p) else {}
-    mem_by = dict(tuple(res.memory_events.groupby("rank")))
+        dst_stage = p2p["stage"].to_numpy() + np.where((p2p["op"] == "SEND_F").to_numpy(), 1, -1)
+        p_rank = s2r_arr[dst_stage]
+    else:
+        p_rank = np.zeros(0, dtype=np.int64)
+    p_ord, p_b = _rank_slices(p_rank, pp)
+    mev = res.memory_events
+    m_rank, m_time, m_delta, m_kind = cols(mev, "rank", "time_s", "delta_bytes", "kind")
+    m_ord, m_b = _rank_slices(m_rank, pp)
     for r in range(pp):
-        rc = comp_by.get(r, empty)
-        busy = float((rc["end_s"] - rc["start_s"]).sum())
-        jr = joined_by.get(r, joined.iloc[0:0])
-        step = jr[jr["op"] == "STEP"]
-        optim = float((step["end_s"] - step["start_s"]).sum())
-        not_step = jr["op"] != "STEP"
-        in_ops = {n: float(jr.loc[not_step, n].sum()) for n in PART_NAMES}
-        dp = dp_by.get(r, empty)
-        incoming = in_by.get(r, empty)
-        exp_dp = _exposed(dp, rc)
-        exp_pp = _exposed(incoming, pd.concat([rc, dp])) if len(incoming) else 0.0
+        ci, di, pi, mi = (o[b[r]:b[r + 1]] for o, b in ((c_ord, c_b), (d_ord, d_b), (p_ord, p_b), (m_ord, m_b)))
+        busy = float(busy_all[r])
+        optim = float(optim_all[r])
+        exp_dp = _exposed_arrays(d_start[di], d_end[di], c_start[ci], c_end[ci])
+        exp_pp = _exposed_arrays(p_start[pi], p_end[pi], np.concatenate([c_start[ci], d_start[di]]),
+                                 np.concatenate([c_end[ci], d_end[di]])) if len(pi) else 0.0
         bubble = max(0.0, T - busy - exp_dp - exp_pp)
         for n in PART_NAMES:
-            totals[n] += in_ops[n]
+            totals[n] += float(parts_all[n][r])
         totals["optimizer"] += optim
         totals["dp_comm"] += exp_dp
         totals["pp_comm"] += exp_pp
         totals["bubble"] += bubble
-        hw_flops_per_gpu += float(jr["flops"].sum())
-        peak, mem = _rank_memory(res, r, mem_by.get(r, res.memory_events.iloc[0:0]))
+        hw_flops_per_gpu += float(flops_all[r])
+        peak, mem = _rank_memory(res, r, m_time[mi], m_delta[mi], np.asarray(m_kind)[mi])
         if peak > peak_all:
             peak_all = peak
         if peak > capacity and (worst is None or peak - capacity > worst[1]):

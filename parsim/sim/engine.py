@@ -151,16 +151,8 @@ def simulate_schedule(schedule: Schedule, costs: CostTable) -> RawTimeline:
 
 def _needs(action: Action, nbr: tuple[list, list], s2r: tuple[int, ...], rank: int) -> tuple | None:
     """Mailbox key of the remote input a compute action consumes, if any."""
-    s, op = action.stage, action.op
-    if op is Op.F:
-        p = nbr[0][s]
-        if p is not None and s2r[p] != rank:
-            return (s, "F", action.microbatch)
-    elif op in BACKWARD_OPS:
-        q = nbr[1][s]
-        if q is not None and s2r[q] != rank:
-            return (s, "B", action.microbatch)
-    return None
+    tag = _need_tag(action.stage, action.op, nbr, s2r, rank)
+    return None if tag is None else (action.stage, tag, action.microbatch)
 
 
 def _overlap_cost(costs, f: Action, b: Action) -> tuple[OpCost, OpCost, float]:
@@ -171,32 +163,62 @@ def _overlap_cost(costs, f: Action, b: Action) -> tuple[OpCost, OpCost, float]:
     return cf, cb, dur
 
 
+def _need_tag(stage: int, op: Op, nbr: tuple[list, list], s2r: tuple[int, ...], rank: int) -> str | None:
+    """"F"/"B" when a compute op of ``stage`` consumes a message from another rank, else None."""
+    if op is Op.F:
+        p = nbr[0][stage]
+        return "F" if p is not None and s2r[p] != rank else None
+    if op in BACKWARD_OPS:
+        q = nbr[1][stage]
+        return "B" if q is not None and s2r[q] != rank else None
+    return None
+
+
 def _rank_process(rank, actions, costs, link_of, box, out, nbr, s2r):
-    spans = out.spans
+    # The loop runs once per action of the step (hundreds of thousands for large
+    # pipelines): per-(stage, op) facts are looked up once and cached in locals.
+    spans_append = out.spans.append
     mem = out.mem_events
+    mem_append = mem.append
     t = 0.0                             # this rank's clock: when its compute stream is next free
     dp_free = 0.0                       # when its dp stream is next free
     reduce_done: dict[int, float] = {}  # stage -> end of its REDUCE_GRAD
     unshard_done: dict[int, float] = {}  # stage -> end of its pending UNSHARD
     arrival = box.arrival
+    waiting = box.waiting
     op_cost = costs.op_cost
+    send_info: dict[tuple, tuple] = {}
+    compute_info: dict[tuple, tuple] = {}
+    RECV_F, RECV_B, SEND_F, SEND_B = Op.RECV_F, Op.RECV_B, Op.SEND_F, Op.SEND_B
     for a in actions:
         op = a.op
-        if op is Op.RECV_F or op is Op.RECV_B:
+        if op is RECV_F or op is RECV_B:
             continue  # posting a receive costs nothing; the consumer waits below
-        if op is Op.SEND_F or op is Op.SEND_B:
-            fwd = op is Op.SEND_F
-            dst_stage = nbr[1][a.stage] if fwd else nbr[0][a.stage]
-            nbytes = costs.p2p_bytes(a.stage, op)
-            start, arrive = link_of(rank, s2r[dst_stage]).transfer(t, nbytes)
-            spans.append((rank, "p2p", op.value, a.stage, a.microbatch, start, arrive, nbytes))
-            box.deliver((dst_stage, "F" if fwd else "B", a.microbatch), arrive)
+        stage = a.stage
+        if op is SEND_F or op is SEND_B:
+            info = send_info.get((stage, op))
+            if info is None:
+                fwd = op is SEND_F
+                dst = nbr[1][stage] if fwd else nbr[0][stage]
+                info = send_info[(stage, op)] = (link_of(rank, s2r[dst]), costs.p2p_bytes(stage, op),
+                                                 dst, "F" if fwd else "B", op.value)
+            lk, nbytes, dst, tag, name = info
+            start, arrive = lk.transfer(t, nbytes)
+            mb = a.microbatch
+            spans_append((rank, "p2p", name, stage, mb, start, arrive, nbytes))
+            key = (dst, tag, mb)
+            arrival[key] = arrive
+            if waiting:
+                ev = waiting.pop(key, None)
+                if ev is not None:
+                    ev.succeed()
             continue
         if op is Op.OVERLAP_F_B:
             start = t
             for part in a.sub:
-                key = _needs(part, nbr, s2r, rank)
-                if key is not None:
+                tag = _need_tag(part.stage, part.op, nbr, s2r, rank)
+                if tag is not None:
+                    key = (part.stage, tag, part.microbatch)
                     at = arrival.get(key)
                     if at is None:
                         yield box.event(key)
@@ -205,25 +227,29 @@ def _rank_process(rank, actions, costs, link_of, box, out, nbr, s2r):
                 pending = unshard_done.get(part.stage)
                 if pending is not None and pending > start:
                     start = pending
-            t = _run_overlap(rank, a, start, costs, spans, mem)
+            t = _run_overlap(rank, a, start, costs, spans_append, mem_append)
             continue
-        c = op_cost(a.stage, op)
+        info = compute_info.get((stage, op))
+        if info is None:
+            info = compute_info[(stage, op)] = (op_cost(stage, op), _need_tag(stage, op, nbr, s2r, rank), op.value)
+        c, tag, name = info
         if op is Op.REDUCE_GRAD or op is Op.UNSHARD:
             start = t if t > dp_free else dp_free
             dp_free = start + c.duration_s
-            (reduce_done if op is Op.REDUCE_GRAD else unshard_done)[a.stage] = dp_free
-            spans.append((rank, "dp", op.value, a.stage, -1, start, dp_free, c.bytes))
+            (reduce_done if op is Op.REDUCE_GRAD else unshard_done)[stage] = dp_free
+            spans_append((rank, "dp", name, stage, -1, start, dp_free, c.bytes))
             if c.stash_bytes:
-                mem.append((rank, start, c.stash_bytes, c.mem_kind))
+                mem_append((rank, start, c.stash_bytes, c.mem_kind))
             continue
         if op is Op.RESHARD:
             if c.free_bytes:
-                mem.append((rank, t, -c.free_bytes, c.mem_kind))
+                mem_append((rank, t, -c.free_bytes, c.mem_kind))
             continue
         # compute: wait for remote input, pending parameter gathers, gradient reduction
         start = t
-        key = _needs(a, nbr, s2r, rank)
-        if key is not None:
+        mb = a.microbatch
+        if tag is not None:
+            key = (stage, tag, mb)
             at = arrival.get(key)
             if at is None:
                 yield box.event(key)  # the sender has not reached its SEND yet
@@ -231,26 +257,26 @@ def _rank_process(rank, actions, costs, link_of, box, out, nbr, s2r):
             if at > start:
                 start = at
         if op is Op.STEP:
-            start = max(start, reduce_done.get(a.stage, 0.0))
-        pending = unshard_done.get(a.stage)
-        if pending is not None and pending > start:
-            start = pending
+            start = max(start, reduce_done.get(stage, 0.0))
+        if unshard_done:
+            pending = unshard_done.get(stage)
+            if pending is not None and pending > start:
+                start = pending
         end = start + c.duration_s
         t = end
         if c.stash_bytes or c.transient_bytes:
-            mem.append((rank, start, c.stash_bytes + c.transient_bytes, c.mem_kind))
-        spans.append((rank, "compute", op.value, a.stage, -1 if a.microbatch is None else a.microbatch,
-                      start, end, c.bytes))
+            mem_append((rank, start, c.stash_bytes + c.transient_bytes, c.mem_kind))
+        spans_append((rank, "compute", name, stage, -1 if mb is None else mb, start, end, c.bytes))
         released = c.free_bytes + c.transient_bytes
         if released:
-            mem.append((rank, end, -released, c.mem_kind))
+            mem_append((rank, end, -released, c.mem_kind))
         if c.then_comm_s > 0 or c.then_comm_bytes > 0:
             s0 = max(end, dp_free)
             dp_free = s0 + c.then_comm_s
-            spans.append((rank, "dp", "PARAM_GATHER", a.stage, -1, s0, dp_free, c.then_comm_bytes))
+            spans_append((rank, "dp", "PARAM_GATHER", stage, -1, s0, dp_free, c.then_comm_bytes))
 
 
-def _run_overlap(rank, a, start, costs, spans, mem) -> float:
+def _run_overlap(rank, a, start, costs, spans_append, mem_append) -> float:
     """Record a composite OVERLAP_F_B starting at ``start``; return its end."""
     f, b = a.sub
     cf, cb, dur = _overlap_cost(costs, f, b)
@@ -258,10 +284,10 @@ def _run_overlap(rank, a, start, costs, spans, mem) -> float:
     mid = start + (dur * cf.duration_s / total if total > 0 else dur / 2)
     end = start + dur
     if cf.stash_bytes or cf.transient_bytes or cb.transient_bytes:
-        mem.append((rank, start, cf.stash_bytes + cf.transient_bytes + cb.transient_bytes, cf.mem_kind))
-    spans.append((rank, "compute", "F", f.stage, f.microbatch, start, mid, cf.bytes))
-    spans.append((rank, "compute", b.op.value, b.stage, b.microbatch, mid, end, cb.bytes))
+        mem_append((rank, start, cf.stash_bytes + cf.transient_bytes + cb.transient_bytes, cf.mem_kind))
+    spans_append((rank, "compute", "F", f.stage, f.microbatch, start, mid, cf.bytes))
+    spans_append((rank, "compute", b.op.value, b.stage, b.microbatch, mid, end, cb.bytes))
     released = cf.transient_bytes + cb.free_bytes + cb.transient_bytes
     if released:
-        mem.append((rank, end, -released, cf.mem_kind))
+        mem_append((rank, end, -released, cf.mem_kind))
     return end
