@@ -27,7 +27,6 @@ from parsim.simulate import schedule_for  # noqa: E402
 CASES = {
     "megatron-1t": [],
     "megatron-1t dp x8": ["gpus=24576", "parallel.dp=48", "training.global_batch=24576"],
-    "llama3-405b 16k H100": None,  # filled below
 }
 
 
@@ -53,13 +52,13 @@ def main() -> None:
     args = ap.parse_args()
     path = ROOT / "scenarios" / "megatron-1t-interleaved.toml"
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores; best of {args.repeat}")
-    print(f"{'case':<22}{'actions':>9}{'spans':>9}{'load':>8}{'build':>8}{'engine':>8}{'metrics':>9}{'total':>8}  predicted step")
+    print(f"{'case':<28}{'actions':>9}{'spans':>9}{'load':>8}{'build':>8}{'engine':>8}{'metrics':>9}{'total':>8}  predicted step")
     for name, ov in CASES.items():
-        if ov is None:
-            continue
-        best = min((time_one(path, ov) for _ in range(args.repeat)), key=lambda r: r["total"])
-        print(f"{name:<22}{best['actions']:>9}{best['spans']:>9}{best['load']:>8.3f}{best['build']:>8.3f}"
-              f"{best['engine']:>8.3f}{best['metrics']:>9.3f}{best['total']:>8.3f}  {best['step_time_s']:.2f} s")
+        runs = [time_one(path, ov) for _ in range(args.repeat)]
+        # the first run builds the schedule; later ones reuse the cached (immutable) build
+        for label, best in ((name + " (cold)", runs[0]), (name + " (best)", min(runs, key=lambda r: r["total"]))):
+            print(f"{label:<28}{best['actions']:>9}{best['spans']:>9}{best['load']:>8.3f}{best['build']:>8.3f}"
+                  f"{best['engine']:>8.3f}{best['metrics']:>9.3f}{best['total']:>8.3f}  {best['step_time_s']:.2f} s")
 
 
 if __name__ == "__main__":
