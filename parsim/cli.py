@@ -76,8 +76,8 @@ def cmd_schedule(args) -> int:
     if args.csv:
         sys.stdout.write(sched.to_csv())
     else:
-        print(f"{sched.name}: pp={args.pp} microbatches={args.microbatches} vpp={args.vpp} "
-              f"({sched.n_stages} stages)")
+        print(f"{sched.name}: pp={args.pp} microbatches={args.microbatches} vpp={sched.n_stages // sched.pp} "
+              f"({sched.n_stages} stages{f', {sched.n_chains} chains' if sched.n_chains > 1 else ''})")
         print(format_timeline_grid(sched) if not args.lower else sched.to_text())
     return 0
 
