@@ -1,0 +1,191 @@
+"""Fit a hardware profile to microbenchmark rows (numpy only; no torch).
+
+Each fit refits exactly the knobs the cost model uses (``parsim.hardware.Device`` and
+``LinkTier``), by least squares on log time (relative errors, so small and large cases
+weigh alike):
+
+* GEMMs -> ``gemm_efficiency`` and ``gemm_half_dim`` of
+  ``t = max(2mnk / (peak * eff * u(m)u(n)u(k)), bytes / (bw * mem_eff))``, u(d) = d/(d+h)
+  (grid over h, closed-form eff for each h, roofline floor included);
+* streaming ops -> ``memory_efficiency`` (median achieved bytes/s over the datasheet bandwidth);
+* attention core -> ``attention_efficiency`` (geometric mean of achieved FLOP/s over peak);
+* the one-element op -> ``kernel_launch_us``;
+* p2p ping-pong -> link ``latency`` alpha and ``bandwidth`` beta of ``t = alpha + S/beta``
+  (non-negative least squares on relative error); collectives are reported against the
+  alpha-beta ring formulas of ``parsim.collectives`` with those alpha/beta (not fitted).
+
+When a fitted efficiency would exceed 1 the matching peak/bandwidth is raised to the
+measured value and the efficiency set to 1 (a profile stores fractions in (0, 1]).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from ..collectives import alpha_beta_time
+from ..hardware import Device, HardwareProfile, LinkTier
+
+H_GRID = np.concatenate([[0.0], np.geomspace(0.5, 1024, 160)])
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A calibrated profile with what it was fitted on and how well."""
+
+    profile: HardwareProfile
+    sources: dict[str, str]
+    """Dotted profile key -> the source comment written beside it."""
+    quality: dict[str, float]
+    """Median absolute relative error of each fitted family (gemm, memory, attention, p2p, ...)."""
+    predictions: pd.DataFrame
+    """The data rows with the fitted model's prediction and relative error."""
+
+
+def _gemm_model(dev: Device, m, n, k, precision: str) -> np.ndarray:
+    return np.array([dev.gemm_time(int(a), int(b), int(c), precision) for a, b, c in zip(m, n, k)])
+
+
+def fit_gemm(dev: Device, rows: pd.DataFrame, precision: str) -> tuple[float, float, float]:
+    """(gemm_efficiency, gemm_half_dim, peak FLOP/s) minimising squared log error."""
+    m, n, k = (rows[c].to_numpy(float) for c in ("m", "n", "k"))
+    t = rows["seconds"].to_numpy(float)
+    peak = dev.peak(precision)
+    floor = dev_bytes(dev, m, n, k, precision) / dev.effective_memory_bandwidth
+    best = (np.inf, 1.0, 0.0)
+    for h in H_GRID:
+        u = (m / (m + h)) * (n / (n + h)) * (k / (k + h))
+        ideal = 2 * m * n * k / (peak * u)          # compute time at eff = 1
+        eff = float(np.exp(np.mean(np.log(ideal / t))))
+        for _ in range(3):  # points on the roofline floor do not inform eff
+            pred = np.maximum(ideal / eff, floor)
+            on = ideal / eff >= floor
+            if on.any():
+                eff = float(np.exp(np.mean(np.log(ideal[on] / t[on]))))
+        loss = float(np.sum(np.log(np.maximum(ideal / eff, floor) / t) ** 2))
+        if loss < best[0]:
+            best = (loss, eff, float(h))
+    _, eff, h = best
+    if eff > 1.0:
+        return 1.0, h, peak * eff
+    return eff, h, peak
+
+
+def dev_bytes(dev: Device, m, n, k, precision: str) -> np.ndarray:
+    return np.array([dev.gemm_bytes(int(a), int(b), int(c), precision) for a, b, c in zip(m, n, k)])
+
+
+def fit_memory(dev: Device, rows: pd.DataFrame) -> tuple[float, float]:
+    """(memory_efficiency, memory bandwidth B/s)."""
+    achieved = float(np.median(rows["bytes"].to_numpy(float) / rows["seconds"].to_numpy(float)))
+    eff = achieved / dev.memory_bandwidth
+    return (eff, dev.memory_bandwidth) if eff <= 1.0 else (1.0, achieved)
+
+
+def fit_attention(dev: Device, rows: pd.DataFrame, precision: str) -> float:
+    rate = rows["flops"].to_numpy(float) / rows["seconds"].to_numpy(float)
+    return float(min(1.0, np.exp(np.mean(np.log(rate / dev.peak(precision))))))
+
+
+def fit_alpha_beta(rows: pd.DataFrame) -> tuple[float, float]:
+    """(latency s, bandwidth B/s) of t = alpha + S/beta, least squares on relative error."""
+    s = rows["bytes"].to_numpy(float)
+    t = rows["seconds"].to_numpy(float)
+    a = np.stack([1.0 / t, s / t], axis=1)  # (alpha + S x) / t ~ 1
+    best, sol = np.inf, (0.0, 1e-12)
+    for cand in _nonneg_solutions(a, np.ones_like(t)):
+        r = float(np.sum((a @ cand - 1.0) ** 2))
+        if r < best:
+            best, sol = r, cand
+    alpha, inv_beta = sol
+    return float(alpha), float(1.0 / max(inv_beta, 1e-15))
+
+
+def _nonneg_solutions(a: np.ndarray, b: np.ndarray):
+    x, *_ = np.linalg.lstsq(a, b, rcond=None)
+    if (x >= 0).all():
+        yield x
+    for j in range(a.shape[1]):  # one coefficient pinned at zero
+        xj = np.zeros(a.shape[1])
+        col = a[:, j]
+        xj[j] = max(0.0, float(col @ b / (col @ col)))
+        yield xj
+
+
+def _rel(pred, meas) -> np.ndarray:
+    return (np.asarray(pred, float) - np.asarray(meas, float)) / np.asarray(meas, float)
+
+
+def fit_profile(base: HardwareProfile, data: pd.DataFrame, name: str, precision: str = "fp32",
+                backend: str = "gloo") -> Fit:
+    """Refit ``base`` to the rows of ``data`` (columns of parsim.validate.bench)."""
+    dev = base.device
+    kinds = {k: g for k, g in data.groupby("kind")}
+    src: dict[str, str] = {}
+    peaks = dict(dev.peak_flops)
+    tag = f"parsim calibrate --backend {backend}"
+    if "memory" in kinds:
+        mem_eff, bw = fit_memory(dev, kinds["memory"])
+        dev = dataclasses.replace(dev, memory_efficiency=mem_eff, memory_bandwidth=bw)
+        src["device.memory_efficiency"] = f"{tag}: median streaming bytes/s over {len(kinds['memory'])} ops (add, layernorm, gelu)"
+        src["device.memory_tbyte_per_s"] = (f"{tag}: measured streaming bandwidth" if bw != base.device.memory_bandwidth
+                                            else "carried over (datasheet-style estimate); efficiency fitted against it")
+    if "gemm" in kinds:
+        eff, h, peak = fit_gemm(dev, kinds["gemm"], precision)
+        if peak != dev.peak(precision):
+            peaks = {p: peak for p in peaks}
+        dev = dataclasses.replace(dev, gemm_efficiency=eff, gemm_half_dim=h, peak_flops=peaks)
+        n = len(kinds["gemm"])
+        src["device.gemm_efficiency"] = f"{tag}: least-squares (log time) over {n} GEMMs (forward, dX, dW; all ranks computing)"
+        src["device.gemm_half_dim"] = src["device.gemm_efficiency"]
+    if "attention" in kinds:
+        dev = dataclasses.replace(dev, attention_efficiency=fit_attention(dev, kinds["attention"], precision))
+        src["device.attention_efficiency"] = f"{tag}: geometric mean over {len(kinds['attention'])} attention-core fwd/bwd cases"
+    if "launch" in kinds:
+        dev = dataclasses.replace(dev, kernel_launch_s=float(kinds["launch"]["seconds"].median()))
+        src["device.kernel_launch_us"] = f"{tag}: one-element op, median"
+    prof = dataclasses.replace(base, name=name, device=dev,  # source_path: "carried over from <base>"
+                               description=f"{base.description.split(' (')[0]} (calibrated by {tag})")
+    if "p2p" in kinds:
+        alpha, beta = fit_alpha_beta(kinds["p2p"])
+        tier = LinkTier(base.nvlink.name, beta, alpha, 1.0)
+        prof = dataclasses.replace(prof, nvlink=tier)
+        msg = f"{tag}: alpha-beta fit of isend/irecv ping-pong over {len(kinds['p2p'])} sizes"
+        src.update({"node.nvlink_gbyte_per_s": msg, "node.nvlink_latency_us": msg,
+                    "node.nvlink_efficiency": f"{tag}: bandwidth above is the achieved one"})
+        if len({*data.get("host", pd.Series(["x"])).dropna()}) <= 1:  # one host: no inter-node tier to measure
+            prof = dataclasses.replace(prof, nic=LinkTier(base.nic.name, beta, alpha, 1.0))
+            note = f"{tag}: one host only, set to the measured intra-node (loopback) tier"
+            src.update({"network.nic_gbit_per_s": note, "network.nic_latency_us": note, "network.nic_efficiency": note})
+    pred = predictions(prof, data, precision)
+    quality = {k: float(np.median(np.abs(g["relative_error"]))) for k, g in pred.groupby("kind")}
+    return Fit(prof, src, quality, pred)
+
+
+def predictions(prof: HardwareProfile, data: pd.DataFrame, precision: str) -> pd.DataFrame:
+    """Each data row with the profile's predicted seconds and the relative error."""
+    dev = prof.device
+    out = []
+    for _, r in data.iterrows():
+        kind = r["kind"]
+        if kind == "gemm":
+            p = dev.gemm_time(int(r["m"]), int(r["n"]), int(r["k"]), precision)
+        elif kind == "memory":
+            p = dev.memory_time(float(r["bytes"]))
+        elif kind == "attention":
+            p = dev.attention_time(float(r["flops"]), precision)
+        elif kind == "launch":
+            p = dev.kernel_launch_s
+        elif kind == "p2p":
+            p = prof.nvlink.transfer_time(float(r["bytes"]))
+        elif kind == "collective":
+            p = alpha_beta_time(r["name"], float(r["bytes"]), int(r["group"]),
+                                prof.nvlink.effective_bandwidth, prof.nvlink.latency_s)
+        else:
+            continue
+        out.append({**r.to_dict(), "predicted_s": p})
+    df = pd.DataFrame(out)
+    df["relative_error"] = _rel(df["predicted_s"], df["seconds"])
+    return df

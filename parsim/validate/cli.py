@@ -1,0 +1,76 @@
+"""`parsim validate SCENARIO [--backend gloo|nccl] [--json]`: simulate, run for real, compare.
+
+The scenario is scaled down to fit the machine (:mod:`parsim.validate.scale`), simulated
+with the calibrated profile (``hardware_profiles/calibrated/<profile>.toml`` when present,
+or ``--profile``), executed by one process per rank (pp x dp ranks) through
+:mod:`parsim.validate.launch`, and compared (:mod:`parsim.validate.compare`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from ..calibrate.cli import INSTALL_HINT, torch_available
+
+
+def register(sub) -> None:
+    p = sub.add_parser("validate", help="run a scenario for real on torch.distributed and compare with the prediction")
+    p.add_argument("scenario")
+    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    p.add_argument("--profile", default=None, help="hardware profile for the prediction (default: calibrated one if present)")
+    p.add_argument("--steps", type=int, default=5, help="measured steps (median reported)")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--timeout", type=float, default=300.0, help="hard limit for the real run, seconds")
+    p.add_argument("--nice", type=int, default=0,
+                   help="niceness increment for the rank processes (e.g. -10 to win the cores from other jobs; needs privilege)")
+    p.add_argument("--json", action="store_true", help="print {predicted, measured, relative_error, ...}")
+    p.add_argument("--out", metavar="DIR", help="write report.md, gantt.png, comparison.json, span CSVs")
+    p.set_defaults(func=cmd_validate)
+
+
+def run_validation(scenario: str, overrides=None, backend: str = "gloo", profile: str | None = None,
+                   steps: int = 5, warmup: int = 2, timeout: float = 300.0, workdir: str | None = None,
+                   nice: int = 0) -> dict:
+    """Simulate and execute ``scenario``; return the comparison dict."""
+    from ..simulate import simulate
+    from .compare import compare
+    from .launch import launch
+    from .scale import default_profile, prepare
+
+    sc = prepare(scenario, overrides, backend, profile)
+    res = simulate(sc)
+    job = {"scenario": str(scenario), "overrides": list(overrides or []), "backend": backend,
+           "profile": profile or default_profile(sc, backend), "steps": steps, "warmup": warmup,
+           "timeout": timeout, "threads": 1, "nice": nice}
+    world = sc.parallel.pp * sc.parallel.dp
+    load_before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="parsim-validate-") as tmp:
+        ranks = launch(job, world, workdir or tmp, timeout)
+    c = compare(res, ranks)
+    c.update({"backend": backend, "world": world, "warmup": warmup, "cpu_count": os.cpu_count(), "nice": nice,
+              "load_average_1min": [load_before, os.getloadavg()[0]],
+              "losses": ranks[sc.parallel.pp - 1]["steps"][-1]["losses"]})
+    return c
+
+
+def cmd_validate(args) -> int:
+    if not torch_available():
+        print(INSTALL_HINT, file=sys.stderr)
+        return 2
+    from .report import markdown, public, write_report
+
+    c = run_validation(args.scenario, args.set, args.backend, args.profile, args.steps, args.warmup, args.timeout,
+                       nice=args.nice)
+    if args.out:
+        write_report(c, Path(args.out))
+    if args.json:
+        print(json.dumps(public(c), indent=1))
+    else:
+        print(markdown(c).split("\n\nPer-action")[0])
+        if args.out:
+            print(f"\nreport: {Path(args.out) / 'report.md'}")
+    return 0

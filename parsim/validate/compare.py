@@ -1,0 +1,123 @@
+"""Measured rank results -> Timeline DataFrame -> predicted vs measured, with errors.
+
+Torch-free. The measured timeline has the simulator's columns (rank, stream, op, stage,
+microbatch, start_s, end_s, bytes), with times relative to the step start (the earliest
+post-barrier clock reading of all ranks when they share a host; each rank's own
+otherwise). p2p spans run from the sender's isend to the moment the receiver's wait
+returned (an upper bound of the arrival). Metrics use the same definitions as
+``parsim.result``: step time = makespan, busy = compute-stream time, bubble fraction =
+mean over pipeline ranks of (step - busy) / step.
+"""
+from __future__ import annotations
+
+import statistics
+
+import numpy as np
+import pandas as pd
+
+from ..result import Result, spans_frame
+
+
+def step_timeline(ranks: list[dict], step: int, pp: int) -> pd.DataFrame:
+    """Spans of measured step ``step`` of the first data-parallel replica."""
+    reps = [r for r in ranks if r["dp_rank"] == 0]
+    same_host = len({r["host"] for r in ranks}) == 1
+    origin = min(r["steps"][step]["start"] for r in reps)
+    rows, recv_at = [], {}
+    for r in reps:
+        st = r["steps"][step]
+        t0 = origin if same_host else st["start"]
+        for key, t in st["recvs"].items():
+            recv_at[key] = t - t0
+        for stream, op, stage, mb, a, b, nbytes in st["spans"]:
+            rows.append((r["pp_rank"], stream, op, stage, mb, a - t0, b - t0, nbytes))
+        for op, stage, a, b, nbytes in st["asyncs"]:
+            rows.append((r["pp_rank"], "dp", op, stage, -1, a - t0, b - t0, nbytes))
+    for r in reps:
+        st = r["steps"][step]
+        t0 = origin if same_host else st["start"]
+        for op, stage, mb, a, nbytes in st["sends"]:
+            dst = stage + 1 if op == "SEND_F" else stage - 1
+            end = recv_at.get(f"{dst}:{op[-1]}:{mb}", a - t0)
+            rows.append((r["pp_rank"], "p2p", op, stage, mb, a - t0, max(a - t0, end), nbytes))
+    return spans_frame(rows)
+
+
+def timeline_metrics(tl: pd.DataFrame, pp: int) -> dict:
+    """step_time_s, bubble_fraction and per-rank busy_s of one timeline."""
+    T = float(tl["end_s"].max()) if len(tl) else 0.0
+    comp = tl[tl["stream"] == "compute"]
+    busy = [float((g["end_s"] - g["start_s"]).sum()) for g in (comp[comp["rank"] == r] for r in range(pp))]
+    bubble = float(np.mean([(T - b) / T for b in busy])) if T > 0 else 0.0
+    return {"step_time_s": T, "bubble_fraction": bubble,
+            "stages": [{"rank": r, "busy_s": b} for r, b in enumerate(busy)]}
+
+
+def action_durations(tl: pd.DataFrame) -> pd.DataFrame:
+    """Median duration per (rank, stream, op, stage) over microbatches."""
+    d = tl.assign(duration_s=tl["end_s"] - tl["start_s"])
+    return (d.groupby(["rank", "stream", "op", "stage"], observed=True)["duration_s"]
+            .agg(["median", "count"]).reset_index().rename(columns={"median": "duration_s"}))
+
+
+def measured_summary(ranks: list[dict], pp: int) -> tuple[dict, pd.DataFrame, list[pd.DataFrame]]:
+    """Median metrics over the measured steps, the median step's timeline, all timelines."""
+    n_steps = len(ranks[0]["steps"])
+    first = ranks[0]["warmup"]
+    tls = [step_timeline(ranks, k, pp) for k in range(first, n_steps)]
+    mets = [timeline_metrics(t, pp) for t in tls]
+    times = [m["step_time_s"] for m in mets]
+    k_med = int(np.argsort(times)[len(times) // 2])
+    out = {
+        "step_time_s": statistics.median(times),
+        "step_time_all_s": times,
+        "bubble_fraction": statistics.median(m["bubble_fraction"] for m in mets),
+        "stages": [{"rank": r, "busy_s": statistics.median(m["stages"][r]["busy_s"] for m in mets)}
+                   for r in range(pp)],
+    }
+    return out, tls[k_med], tls
+
+
+def _rel(pred: float, meas: float) -> float | None:
+    return None if not meas else (pred - meas) / meas
+
+
+def compare(res: Result, ranks: list[dict]) -> dict:
+    """The ``parsim validate --json`` object: predicted, measured, relative_error (+ details)."""
+    pp = res.schedule.pp
+    pm = res.metrics
+    predicted = {"step_time_s": pm["step_time_s"], "bubble_fraction": pm["bubble_fraction"],
+                 "stages": [{"rank": s["rank"], "busy_s": s["busy_s"]} for s in pm["stages"]]}
+    measured, tl_med, tls = measured_summary(ranks, pp)
+    mem_pred = {st.stage: st.activation_bytes for st in res.costs.stages}
+    mem_meas = {int(s): v for r in ranks if r["dp_rank"] == 0 for s, v in r["memory"].items()}
+    predicted["activation_bytes"] = [mem_pred[s] for s in sorted(mem_pred)]
+    measured["activation_bytes"] = [mem_meas.get(s, {}).get("activation_bytes") for s in sorted(mem_pred)]
+    err = {
+        "step_time_s": _rel(predicted["step_time_s"], measured["step_time_s"]),
+        "bubble_fraction": _rel(predicted["bubble_fraction"], measured["bubble_fraction"]),
+        "stages": [{"rank": r, "busy_s": _rel(predicted["stages"][r]["busy_s"], measured["stages"][r]["busy_s"])}
+                   for r in range(pp)],
+        "activation_bytes": [None if m is None else _rel(p, m)
+                             for p, m in zip(predicted["activation_bytes"], measured["activation_bytes"])],
+    }
+    actions = compare_actions(res.timeline, tls)
+    return {"scenario": res.scenario.name, "hardware": res.scenario.hardware.name,
+            "hardware_file": res.scenario.hardware.source_path, "schedule": res.schedule.name,
+            "model": res.scenario.model.name, "predicted": predicted, "measured": measured,
+            "relative_error": err, "actions": actions.to_dict(orient="records"),
+            "_timelines": (res.timeline, tl_med)}
+
+
+def compare_actions(pred_tl: pd.DataFrame, meas_tls: list[pd.DataFrame]) -> pd.DataFrame:
+    """Per (rank, op, stage): predicted vs measured median action duration (compute and dp streams)."""
+    pred = action_durations(pred_tl)
+    meas = action_durations(pd.concat(meas_tls, ignore_index=True))
+    keep = ["rank", "stream", "op", "stage"]
+    for df in (pred, meas):
+        for c in ("stream", "op"):
+            df[c] = df[c].astype(str)
+    j = pred.merge(meas, on=keep, how="outer", suffixes=("_predicted", "_measured"))
+    j = j[j["stream"] != "p2p"].drop(columns=["count_predicted"]).rename(columns={"count_measured": "samples"})
+    j["relative_error"] = (j["duration_s_predicted"] - j["duration_s_measured"]) / j["duration_s_measured"]
+    return j.sort_values(["rank", "stage", "op"]).reset_index(drop=True)

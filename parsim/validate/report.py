@@ -1,0 +1,78 @@
+"""Validation report: predicted vs measured tables and the two Gantt charts, one above the other."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from ..sim.trace import gantt  # noqa: E402
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{x:+.1%}"
+
+
+def plot_both(pred: pd.DataFrame, meas: pd.DataFrame, path: Path, title: str) -> None:
+    fig, axes = plt.subplots(2, 1, figsize=(12, 5.5), sharex=True)
+    gantt(pred, axes[0], f"{title}: predicted (simulator)")
+    gantt(meas, axes[1], f"{title}: measured (torch.distributed)")
+    axes[1].set_xlabel("seconds")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def markdown(c: dict) -> str:
+    p, m, e = c["predicted"], c["measured"], c["relative_error"]
+    lines = [
+        f"# Validation: {c['scenario']} ({c['schedule']}, {c['model']})",
+        "",
+        f"Backend **{c['backend']}**, {c['world']} ranks; profile `{c['hardware_file'] or c['hardware']}`. "
+        f"Measured: median of {len(m['step_time_all_s'])} steps after {c['warmup']} warm-up steps. "
+        f"Machine: {c.get('cpu_count')} CPUs, 1-minute load average {c.get('load_average_1min', ['?'])[0]:.2f} before "
+        f"and {c.get('load_average_1min', [0, 0])[-1]:.2f} after the run (other processes share the cores); "
+        f"rank niceness increment {c.get('nice', 0)}."
+        + (" More ranks than cores: oversubscribed, not a fidelity gate." if c['world'] > (c.get('cpu_count') or 0) else ""),
+        "",
+        "| metric | predicted | measured | error |",
+        "|---|---:|---:|---:|",
+        f"| step time (s) | {p['step_time_s']:.4f} | {m['step_time_s']:.4f} | {_pct(e['step_time_s'])} |",
+        f"| bubble fraction | {p['bubble_fraction']:.3f} | {m['bubble_fraction']:.3f} | {_pct(e['bubble_fraction'])} |",
+    ]
+    for ps, ms, es in zip(p["stages"], m["stages"], e["stages"]):
+        lines.append(f"| rank {ps['rank']} busy (s) | {ps['busy_s']:.4f} | {ms['busy_s']:.4f} | {_pct(es['busy_s'])} |")
+    for s, (pa, ma, ea) in enumerate(zip(p["activation_bytes"], m["activation_bytes"], e["activation_bytes"])):
+        lines.append(f"| stage {s} activations, one microbatch (MiB) | {pa / 2**20:.3f} | "
+                     f"{'n/a' if ma is None else f'{ma / 2**20:.3f}'} | {_pct(ea)} |")
+    lines += ["", "Per-action durations (median over microbatches and steps):", "",
+              "| rank | stage | op | predicted (ms) | measured (ms) | error |", "|---:|---:|---|---:|---:|---:|"]
+    for a in c["actions"]:
+        pr, me = a.get("duration_s_predicted"), a.get("duration_s_measured")
+        f = (lambda v: "n/a" if v is None or v != v else f"{v * 1e3:.3f}")
+        err = a.get("relative_error")
+        lines.append(f"| {a['rank']} | {a['stage']} | {a['op']} | {f(pr)} | {f(me)} | "
+                     f"{'n/a' if err is None or err != err else _pct(err)} |")
+    lines += ["", "![predicted (top) and measured (bottom)](gantt.png)", "",
+              "Files: `comparison.json` (this table), `predicted.csv` and `measured.csv` (span rows)."]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(c: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    pred, meas = c["_timelines"]
+    plot_both(pred, meas, out / "gantt.png", c["scenario"])
+    pred.to_csv(out / "predicted.csv", index=False)
+    meas.to_csv(out / "measured.csv", index=False)
+    (out / "comparison.json").write_text(json.dumps(public(c), indent=1, default=float))
+    (out / "report.md").write_text(markdown(c))
+
+
+def public(c: dict) -> dict:
+    """The comparison without the in-memory timelines (JSON-safe)."""
+    from ..result import json_safe
+    return json_safe({k: v for k, v in c.items() if not k.startswith("_")})

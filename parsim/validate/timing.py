@@ -1,0 +1,100 @@
+"""Per-action timing: perf_counter on CPU, CUDA events on GPU, in the simulator's span format.
+
+Times are absolute host clock readings (``time.perf_counter``, CLOCK_MONOTONIC: one clock
+for every process of a machine); the launcher turns them into step-relative seconds.
+On GPU every span is a pair of CUDA events on the compute stream, resolved at the end of
+the step against a reference event taken together with a host reading.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import torch
+
+
+class Timer:
+    """Collects one step's spans and p2p/collective records."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.reset()
+
+    def reset(self) -> None:
+        self.spans: list[list] = []        # [stream, op, stage, mb, start, end, bytes]
+        self.sends: list[list] = []        # [op, stage, mb, issue_time, bytes]
+        self.recvs: dict[tuple, object] = {}  # (stage, kind, mb) -> time the data was there
+        self.asyncs: dict[int, list] = {}  # stage -> [op, stage, start, end|None, bytes]
+        self._events: list = []            # CUDA: (target list, index, event)
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+    # ---- step boundaries ---------------------------------------------------------------
+    def start_step(self) -> None:
+        self.reset()
+        if self.cuda:
+            torch.cuda.synchronize()
+            self._ref = torch.cuda.Event(enable_timing=True)
+            self._ref.record()
+            self._ref_host = time.perf_counter()
+        self.step_start = time.perf_counter()
+
+    def end_step(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+            for target, idx, ev in self._events:
+                target[idx] = self._ref_host + self._ref.elapsed_time(ev) / 1e3
+            self._events = []
+        self.step_end = time.perf_counter()
+
+    def _stamp(self, target, idx) -> None:
+        """Write the current time into target[idx] (a CUDA event on GPU, resolved later)."""
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self._events.append((target, idx, ev))
+        target[idx] = time.perf_counter()
+
+    # ---- records ------------------------------------------------------------------------
+    @contextmanager
+    def span(self, action, stream: str = "compute"):
+        row = [stream, action.op.value, action.stage, -1 if action.microbatch is None else action.microbatch,
+               0.0, 0.0, 0.0]
+        self._stamp(row, 4)
+        yield
+        self._stamp(row, 5)
+        self.spans.append(row)
+
+    def mark_recv(self, key: tuple) -> None:
+        box = [0.0]
+        self._stamp(box, 0)
+        self.recvs[key] = box
+
+    def record_send(self, action, t0: float, nbytes: float) -> None:
+        self.sends.append([action.op.value, action.stage, action.microbatch, t0, nbytes])
+
+    def record_async(self, action, t0: float, work, nbytes: float) -> None:
+        rec = [action.op.value, action.stage, t0, None, nbytes]
+        self.asyncs[(action.op.value, action.stage)] = rec
+        try:
+            fut = work.get_future()
+            fut.add_done_callback(lambda _f, r=rec: r.__setitem__(3, time.perf_counter()))
+        except (RuntimeError, AttributeError):
+            pass  # no future on this backend/op: the end is taken when it is waited on
+
+    def mark_async_done(self, stage: int, op: str = "REDUCE_GRAD") -> None:
+        rec = self.asyncs.get((op, stage))
+        if rec is not None and rec[3] is None:
+            rec[3] = time.perf_counter()
+
+    def record_sync(self, op: str, stage: int, t0: float, nbytes: float) -> None:
+        self.spans.append(["dp", op, stage, -1, t0, time.perf_counter(), nbytes])
+
+    def export(self) -> dict:
+        """JSON-ready record of the step (absolute clock readings)."""
+        recvs = {f"{k[0]}:{k[1]}:{k[2]}": v[0] for k, v in self.recvs.items()}
+        asyncs = [[op, s, t0, t1 if t1 is not None else self.step_end, b]
+                  for op, s, t0, t1, b in self.asyncs.values()]
+        return {"start": self.step_start, "end": self.step_end, "spans": self.spans,
+                "sends": self.sends, "recvs": recvs, "asyncs": asyncs}

@@ -1,0 +1,146 @@
+"""One rank of a validation run: ``python -m parsim.validate.worker JOB.json``.
+
+Reads RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT (set by
+:mod:`parsim.validate.launch` or by torchrun), rebuilds the same scaled scenario and
+lowered schedule as the simulator, runs warm-up and measured steps, and writes
+``rank<R>.json`` (spans per step, activation memory, losses) into the job's folder;
+in parity mode also ``grads_rank<R>.pt`` (reduced gradients before the optimizer step).
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ..schedule.ir import Op
+from ..simulate import schedule_for
+from .model import build_stages, microbatch_data
+from .probe import stage_activation_bytes
+from .runtime import Layout, RankRuntime
+from .scale import prepare
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def optimizer_factory(name: str, lr: float = 1e-3):
+    fused = {"fused": True} if _fused_ok() else {}
+
+    def make(params):
+        if name in ("sgd",):
+            return torch.optim.SGD(params, lr=lr)
+        if name == "momentum":
+            return torch.optim.SGD(params, lr=lr, momentum=0.9)
+        if name == "adamw":
+            return torch.optim.AdamW(params, lr=lr, **fused)
+        return torch.optim.Adam(params, lr=lr, **fused)  # adam, and the rest approximated by Adam
+    return make
+
+
+def _fused_ok() -> bool:
+    try:
+        torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], fused=True)
+        return True
+    except (RuntimeError, TypeError, ValueError):
+        return False
+
+
+def check_p2p_order(sched) -> None:
+    """NCCL matches p2p by order per peer pair: SEND order on src must equal RECV order on dst."""
+    sends: dict[tuple, list] = {}
+    recvs: dict[tuple, list] = {}
+    for r, row in enumerate(sched.actions):
+        for a in row:
+            if a.op in (Op.SEND_F, Op.SEND_B):
+                dst = a.stage + 1 if a.op is Op.SEND_F else a.stage - 1
+                sends.setdefault((r, sched.rank_of(dst)), []).append((dst, a.op.value[-1], a.microbatch))
+            elif a.op in (Op.RECV_F, Op.RECV_B):
+                src = a.stage - 1 if a.op is Op.RECV_F else a.stage + 1
+                recvs.setdefault((sched.rank_of(src), r), []).append((a.stage, a.op.value[-1], a.microbatch))
+    for pair, order in sends.items():
+        if recvs.get(pair) != order:
+            raise RuntimeError(f"nccl: sends from pipeline rank {pair[0]} to {pair[1]} are not received in the "
+                               "order they are sent (NCCL matches p2p by order); cannot run this schedule on nccl")
+
+
+def main(job_file: str) -> int:
+    job = json.loads(Path(job_file).read_text())
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    torch.set_num_threads(int(job.get("threads", 1)))
+    if job.get("nice"):  # measurement hygiene on a shared machine (needs the privilege to lower it)
+        try:
+            os.nice(int(job["nice"]))
+        except OSError:
+            pass
+    if job.get("pin") and hasattr(os, "sched_setaffinity"):
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[local % len(cpus)]})
+    backend = job["backend"]
+    device = torch.device("cuda", local) if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=float(job.get("timeout", 120))))
+    variants = job.get("variants") or [job.get("overrides") or []]
+    results = [run_variant(job, overrides, rank, world, device, i) for i, overrides in enumerate(variants)]
+    out = results[0] if not job.get("variants") else {"rank": rank, "variants": results}
+    (Path(job["out"]) / f"rank{rank}.json").write_text(json.dumps(out))
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def run_variant(job: dict, overrides: list, rank: int, world: int, device, index: int) -> dict:
+    """Prepare the scenario with ``overrides``, build groups, run it on this rank."""
+    sc = prepare(job["scenario"], overrides, job["backend"], job.get("profile"))
+    sched = schedule_for(sc)
+    par = sc.parallel
+    if world != par.pp * par.dp:
+        raise SystemExit(f"world size {world} != pp*dp = {par.pp * par.dp} ({sc.file} with {overrides})")
+    if job["backend"] == "nccl":
+        check_p2p_order(sched)
+    groups = [dist.new_group([d * par.pp + r for d in range(par.dp)]) for r in range(par.pp)]
+    lay = Layout(par.pp, par.dp, rank, device, DTYPES[sc.training.precision], job["backend"])
+    lay.dp_group = groups[lay.pp_rank]
+    return run({**job, "variant": index}, sc, sched, lay)
+
+
+def run(job: dict, sc, sched, lay: Layout) -> dict:
+    tr, spec = sc.training, sc.model
+    seed = int(job.get("seed", 0))
+    all_stages = build_stages(spec, sc.layers_per_stage, tr.seq_len, tr.flash_attention, seed, lay.dtype)
+    mine = {s: all_stages[s].to(lay.device) for s in sched.stages_of(lay.pp_rank)}
+    n = sched.n_microbatches
+    data = microbatch_data(spec, n * lay.dp, tr.microbatch_size, tr.seq_len, seed)[lay.dp_rank * n:(lay.dp_rank + 1) * n]
+    data = [(t.to(lay.device), y.to(lay.device)) for t, y in data]
+    act_shape = (tr.microbatch_size, tr.seq_len, spec.d_model)
+    memory = {}
+    if job.get("mode", "time") == "time":
+        for s, st in mine.items():
+            x = data[0][0] if s == 0 else torch.randn(act_shape, dtype=lay.dtype, device=lay.device)
+            memory[str(s)] = stage_activation_bytes(st, x, data[0][1] if st.last else None)
+    parity = job.get("mode") == "parity"
+    rt = RankRuntime(sched, mine, lay, data, act_shape, sc.parallel.zero,
+                     optimizer_factory(tr.optimizer), job.get("fault"), keep_grads=parity)
+    steps = []
+    n_steps = 1 if parity else int(job.get("warmup", 2)) + int(job.get("steps", 5))
+    for _ in range(n_steps):
+        dist.barrier()
+        st = rt.run_step()
+        steps.append({**rt.timer.export(), "losses": st.losses})
+        if parity:
+            torch.save({s: g.cpu() for s, g in st.grads.items()},
+                       Path(job["out"]) / f"grads_rank{lay.rank}_v{job.get('variant', 0)}.pt")
+    return {"rank": lay.rank, "pp_rank": lay.pp_rank, "dp_rank": lay.dp_rank, "host": socket.gethostname(),
+            "warmup": 0 if parity else int(job.get("warmup", 2)), "steps": steps, "memory": memory,
+            "device": str(lay.device), "threads": torch.get_num_threads()}
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
