@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from .collectives import collective_time, group_path
+from .collectives import collective_time, group_path, parameter_server_time
 from .memory import (ActivationOptions, layer_activation_bytes, layer_recompute_transient_bytes,
                      logits_bytes, model_state_bytes, state_bytes_per_param, PRECISION_BYTES)
 from .model import (ModelSpec, attention_core_flops, embedding_params, head_gemm, head_params,
@@ -368,7 +368,10 @@ class ModelCosts:
         ops: dict[Op, OpCost] = {}
         if par.dp > 1:
             kind = "all_reduce" if par.zero == 0 else "reduce_scatter"
-            t = collective_time(hw, kind, (st.params - st.expert_params) * g, self.dp_group)
+            if par.dp_comm == "parameter_server":  # push gradients to one rank, pull the update back
+                t = parameter_server_time(hw, (st.params - st.expert_params) * g, self.dp_group)
+            else:
+                t = collective_time(hw, kind, (st.params - st.expert_params) * g, self.dp_group)
             if st.expert_params:  # expert gradients reduce over the expert-data-parallel ranks
                 t += collective_time(hw, kind, st.expert_params * g, self.edp_group)
             if sc.overlap.grad_reduce and st.layers:

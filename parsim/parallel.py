@@ -34,6 +34,10 @@ class ParallelConfig:
     """ZeRO stage 0..3 over the data-parallel axis (3 = FSDP-style parameter sharding)."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism: norms/dropout sharded over tp; all-gather/reduce-scatter replace all-reduce."""
+    dp_comm: str = "allreduce"
+    """How data-parallel gradients are combined: "allreduce" (NCCL collectives; ZeRO's
+    reduce-scatter/all-gather) or "parameter_server" (push to one server rank, pull back:
+    the pre-all-reduce design, for comparison; needs zero = 0)."""
     order: tuple[str, ...] = field(default=AXES)
     """Axis order of the rank grid, slowest-varying first; the last axis is the innermost (consecutive ranks)."""
 
@@ -81,6 +85,10 @@ def check_parallel(par: ParallelConfig, gpus: int, file: str | None) -> None:
             raise ConfigError(file, f"parallel.{axis}", f"must be a positive integer, got {v!r}")
     if par.zero not in (0, 1, 2, 3):
         raise ConfigError(file, "parallel.zero", f"must be 0, 1, 2 or 3, got {par.zero!r}")
+    if par.dp_comm not in ("allreduce", "parameter_server"):
+        raise ConfigError(file, "parallel.dp_comm", f"must be \"allreduce\" or \"parameter_server\", got {par.dp_comm!r}")
+    if par.dp_comm == "parameter_server" and par.zero:
+        raise ConfigError(file, "parallel.dp_comm", f"a parameter server keeps whole optimizer state: needs zero = 0, got {par.zero}")
     if par.world_size != gpus:
         raise ConfigError(
             file, "gpus",

@@ -320,6 +320,7 @@ def _parallel(t: dict, file: str) -> ParallelConfig:
         raise ConfigError(file, p + "zero", f"expected an integer 0..3, got {zero!r}")
     kw["zero"] = zero
     kw["sequence_parallel"] = _typed(t, "sequence_parallel", bool, file, p, False)
+    kw["dp_comm"] = _typed(t, "dp_comm", str, file, p, "allreduce")
     if "order" in t:
         order = t["order"]
         if not isinstance(order, list) or sorted(order) != sorted(AXES):

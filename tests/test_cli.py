@@ -96,6 +96,7 @@ name = "1F1B"
     (lambda t: t.replace("global_batch = 64", "global_batch = -1"), "training.global_batch"),
     (lambda t: t.replace('preset = "gpt3-175b"', 'preset = "gpt5"'), "model.preset"),
     (lambda t: t.replace("seq_len = 2048", 'seq_len = "long"'), "training.seq_len"),
+    (lambda t: t.replace("pp = 2", 'pp = 2\nzero = 1\ndp_comm = "parameter_server"'), "parallel.dp_comm"),
 ])
 def test_bad_input_is_one_line_exit_2(tmp_path, edit, key):
     r = _bad(tmp_path, edit(BASE))

@@ -102,3 +102,29 @@ def test_bytes_and_parameter_server():
     ring = collective_time(A100, "all_reduce", 1e9, ranks)
     assert ps / ring == pytest.approx(4.0, rel=0.01)  # 2(n-1) S vs 2(n-1)/n S per link
     assert math.isclose(collective_time(A100, "all_reduce", 1e9, [0]), 0.0)
+
+
+def test_parameter_server_dp_is_selectable_and_slower_than_ring_at_scale():
+    """DP through a parameter server (reduce to one rank, broadcast back): 2(n-1)*S/B through the
+    server's one link, against the ring's 2(n-1)/n*S/B -- selectable per scenario for comparison."""
+    from helpers import scenario
+    from parsim import simulate
+    from parsim.collectives import group_path, parameter_server_time
+
+    base = dict(pp=1, dp=16, m=2, overlap={"grad_reduce": False})
+    ring = simulate(scenario(**base))
+    ps = simulate(scenario(**base, parallel={"dp_comm": "parameter_server"}))
+
+    def reduce_s(res):
+        tl = res.timeline
+        return float((tl.loc[tl["op"] == "REDUCE_GRAD", "end_s"] - tl.loc[tl["op"] == "REDUCE_GRAD", "start_s"]).sum())
+
+    st = ps.costs.stages[0]
+    hw = ps.scenario.hardware
+    ranks = ps.costs.dp_group
+    path = group_path(hw, ranks)
+    S = st.params * 2  # bf16 gradients
+    assert reduce_s(ps) == pytest.approx(2 * 15 * S / path.bandwidth + 2 * path.latency_s, rel=1e-9)
+    assert reduce_s(ps) == pytest.approx(parameter_server_time(hw, S, ranks), rel=1e-12)
+    assert reduce_s(ps) > 4 * reduce_s(ring)
+    assert ps.to_json()["step_time_s"] > ring.to_json()["step_time_s"]
