@@ -52,7 +52,7 @@ CASES = [
                   "180K H800 GPU-hours per trillion tokens (2.664M for 14.8T pre-training tokens)",
         "looseness": "loose: a whole-run average (batch-size ramp, MTP module, evaluation and "
                      "checkpoint overheads included) against one steady-state step; parsim runs 1F1B "
-                     "with all-to-all overlap stated (DualPipe not yet available), FP8 GEMMs at the "
+                     "on DualPipeV with all-to-all overlap stated and full recompute, FP8 GEMMs at the "
                      "profile's GEMM efficiency, no node-limited routing",
     },
     {
@@ -70,12 +70,12 @@ NOTES = """
 
 - The two Megatron-Core H100 figures (Mixtral 8x7B TFLOP/s, Qwen3-235B step time) are the
   tightest comparisons; the Qwen3 TFLOP/s row differs more because FLOP conventions differ.
-- DeepSeek-V3 is predicted about twice as fast as the report's whole-run average, and its
-  busiest pipeline rank does not fit in 80 GB under parsim's activation model. Both point at
-  what parsim does not model yet: DeepSeek's fine-grained recomputation (norms, MLA
-  up-projections, SwiGLU) and FP8 activation caching (memory), FP8 GEMMs with fine-grained
-  scaling running well under the dense FP8 peak, node-limited routing, and DualPipe (the
-  scenario runs 1F1B until DualPipeV is registered). A whole-run GPU-hour average also
+- DeepSeek-V3 is predicted ~1.8x as fast as the report's whole-run average. The scenario runs
+  DualPipeV with full recompute: with "selective", its busiest pipeline rank needs ~160 GiB
+  under parsim's activation model. Both point at what parsim does not model yet: DeepSeek's
+  fine-grained recomputation (norms, MLA up-projections, SwiGLU) and FP8 activation caching
+  (memory), FP8 GEMMs with fine-grained scaling running well under the dense FP8 peak, and
+  node-limited routing. A whole-run GPU-hour average also
   carries overheads (batch-size ramp, the MTP module, checkpoints) no step simulation sees.
   Treat that row as an order-of-magnitude check, not a calibration target.
 - The GLaM-style job has no published GPU figure; it shows imbalance as an input (Zipf
