@@ -17,7 +17,7 @@ results can say where step time goes. A ``[costs]`` table replaces the times.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from .collectives import collective_time, group_path, parameter_server_time
 from .memory import (ActivationOptions, layer_activation_bytes, layer_recompute_transient_bytes,
@@ -307,7 +307,7 @@ class ModelCosts:
         return n_layers * self.dev.attention_time(flops, self.prec)
 
     def _stage_memory(self, st: StageCost) -> None:
-        sc, m, par = self.sc, self.sc.model, self.sc.parallel
+        m, par = self.sc.model, self.sc.parallel
         b, seq, tokens = self._tokens()
         rows = self.moe.routed_rows if self.moe is not None else None
         etp = self.moe.expert_tp if self.moe is not None else None

@@ -26,7 +26,7 @@ from .costs import PART_NAMES, ModelCosts
 from .model import active_params, is_moe_layer, megatron_flops_per_step, model_flops_per_step, total_params
 from .moe import moe_metrics
 from .scenario import Scenario
-from .schedule.ir import Op, Schedule
+from .schedule.ir import Schedule
 from .sim.engine import RawTimeline
 from .units import fmt_bytes, fmt_count, fmt_seconds
 
@@ -343,7 +343,7 @@ def _schedule_metrics(res: Result, compute: pd.DataFrame, T: float, stages_out: 
 
 def _bytes_by_axis(res: Result) -> dict[str, float]:
     """Bytes one GPU of the representative replica sends per step, by axis (mean over pipeline ranks)."""
-    tl, costs, sc = res.timeline, res.costs, res.scenario
+    tl, sc = res.timeline, res.scenario
     pp = res.schedule.pp
     p2p = float(tl.loc[tl["stream"] == "p2p", "bytes"].sum()) / pp
     dp = float(tl.loc[tl["stream"] == "dp", "bytes"].sum()) / pp

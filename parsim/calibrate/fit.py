@@ -60,7 +60,6 @@ def fit_gemm(dev: Device, rows: pd.DataFrame, precision: str) -> tuple[float, fl
         ideal = 2 * m * n * k / (peak * u)          # compute time at eff = 1
         eff = float(np.exp(np.mean(np.log(ideal / t))))
         for _ in range(3):  # points on the roofline floor do not inform eff
-            pred = np.maximum(ideal / eff, floor)
             on = ideal / eff >= floor
             if on.any():
                 eff = float(np.exp(np.mean(np.log(ideal[on] / t[on]))))

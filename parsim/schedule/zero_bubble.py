@@ -11,7 +11,7 @@ ZB-H1's, with (near) zero bubble when T_F = T_I = T_W.
 """
 from __future__ import annotations
 
-from .builders import _check_sizes, register, single_chunk
+from .builders import _check_sizes, register
 from .ir import Op, Schedule, act
 from .semantics import ScheduleTraits, set_traits
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import datetime
 import json
 import math
-import os
 import socket
 import statistics
 import sys
@@ -34,6 +33,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
+from .timing import start_worker
 
 GEMM_M = (64, 256, 1024)
 GEMM_NK = ((256, 256), (768, 256), (1024, 256), (256, 1024), (1024, 1024), (3072, 1024))
@@ -205,19 +206,8 @@ class Bench:
 
 
 def main(job_file: str) -> int:
-    job = json.loads(Path(job_file).read_text())
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local = int(os.environ.get("LOCAL_RANK", rank))
-    torch.set_num_threads(int(job.get("threads", 1)))
-    if job.get("nice"):  # measurement hygiene on a shared machine (needs the privilege to lower it)
-        try:
-            os.nice(int(job["nice"]))
-        except OSError:
-            pass
+    job, rank, world, local = start_worker(job_file)
     backend = job["backend"]
-    if job.get("pin") and hasattr(os, "sched_setaffinity"):
-        cpus = sorted(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {cpus[local % len(cpus)]})
     device = torch.device("cuda", local) if backend == "nccl" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ..schedule.ir import Op, Schedule
+from ..schedule.ir import Schedule
 from .model import Stage, WeightGradStore
 from .timing import Timer
 

@@ -7,10 +7,31 @@ the step against a reference event taken together with a host reading.
 """
 from __future__ import annotations
 
+import json
+import os
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
+
+
+def start_worker(job_file: str) -> tuple[dict, int, int, int]:
+    """Common start of a rank process: (job, rank, world, local rank) from torchrun's
+    environment; one compute thread, optional niceness and core pinning."""
+    job = json.loads(Path(job_file).read_text())
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    torch.set_num_threads(int(job.get("threads", 1)))
+    if job.get("nice"):  # measurement hygiene on a shared machine (needs the privilege to lower it)
+        try:
+            os.nice(int(job["nice"]))
+        except OSError:
+            pass
+    if job.get("pin") and hasattr(os, "sched_setaffinity"):
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[local % len(cpus)]})
+    return job, rank, world, local
 
 
 class Timer:

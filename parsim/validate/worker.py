@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import socket
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ from .model import build_stages, microbatch_data
 from .probe import stage_activation_bytes
 from .runtime import Layout, RankRuntime
 from .scale import prepare
+from .timing import start_worker
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -69,18 +69,7 @@ def check_p2p_order(sched) -> None:
 
 
 def main(job_file: str) -> int:
-    job = json.loads(Path(job_file).read_text())
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local = int(os.environ.get("LOCAL_RANK", rank))
-    torch.set_num_threads(int(job.get("threads", 1)))
-    if job.get("nice"):  # measurement hygiene on a shared machine (needs the privilege to lower it)
-        try:
-            os.nice(int(job["nice"]))
-        except OSError:
-            pass
-    if job.get("pin") and hasattr(os, "sched_setaffinity"):
-        cpus = sorted(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {cpus[local % len(cpus)]})
+    job, rank, world, local = start_worker(job_file)
     backend = job["backend"]
     device = torch.device("cuda", local) if backend == "nccl" else torch.device("cpu")
     if device.type == "cuda":
