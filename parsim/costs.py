@@ -294,6 +294,10 @@ class ModelCosts:
             fi += layers_fwd_flops
         elif recompute == "selective":
             i = i + Parts(recompute=self._selective_recompute_time(len(st.layers)))
+        if not sc.training.grad_accumulation_fusion:
+            # unfused accumulation: grad += dW reads the gradient buffer and dW, writes the buffer
+            grad_bytes = state_bytes_per_param(sc.training.optimizer, prec)[1]
+            w = w + Parts(compute=dev.memory_time(3 * st.params * grad_bytes))
         st.parts = {Op.F: f, Op.I: i, Op.W: w, Op.B: i + w}
         st.flops = {Op.F: ff, Op.I: fi, Op.W: fw, Op.B: fi + fw}
         st.p2p_bytes = tokens * m.d_model * PRECISION_BYTES.get(prec, 2) / (par.tp if par.sequence_parallel else 1)

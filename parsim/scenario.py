@@ -41,6 +41,9 @@ class TrainingConfig:
     """FlashAttention-style attention: scores never stored; causal blocks skipped."""
     dropout: bool | None = None
     """Dropout masks stored; default: on for GeLU (GPT-style) models, off for SwiGLU (Llama-style)."""
+    grad_accumulation_fusion: bool = True
+    """Weight gradients accumulate inside the dW GEMM (Megatron's --gradient-accumulation-fusion);
+    false: a separate memory-bound add into the gradient buffer per microbatch (plain PyTorch autograd)."""
 
 
 @dataclass(frozen=True)
@@ -304,6 +307,7 @@ def _training(t: dict, file: str) -> TrainingConfig:
         optimizer=_choice(_typed(t, "optimizer", str, file, p, "adam"), OPTIMIZERS, file, p + "optimizer"),
         recompute=_choice(_typed(t, "recompute", str, file, p, "none"), RECOMPUTE, file, p + "recompute"),
         flash_attention=_typed(t, "flash_attention", bool, file, p, True),
+        grad_accumulation_fusion=_typed(t, "grad_accumulation_fusion", bool, file, p, True),
         dropout=_typed(t, "dropout", bool, file, p, None),
     )
     return tc

@@ -144,3 +144,16 @@ def test_cost_does_not_depend_on_dp_degree():
     a = simulate(scenario(pp=4, dp=1, m=8, costs=UNIFORM)).timeline
     b = simulate(scenario(pp=4, dp=64, m=8, costs=UNIFORM)).timeline
     assert len(a) == len(b)  # one replica is simulated whatever dp is
+
+
+def test_unfused_gradient_accumulation_adds_a_memory_bound_pass():
+    """grad += dW outside the GEMM reads the buffer and dW and writes the buffer: 3 x params x grad bytes."""
+    from parsim.schedule.ir import Op
+
+    fused = simulate(scenario(pp=2, m=4)).costs
+    unfused = simulate(scenario(pp=2, m=4, training={"grad_accumulation_fusion": False})).costs
+    dev = unfused.dev
+    for a, b in zip(fused.stages, unfused.stages):
+        extra = b.parts[Op.W].total - a.parts[Op.W].total
+        assert extra == pytest.approx(dev.memory_time(3 * b.params * 2), rel=1e-9)  # bf16 gradients
+        assert b.parts[Op.F].total == a.parts[Op.F].total
