@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import deque
 
 from ..errors import ScheduleError
-from .builders import _check_sizes, register
+from .builders import _check_sizes, register, two_chunks
 from .ir import Op, Schedule, act, overlap
 from .semantics import ScheduleTraits, set_traits
 
@@ -188,19 +188,9 @@ def _greedy_bidirectional(pp: int, m: int, s2r: tuple) -> tuple:
     return tuple(tuple(r) for r in rows)
 
 
-def _two_stage(fn, label):
-    def builder(pp: int, m: int, vpp: int = 2) -> Schedule:
-        if vpp not in (1, 2):
-            raise ScheduleError(f"{label} places two stages per rank: vpp must be 2 (or 1), got vpp={vpp}")
-        return fn(pp, m)
-    builder.__name__ = f"{fn.__name__}_registered"
-    builder.__doc__ = fn.__doc__
-    return builder
-
-
-register("DualPipe", _two_stage(dualpipe, "DualPipe"))
-register("DualPipeV", _two_stage(dualpipe_v, "DualPipeV"))
-register("Chimera", _two_stage(chimera, "Chimera"))
+register("DualPipe", two_chunks(dualpipe, "DualPipe"))
+register("DualPipeV", two_chunks(dualpipe_v, "DualPipeV"))
+register("Chimera", two_chunks(chimera, "Chimera"))
 set_traits("DualPipe", ScheduleTraits(stages_per_rank=2, n_chains=2, overlap_f_b=True))
 set_traits("DualPipeV", ScheduleTraits(stages_per_rank=2, overlap_f_b=True))
 set_traits("Chimera", ScheduleTraits(stages_per_rank=2, n_chains=2))

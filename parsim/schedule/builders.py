@@ -199,6 +199,20 @@ def single_chunk(fn: Callable[[int, int], Schedule], name: str | None = None) ->
     return builder
 
 
+def two_chunks(fn: Callable[[int, int], Schedule], label: str, shape: str = "") -> Builder:
+    """Wrap a ``(pp, m)`` builder that places two stages on every rank (V-shaped or
+    bidirectional): vpp is 2 by construction (1 is accepted as "not given")."""
+
+    def builder(pp: int, m: int, vpp: int = 2) -> Schedule:
+        if vpp not in (1, 2):
+            raise ScheduleError(f"{label} places two stages per rank{shape}: vpp must be 2 (or 1), got vpp={vpp}")
+        return fn(pp, m)
+
+    builder.__name__ = f"{fn.__name__}_registered"
+    builder.__doc__ = fn.__doc__
+    return builder
+
+
 def lookup(name: str) -> tuple[str, Builder]:
     """(canonical name, builder) for a case-insensitive name; ScheduleError if unknown."""
     for known, fn in BUILDERS.items():

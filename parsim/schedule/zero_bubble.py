@@ -11,7 +11,7 @@ ZB-H1's, with (near) zero bubble when T_F = T_I = T_W.
 """
 from __future__ import annotations
 
-from .builders import _check_sizes, register
+from .builders import _check_sizes, register, two_chunks
 from .ir import Op, Schedule, act
 from .semantics import ScheduleTraits, set_traits
 
@@ -55,16 +55,5 @@ def zbv(pp: int, m: int) -> Schedule:
     return Schedule.trusted("ZBV", 2 * pp, m, s2r, rows)
 
 
-def _v_builder(fn, label):
-    def builder(pp: int, m: int, vpp: int = 2) -> Schedule:
-        from ..errors import ScheduleError
-        if vpp not in (1, 2):
-            raise ScheduleError(f"{label} places two stages per rank in a V: vpp must be 2 (or 1), got vpp={vpp}")
-        return fn(pp, m)
-    builder.__name__ = f"{fn.__name__}_registered"
-    builder.__doc__ = fn.__doc__
-    return builder
-
-
-register("ZBV", _v_builder(zbv, "ZBV"))
+register("ZBV", two_chunks(zbv, "ZBV", " in a V"))
 set_traits("ZBV", ScheduleTraits(stages_per_rank=2))
