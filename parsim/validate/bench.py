@@ -21,7 +21,6 @@ group, peers, seconds, rank, host}.
 """
 from __future__ import annotations
 
-import datetime
 import json
 import math
 import socket
@@ -34,7 +33,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .timing import start_worker
+from .timing import join_group, start_worker
 
 GEMM_M = (64, 256, 1024)
 GEMM_NK = ((256, 256), (768, 256), (1024, 256), (256, 1024), (1024, 1024), (3072, 1024))
@@ -207,13 +206,8 @@ class Bench:
 
 def main(job_file: str) -> int:
     job, rank, world, local = start_worker(job_file)
-    backend = job["backend"]
-    device = torch.device("cuda", local) if backend == "nccl" else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    device = join_group(job, rank, world, local, default_timeout_s=60)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[job.get("precision", "fp32")]
-    dist.init_process_group(backend, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=float(job.get("timeout", 60))))
     quick = bool(job.get("quick"))
     b = Bench(rank, world, device, dtype, quick)
     sizes = QUICK["MSG_BYTES"] if quick else MSG_BYTES

@@ -34,6 +34,21 @@ def start_worker(job_file: str) -> tuple[dict, int, int, int]:
     return job, rank, world, local
 
 
+def join_group(job: dict, rank: int, world: int, local: int, default_timeout_s: float) -> torch.device:
+    """This rank's device (its local GPU on nccl, the CPU on gloo) and the joined process group."""
+    import datetime
+
+    import torch.distributed as dist
+
+    backend = job["backend"]
+    device = torch.device("cuda", local) if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=float(job.get("timeout", default_timeout_s))))
+    return device
+
+
 class Timer:
     """Collects one step's spans and p2p/collective records."""
 

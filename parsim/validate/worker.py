@@ -8,7 +8,6 @@ in parity mode also ``grads_rank<R>.pt`` (reduced gradients before the optimizer
 """
 from __future__ import annotations
 
-import datetime
 import json
 import socket
 import sys
@@ -23,7 +22,7 @@ from .model import build_stages, microbatch_data
 from .probe import stage_activation_bytes
 from .runtime import Layout, RankRuntime
 from .scale import prepare
-from .timing import start_worker
+from .timing import join_group, start_worker
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -70,12 +69,7 @@ def check_p2p_order(sched) -> None:
 
 def main(job_file: str) -> int:
     job, rank, world, local = start_worker(job_file)
-    backend = job["backend"]
-    device = torch.device("cuda", local) if backend == "nccl" else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=float(job.get("timeout", 120))))
+    device = join_group(job, rank, world, local, default_timeout_s=120)
     variants = job.get("variants") or [job.get("overrides") or []]
     results = [run_variant(job, overrides, rank, world, device, i) for i, overrides in enumerate(variants)]
     out = results[0] if not job.get("variants") else {"rank": rank, "variants": results}
