@@ -181,9 +181,10 @@ class ModelCosts:
         # attention core: this rank's seq/cp queries against all keys of the sequence
         attn_flops = attention_core_flops(m, b, sc.training.seq_len, par.tp) / par.cp
         executed = attn_flops * (0.5 if sc.training.flash_attention else 1.0)  # causal blocks skipped
-        f_attn = dev.attention_time(executed, prec)
-        bwd_ratio = FLASH_BACKWARD_FLOP_RATIO if sc.training.flash_attention else 2.0
-        i_attn = dev.attention_time(executed * bwd_ratio, prec)
+        fused = sc.training.flash_attention
+        f_attn = dev.attention_time(executed, prec, fused)
+        bwd_ratio = FLASH_BACKWARD_FLOP_RATIO if fused else 2.0
+        i_attn = dev.attention_time(executed * bwd_ratio, prec, fused)
         f_attn, i_attn = f_attn + self._scores_traffic(1.0), i_attn + self._scores_traffic(2.0)
         clock = dev.sustained_fraction
         f_gemm, i_gemm, w_gemm = f_gemm / clock, i_gemm / clock, w_gemm / clock
@@ -308,7 +309,7 @@ class ModelCosts:
         flops = attention_core_flops(sc.model, b, sc.training.seq_len, par.tp) / par.cp
         if sc.training.flash_attention:
             return 0.0  # FlashAttention already recomputes the scores inside its backward
-        return n_layers * self.dev.attention_time(flops, self.prec)
+        return n_layers * self.dev.attention_time(flops, self.prec, fused=False)
 
     def _stage_memory(self, st: StageCost) -> None:
         m, par = self.sc.model, self.sc.parallel

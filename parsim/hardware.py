@@ -62,6 +62,11 @@ class Device:
     """Fraction of peak that fused (Flash) attention reaches (0..1]."""
     kernel_launch_s: float
     """Per-kernel launch/dispatch overhead (seconds); added by the cost layer, not here."""
+    unfused_attention_efficiency: float | None = None
+    """Fraction of peak the attention core's two batched GEMMs (QK^T, PV) reach when the
+    attention is *not* fused (``training.flash_attention = false``); the s x s scores'
+    softmax/mask traffic is costed separately as memory-bound. Optional key
+    ``device.unfused_attention_efficiency``; ``None``: the same as ``attention_efficiency``."""
     sustained_fraction: float = 1.0
     """Fraction of the benchmarked compute rate (GEMM, attention) a long training run
     sustains: power/thermal clocks and kernel overheads the cost model does not itemise.
@@ -131,11 +136,16 @@ class Device:
             raise ValueError(f"memory_time: nbytes={nbytes} must be >= 0")
         return nbytes / self.effective_memory_bandwidth
 
-    def attention_time(self, flops: float, precision: str = "bf16") -> float:
-        """Seconds for fused attention doing ``flops`` FLOP (scores never hit HBM)."""
+    def attention_time(self, flops: float, precision: str = "bf16", fused: bool = True) -> float:
+        """Seconds for the attention core doing ``flops`` FLOP: fused (Flash; scores never
+        hit HBM) or, with ``fused=False``, its batched GEMMs alone (the scores' memory
+        traffic is the caller's)."""
         if flops < 0:
             raise ValueError(f"attention_time: flops={flops} must be >= 0")
-        return flops / (self.peak(precision) * self.attention_efficiency)
+        eff = self.attention_efficiency
+        if not fused and self.unfused_attention_efficiency is not None:
+            eff = self.unfused_attention_efficiency
+        return flops / (self.peak(precision) * eff)
 
 
 @dataclass(frozen=True)
@@ -234,6 +244,7 @@ _SCHEMA: dict[str, dict[str, tuple[str, bool]]] = {
         "gemm_efficiency": ("frac", _REQ), "gemm_half_dim": ("nonneg", _REQ),
         "memory_efficiency": ("frac", _REQ), "attention_efficiency": ("frac", _REQ),
         "kernel_launch_us": ("nonneg", _REQ), "sustained_fraction": ("frac", _OPT),
+        "unfused_attention_efficiency": ("frac", _OPT),
     },
     "node": {
         "gpus_per_node": ("int", _REQ),
@@ -328,6 +339,7 @@ def parse_profile(data: Mapping[str, Any], file: str = "<profile>") -> HardwareP
         memory_efficiency=d["memory_efficiency"], attention_efficiency=d["attention_efficiency"],
         kernel_launch_s=to_si("kernel_launch_us", d["kernel_launch_us"]),
         sustained_fraction=d.get("sustained_fraction", 1.0),
+        unfused_attention_efficiency=d.get("unfused_attention_efficiency"),
     )
 
     def tier(name: str, table: dict[str, Any], bw_key: str) -> LinkTier:
@@ -409,6 +421,8 @@ def profile_to_tables(profile: HardwareProfile) -> dict[str, dict[str, Any]]:
         "gemm_half_dim": d.gemm_half_dim, "memory_efficiency": d.memory_efficiency,
         "attention_efficiency": d.attention_efficiency, "kernel_launch_us": d.kernel_launch_s / US,
     })
+    if d.unfused_attention_efficiency is not None:
+        dev["unfused_attention_efficiency"] = d.unfused_attention_efficiency
     if d.sustained_fraction != 1.0:
         dev["sustained_fraction"] = d.sustained_fraction
     node = {"gpus_per_node": profile.gpus_per_node,

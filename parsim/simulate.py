@@ -11,20 +11,21 @@ from .schedule.ir import Schedule
 from .sim.engine import simulate_schedule
 
 
-def schedule_for(sc: Scenario) -> Schedule:
-    """The lowered schedule a scenario runs (the same one the torch runtime executes)."""
+def schedule_for(sc: Scenario, early_recv: bool = False) -> Schedule:
+    """The lowered schedule a scenario runs (the same one the torch runtime executes);
+    ``early_recv``: receives posted one compute ahead (the gloo runtime's lowering)."""
     par = sc.parallel
     try:
         sched = build(sc.schedule.name, par.pp, sc.n_microbatches, par.vpp)
     except ScheduleError as e:
         # name the scenario file and key: the user fixes it there
         raise ScheduleError(f"{sc.file}: schedule.name: {e.problem}", e.grid) from None
-    return lower(sched, zero3=par.zero == 3 and par.dp > 1)
+    return lower(sched, zero3=par.zero == 3 and par.dp > 1, early_recv=early_recv)
 
 
-def simulate(sc: Scenario, costs: ModelCosts | None = None) -> Result:
-    """Simulate one optimizer step of ``sc``."""
-    sched = schedule_for(sc)
+def simulate(sc: Scenario, costs: ModelCosts | None = None, schedule: Schedule | None = None) -> Result:
+    """Simulate one optimizer step of ``sc`` (``schedule``: an already lowered one of it)."""
+    sched = schedule if schedule is not None else schedule_for(sc)
     costs = costs or ModelCosts(sc)
     if sc.simulation.mode == "full" and sc.costs is None:
         from .sim.fullsim import simulate_full

@@ -23,9 +23,16 @@ def _synthetic(dev, link_alpha, link_beta, noise=0.0, seed=0):
                      "seconds": dev.gemm_time(m, n, k, "fp32") * jitter()})
     for nbytes in (1e6, 4e6, 16e6):
         rows.append({"kind": "memory", "name": "add", "bytes": nbytes, "seconds": dev.memory_time(nbytes) * jitter()})
-    for fl in (1e7, 1e8):
-        rows.append({"kind": "attention", "name": "explicit_forward", "flops": fl,
-                     "seconds": dev.attention_time(fl, "fp32") * jitter()})
+    for seq, bh, hd in ((128, 8, 64), (256, 8, 64), (512, 4, 64)):
+        fl, scores = 4.0 * bh * seq * seq * hd, bh * seq * seq * 4.0  # full s x s FLOP; fp32 scores bytes
+        for pas, mult, passes in (("forward", 1.0, 3.0), ("backward", 2.0, 6.0)):
+            # explicit: batched GEMMs at the unfused efficiency + the scores' memory traffic (costs.py)
+            rows.append({"kind": "attention", "name": f"explicit_{pas}", "m": seq, "n": bh, "k": hd,
+                         "flops": fl * mult, "seconds": (dev.attention_time(fl * mult, "fp32", fused=False)
+                                                         + dev.memory_time(passes * scores)) * jitter()})
+        for pas, executed in (("forward", fl / 2), ("backward", fl / 2 * 2.5)):
+            rows.append({"kind": "attention", "name": f"sdpa_{pas}", "m": seq, "n": bh, "k": hd,
+                         "flops": executed, "seconds": dev.attention_time(executed, "fp32") * jitter()})
     rows.append({"kind": "launch", "name": "tiny_op", "seconds": dev.kernel_launch_s})
     for s in (1e3, 1e4, 1e5, 1e6, 4e6):
         rows.append({"kind": "p2p", "name": "send_recv", "bytes": s, "group": 2,
@@ -36,14 +43,16 @@ def _synthetic(dev, link_alpha, link_beta, noise=0.0, seed=0):
 def test_fit_recovers_known_parameters():
     base = load_profile("cpu-gloo")
     truth = dataclasses.replace(base.device, gemm_efficiency=0.3, gemm_half_dim=24.0, memory_efficiency=0.4,
-                                attention_efficiency=0.1, kernel_launch_s=12e-6)
+                                attention_efficiency=0.1, unfused_attention_efficiency=0.35, kernel_launch_s=12e-6)
     data = _synthetic(truth, 50e-6, 3e9)
     fit = fit_profile(base, data, "fitted")
     d = fit.profile.device
     assert d.gemm_efficiency == pytest.approx(0.3, rel=0.02)
     assert d.gemm_half_dim == pytest.approx(24.0, rel=0.05)
     assert d.memory_efficiency == pytest.approx(0.4, rel=1e-9)
-    assert d.attention_efficiency == pytest.approx(0.1, rel=1e-9)
+    assert d.attention_efficiency == pytest.approx(0.1, rel=1e-9)  # from the fused (SDPA) rows alone
+    assert d.unfused_attention_efficiency == pytest.approx(0.35, rel=1e-9)  # explicit rows, traffic taken off
+    assert fit.quality["attention"] < 1e-9
     assert d.kernel_launch_s == pytest.approx(12e-6)
     assert fit.profile.nvlink.latency_s == pytest.approx(50e-6, rel=1e-6)
     assert fit.profile.nvlink.effective_bandwidth == pytest.approx(3e9, rel=1e-6)
@@ -59,6 +68,8 @@ def test_fit_is_robust_to_noise_and_written_profile_loads(tmp_path):
     path.write_text(dumps_profile(fit.profile, fit.sources, {"data": "noisy.csv"}))
     again = load_profile(str(path))
     assert again.device.gemm_efficiency == pytest.approx(fit.profile.device.gemm_efficiency, rel=1e-9)
+    assert again.device.unfused_attention_efficiency == pytest.approx(
+        fit.profile.device.unfused_attention_efficiency, rel=1e-9)
     assert "parsim calibrate" in path.read_text()
 
 
@@ -105,3 +116,21 @@ def test_calibrate_quick_run_writes_profile_and_data(tmp_path):
     data = pd.read_csv(tmp_path / "quick-cpu.csv")
     assert {"gemm", "memory", "attention", "p2p", "collective"} <= set(data["kind"])
     assert {"seconds", "predicted_s", "relative_error"} <= set(data.columns)
+
+
+def test_unfused_attention_efficiency_prices_only_non_flash_attention():
+    """The optional key changes the attention core of flash_attention = false scenarios only."""
+    from parsim.costs import ModelCosts
+    from parsim.schedule.ir import Op
+    from parsim.scenario import load_scenario
+
+    def f_time(flash: bool, unfused):
+        sc = load_scenario("scenarios/tiny-cpu.toml", [f"training.flash_attention={str(flash).lower()}"])
+        dev = dataclasses.replace(sc.hardware.device, unfused_attention_efficiency=unfused)
+        sc = dataclasses.replace(sc, hardware=dataclasses.replace(sc.hardware, device=dev))
+        return ModelCosts(sc).op_cost(0, Op.F).duration_s
+
+    eff = load_profile("cpu-gloo").device.attention_efficiency
+    assert f_time(False, None) == pytest.approx(f_time(False, eff), rel=1e-12)  # None: same as attention_efficiency
+    assert f_time(False, eff / 2) > f_time(False, eff)
+    assert f_time(True, eff / 2) == pytest.approx(f_time(True, eff), rel=1e-12)

@@ -29,6 +29,10 @@ TWO_RANKS = {
     "1F1B": ["schedule.name=1F1B"],
     "ZBH1": ["schedule.name=ZBH1"],
     "Interleaved1F1B": ["schedule.name=Interleaved1F1B", "parallel.vpp=2"],
+    # Llama structure: fused RMSNorm and SwiGLU, grouped-query attention (explicit and SDPA)
+    "1F1B-llama": ["model.ffn=swiglu", "model.norm=rmsnorm", "model.n_kv_heads=2", "model.bias=false"],
+    "ZBH1-llama-sdpa": ["schedule.name=ZBH1", "model.ffn=swiglu", "model.norm=rmsnorm", "model.n_kv_heads=2",
+                        "training.flash_attention=true"],
     "dp2-zero0": ["parallel.pp=1", "parallel.dp=2", "parallel.zero=0"],
     "dp2-zero1": ["parallel.pp=1", "parallel.dp=2", "parallel.zero=1"],
     "dp2-zero3": ["parallel.pp=1", "parallel.dp=2", "parallel.zero=3"],
@@ -130,3 +134,41 @@ def test_unsupported_axes_are_one_line_errors():
     from parsim.errors import ConfigError
     with pytest.raises(ConfigError, match="parallel.tp"):
         prepare("scenarios/llama3-70b-h100.toml", None, "gloo")
+
+
+def test_fused_rmsnorm_and_swiglu_match_their_unfused_definitions():
+    """gradcheck (float64) against autograd of the textbook formulas."""
+    from parsim.validate.model import _RMSNormFn, swiglu
+    x = torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: _RMSNormFn.apply(a, b, 1e-6), (x, w))
+    ref = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+    assert torch.allclose(_RMSNormFn.apply(x, w, 1e-6), ref)
+    g = torch.randn(3, 7, dtype=torch.float64, requires_grad=True)
+    u = torch.randn(3, 7, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(swiglu, (g, u))
+    assert torch.allclose(swiglu(g, u), torch.nn.functional.silu(g) * u)
+
+
+@pytest.mark.parametrize("flash", [False, True])
+def test_gqa_attention_equals_repeated_kv_heads(flash):
+    """Broadcast / enable_gqa attention == the textbook form with K/V repeated per query head."""
+    import dataclasses
+    import math
+
+    from parsim.validate.model import Block
+    sc = prepare("scenarios/tiny-llama-cpu.toml", None, "gloo")
+    spec = dataclasses.replace(sc.model, d_model=64, n_heads=4, n_kv_heads=2, head_dim=None, d_ff=96)
+    torch.manual_seed(0)
+    blk = Block(spec, flash, torch.float64).double()
+    x = torch.randn(2, 16, 64, dtype=torch.float64)
+    mask = torch.full((16, 16), float("-inf"), dtype=torch.float64).triu(1)
+    got = blk.attention(x, mask)
+    qkv = blk.qkv(x)
+    hd, nh, nkv = blk.hd, blk.nh, blk.nkv
+    q, k, v = qkv.split([nh * hd, nkv * hd, nkv * hd], dim=-1)
+    q, k, v = (t.view(2, 16, -1, hd).transpose(1, 2) for t in (q, k, v))
+    k, v = k.repeat_interleave(nh // nkv, dim=1), v.repeat_interleave(nh // nkv, dim=1)
+    p = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(hd) + mask, dim=-1)
+    want = blk.proj((p @ v).transpose(1, 2).reshape(2, 16, nh * hd))
+    assert torch.allclose(got, want, atol=1e-10)

@@ -8,7 +8,12 @@ weigh alike):
   ``t = max(2mnk / (peak * eff * u(m)u(n)u(k)), bytes / (bw * mem_eff))``, u(d) = d/(d+h)
   (grid over h, closed-form eff for each h, roofline floor included);
 * streaming ops -> ``memory_efficiency`` (median achieved bytes/s over the datasheet bandwidth);
-* attention core -> ``attention_efficiency`` (geometric mean of achieved FLOP/s over peak);
+* attention core -> ``attention_efficiency`` from the fused (SDPA) cases and
+  ``unfused_attention_efficiency`` from the explicit ones (scores + mask, softmax, @V: what
+  runs with ``flash_attention = false``), each the geometric mean of achieved FLOP/s over
+  peak; for the explicit cases the scores' memory traffic the cost model charges
+  separately (``ModelCosts._scores_traffic``: 3 passes over the s x s scores forward, 6
+  backward) is taken off first, so prediction = fitted GEMM part + modelled traffic;
 * the one-element op -> ``kernel_launch_us``;
 * p2p ping-pong -> link ``latency`` alpha and ``bandwidth`` beta of ``t = alpha + S/beta``
   (non-negative least squares on relative error); collectives are reported against the
@@ -83,9 +88,33 @@ def fit_memory(dev: Device, rows: pd.DataFrame) -> tuple[float, float]:
     return (eff, dev.memory_bandwidth) if eff <= 1.0 else (1.0, achieved)
 
 
-def fit_attention(dev: Device, rows: pd.DataFrame, precision: str) -> float:
-    rate = rows["flops"].to_numpy(float) / rows["seconds"].to_numpy(float)
-    return float(min(1.0, np.exp(np.mean(np.log(rate / dev.peak(precision))))))
+SCORES_PASSES = {"forward": 3.0, "backward": 6.0}  # bytes of the s x s scores moved, per pass (costs.py)
+
+
+def scores_traffic_time(dev: Device, rows: pd.DataFrame, precision: str) -> np.ndarray:
+    """Modelled memory time of the explicit attention's scores (0 for fused rows)."""
+    el = 4 if precision in ("fp32", "tf32") else 2
+    out = []
+    for _, r in rows.iterrows():
+        if not str(r["name"]).startswith("explicit"):
+            out.append(0.0)
+            continue
+        scores = float(r["n"]) * float(r["m"]) ** 2 * el  # (batch*heads) x s x s
+        out.append(dev.memory_time(SCORES_PASSES[str(r["name"]).split("_")[-1]] * scores))
+    return np.array(out)
+
+
+def fit_attention(dev: Device, rows: pd.DataFrame, precision: str) -> tuple[float | None, float | None]:
+    """(attention_efficiency from fused rows, unfused_attention_efficiency from explicit rows)."""
+    peak = dev.peak(precision)
+    t = rows["seconds"].to_numpy(float) - scores_traffic_time(dev, rows, precision)
+    rate = rows["flops"].to_numpy(float) / np.maximum(t, 1e-9)
+    fused = rows["name"].str.startswith("sdpa").to_numpy() & (t > 0)
+    unfused = rows["name"].str.startswith("explicit").to_numpy() & (t > 0)
+
+    def geo(mask):
+        return float(min(1.0, np.exp(np.mean(np.log(rate[mask] / peak))))) if mask.any() else None
+    return geo(fused), geo(unfused)
 
 
 def fit_alpha_beta(rows: pd.DataFrame) -> tuple[float, float]:
@@ -140,8 +169,16 @@ def fit_profile(base: HardwareProfile, data: pd.DataFrame, name: str, precision:
         src["device.gemm_efficiency"] = f"{tag}: least-squares (log time) over {n} GEMMs (forward, dX, dW; all ranks computing)"
         src["device.gemm_half_dim"] = src["device.gemm_efficiency"]
     if "attention" in kinds:
-        dev = dataclasses.replace(dev, attention_efficiency=fit_attention(dev, kinds["attention"], precision))
-        src["device.attention_efficiency"] = f"{tag}: geometric mean over {len(kinds['attention'])} attention-core fwd/bwd cases"
+        rows = kinds["attention"]
+        fused, unfused = fit_attention(dev, rows, precision)
+        n_f, n_u = int(rows["name"].str.startswith("sdpa").sum()), int(rows["name"].str.startswith("explicit").sum())
+        if fused is not None:
+            dev = dataclasses.replace(dev, attention_efficiency=fused)
+            src["device.attention_efficiency"] = f"{tag}: geometric mean over {n_f} fused (SDPA) attention fwd/bwd cases"
+        if unfused is not None:
+            dev = dataclasses.replace(dev, unfused_attention_efficiency=unfused)
+            src["device.unfused_attention_efficiency"] = (
+                f"{tag}: geometric mean over {n_u} explicit attention fwd/bwd cases, modelled scores traffic taken off")
     if "launch" in kinds:
         dev = dataclasses.replace(dev, kernel_launch_s=float(kinds["launch"]["seconds"].median()))
         src["device.kernel_launch_us"] = f"{tag}: one-element op, median"
@@ -174,7 +211,10 @@ def predictions(prof: HardwareProfile, data: pd.DataFrame, precision: str) -> pd
         elif kind == "memory":
             p = dev.memory_time(float(r["bytes"]))
         elif kind == "attention":
-            p = dev.attention_time(float(r["flops"]), precision)
+            explicit = str(r["name"]).startswith("explicit")
+            p = dev.attention_time(float(r["flops"]), precision, fused=not explicit)
+            if explicit:
+                p += float(scores_traffic_time(dev, pd.DataFrame([r]), precision)[0])
         elif kind == "launch":
             p = dev.kernel_launch_s
         elif kind == "p2p":

@@ -13,6 +13,9 @@ Passes are small functions Schedule -> Schedule; :func:`lower` composes them:
 3. :func:`add_grad_reduction`: ``sREDUCE_GRAD`` right after the last backward of s (the
    last B, or the last W when split; after the SEND that follows it, if any), and
    ``sSTEP`` for each stage at the end of its rank's list, in reduction order.
+4. :func:`post_recvs_early` (optional, ``lower(..., early_recv=True)``): each RECV moves
+   before the compute action that precedes its consumer, so a runtime whose transport
+   needs both sides posted (gloo's rendezvous) moves the data while that compute runs.
 
 :func:`validate` checks a schedule (lowered or not) and dry-runs it; any failure is a
 :class:`ScheduleError` naming the rank, step and action, with a grid marking it.
@@ -93,6 +96,42 @@ def add_send_recv(schedule: Schedule) -> Schedule:
                     push(up_b[b.stage][b.microbatch])
             else:
                 push(a)
+        rows.append(tuple(out))
+    return _same_shape(schedule, tuple(rows))
+
+
+_COMPUTE = frozenset({Op.F, Op.B, Op.I, Op.W, Op.OVERLAP_F_B})
+
+
+def post_recvs_early(schedule: Schedule) -> Schedule:
+    """Post every RECV one compute action ahead of the compute that consumes it.
+
+    gloo (and NCCL beyond its eager buffers) moves a p2p message only when the receive
+    is posted: with the RECV right before its consumer, the transfer waits for the
+    receiver to get there, then for the sender's progress thread -- which on a CPU rank
+    shares its core with the sender's compute. Posted one compute earlier, the message
+    moves while the receiver is still computing. Timing in the simulator is unchanged
+    (posting a receive is free there; its consumer waits for the arrival either way).
+    Relative order of the RECVs is kept; a RECV never moves past the start of the list.
+    Not for NCCL: p2p on one communicator runs in posting order, and a RECV overtaking
+    a SEND to the same peer can deadlock two ranks.
+    """
+    rows = []
+    for row in schedule.actions:
+        out: list[Action] = []
+        last_compute = -1   # index in ``out`` of the latest compute action
+        floor = 0           # RECVs stay in order: never insert before the previous one moved
+        for a in row:
+            if a.op is Op.RECV_F or a.op is Op.RECV_B:
+                at = max(floor, last_compute if last_compute >= 0 else len(out))
+                out.insert(at, a)
+                floor = at + 1
+                if last_compute >= at:
+                    last_compute += 1
+                continue
+            if a.op in _COMPUTE:
+                last_compute = len(out)
+            out.append(a)
         rows.append(tuple(out))
     return _same_shape(schedule, tuple(rows))
 
@@ -191,16 +230,20 @@ def lower(
     zero3: bool = False,
     reduce_grad: bool = True,
     optimizer_step: bool = True,
+    early_recv: bool = False,
 ) -> Schedule:
-    """Compose the passes: UNSHARD/RESHARD (zero3), SEND/RECV, REDUCE_GRAD and STEP.
+    """Compose the passes: UNSHARD/RESHARD (zero3), SEND/RECV, REDUCE_GRAD and STEP,
+    then (``early_recv``) :func:`post_recvs_early`.
 
     Cached on the (immutable) schedule and the flags: lowering the same build twice is free.
     """
-    key = (id(schedule), zero3, reduce_grad, optimizer_step)
+    key = (id(schedule), zero3, reduce_grad, optimizer_step, early_recv)
     hit = _LOWERED.get(key)
     if hit is not None and hit[0] is schedule:
         return hit[1]
     low = _lower(schedule, zero3, reduce_grad, optimizer_step)
+    if early_recv:
+        low = post_recvs_early(low)
     if len(_LOWERED) >= 32:
         _LOWERED.pop(next(iter(_LOWERED)))
     _LOWERED[key] = (schedule, low)  # the schedule is kept alive, so its id is not reused

@@ -22,11 +22,16 @@ def register(sub) -> None:
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--profile", default=None, help="hardware profile for the prediction (default: calibrated one if present)")
-    p.add_argument("--steps", type=int, default=5, help="measured steps (median reported)")
+    p.add_argument("--steps", type=int, default=5, help="measured steps per launch (median reported)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="independent launches (fresh processes); the median is over the steps of all of them")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--timeout", type=float, default=300.0, help="hard limit for the real run, seconds")
     p.add_argument("--nice", type=int, default=0,
                    help="niceness increment for the rank processes (e.g. -10 to win the cores from other jobs; needs privilege)")
+    p.add_argument("--recv", choices=("early", "late"), default=None,
+                   help="where receives are posted: one compute ahead of their consumer (early; gloo default) "
+                        "or right before it (late; nccl, where early posting can deadlock)")
     p.add_argument("--json", action="store_true", help="print {predicted, measured, relative_error, ...}")
     p.add_argument("--out", metavar="DIR", help="write report.md, gantt.png, comparison.json, span CSVs")
     p.set_defaults(func=cmd_validate)
@@ -34,26 +39,36 @@ def register(sub) -> None:
 
 def run_validation(scenario: str, overrides=None, backend: str = "gloo", profile: str | None = None,
                    steps: int = 5, warmup: int = 2, timeout: float = 300.0, workdir: str | None = None,
-                   nice: int = 0) -> dict:
-    """Simulate and execute ``scenario``; return the comparison dict."""
-    from ..simulate import simulate
+                   nice: int = 0, recv: str | None = None, repeat: int = 1) -> dict:
+    """Simulate and execute ``scenario`` (``repeat`` launches); return the comparison dict."""
+    from ..errors import ConfigError
+    from ..simulate import schedule_for, simulate
     from .compare import compare
     from .launch import launch
     from .scale import default_profile, prepare
+    from .worker import early_recv
 
-    sc = prepare(scenario, overrides, backend, profile)
-    res = simulate(sc)
+    if repeat < 1:
+        raise ConfigError(str(scenario), "--repeat", f"must be >= 1, got {repeat}")
     job = {"scenario": str(scenario), "overrides": list(overrides or []), "backend": backend,
-           "profile": profile or default_profile(sc, backend), "steps": steps, "warmup": warmup,
-           "timeout": timeout, "threads": 1, "nice": nice}
+           "steps": steps, "warmup": warmup, "timeout": timeout, "threads": 1, "nice": nice,
+           "recv": recv or ("early" if backend == "gloo" else "late")}
+    if backend == "nccl" and job["recv"] == "early":
+        raise ConfigError(str(scenario), "--recv", "early receive posting can deadlock NCCL p2p (posting order); use late")
+    sc = prepare(scenario, overrides, backend, profile)
+    job["profile"] = profile or default_profile(sc, backend)
+    res = simulate(sc, schedule=schedule_for(sc, early_recv=early_recv(job)))  # the schedule the ranks run
     world = sc.parallel.pp * sc.parallel.dp
     load_before = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory(prefix="parsim-validate-") as tmp:
-        ranks = launch(job, world, workdir or tmp, timeout)
-    c = compare(res, ranks)
+    launches = []
+    for k in range(repeat):
+        with tempfile.TemporaryDirectory(prefix="parsim-validate-") as tmp:
+            launches.append(launch(job, world, Path(workdir or tmp) / f"launch{k}", timeout))
+    c = compare(res, launches)
     c.update({"backend": backend, "world": world, "warmup": warmup, "cpu_count": os.cpu_count(), "nice": nice,
+              "recv": job["recv"], "launches": repeat,
               "load_average_1min": [load_before, os.getloadavg()[0]],
-              "losses": ranks[sc.parallel.pp - 1]["steps"][-1]["losses"]})
+              "losses": launches[-1][sc.parallel.pp - 1]["steps"][-1]["losses"]})
     return c
 
 
@@ -64,7 +79,7 @@ def cmd_validate(args) -> int:
     from .report import markdown, public, write_report
 
     c = run_validation(args.scenario, args.set, args.backend, args.profile, args.steps, args.warmup, args.timeout,
-                       nice=args.nice)
+                       nice=args.nice, recv=args.recv, repeat=args.repeat)
     if args.out:
         write_report(c, Path(args.out))
     if args.json:

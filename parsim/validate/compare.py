@@ -60,17 +60,27 @@ def action_durations(tl: pd.DataFrame) -> pd.DataFrame:
             .agg(["median", "count"]).reset_index().rename(columns={"median": "duration_s"}))
 
 
-def measured_summary(ranks: list[dict], pp: int) -> tuple[dict, pd.DataFrame, list[pd.DataFrame]]:
-    """Median metrics over the measured steps, the median step's timeline, all timelines."""
-    n_steps = len(ranks[0]["steps"])
-    first = ranks[0]["warmup"]
-    tls = [step_timeline(ranks, k, pp) for k in range(first, n_steps)]
+def _launch_list(runs) -> list[list[dict]]:
+    """One launch (a list of rank dicts) or several (a list of such lists) -> list of launches."""
+    return [runs] if runs and isinstance(runs[0], dict) else list(runs)
+
+
+def measured_summary(runs, pp: int) -> tuple[dict, pd.DataFrame, list[pd.DataFrame]]:
+    """Median metrics over the measured steps of every launch, the median step's timeline,
+    all timelines; ``launch_step_time_s``: each launch's own median (launch-to-launch spread)."""
+    tls, per_launch = [], []
+    for ranks in _launch_list(runs):
+        first, n_steps = ranks[0]["warmup"], len(ranks[0]["steps"])
+        mine = [step_timeline(ranks, k, pp) for k in range(first, n_steps)]
+        per_launch.append(statistics.median(timeline_metrics(t, pp)["step_time_s"] for t in mine))
+        tls += mine
     mets = [timeline_metrics(t, pp) for t in tls]
     times = [m["step_time_s"] for m in mets]
     k_med = int(np.argsort(times)[len(times) // 2])
     out = {
         "step_time_s": statistics.median(times),
         "step_time_all_s": times,
+        "launch_step_time_s": per_launch,
         "bubble_fraction": statistics.median(m["bubble_fraction"] for m in mets),
         "stages": [{"rank": r, "busy_s": statistics.median(m["stages"][r]["busy_s"] for m in mets)}
                    for r in range(pp)],
@@ -82,13 +92,16 @@ def _rel(pred: float, meas: float) -> float | None:
     return None if not meas else (pred - meas) / meas
 
 
-def compare(res: Result, ranks: list[dict]) -> dict:
-    """The ``parsim validate --json`` object: predicted, measured, relative_error (+ details)."""
+def compare(res: Result, runs) -> dict:
+    """The ``parsim validate --json`` object: predicted, measured, relative_error (+ details).
+
+    ``runs``: the rank results of one launch, or a list of launches."""
     pp = res.schedule.pp
     pm = res.metrics
     predicted = {"step_time_s": pm["step_time_s"], "bubble_fraction": pm["bubble_fraction"],
                  "stages": [{"rank": s["rank"], "busy_s": s["busy_s"]} for s in pm["stages"]]}
-    measured, tl_med, tls = measured_summary(ranks, pp)
+    measured, tl_med, tls = measured_summary(runs, pp)
+    ranks = _launch_list(runs)[0]
     mem_pred = {st.stage: st.activation_bytes for st in res.costs.stages}
     mem_meas = {int(s): v for r in ranks if r["dp_rank"] == 0 for s, v in r["memory"].items()}
     predicted["activation_bytes"] = [mem_pred[s] for s in sorted(mem_pred)]

@@ -8,6 +8,13 @@ The first stage holds the token (and learned position) embedding, the last the f
 norm, the LM head and the cross-entropy loss. Dropout is not modelled (validation runs
 are deterministic).
 
+Where real frameworks run fused kernels, so does this model, and it keeps for the backward
+what those kernels keep (what ``parsim.memory`` counts): RMSNorm saves its input and the
+per-row 1/rms (:class:`RMSNorm`, like Apex/TE's fused norm), SwiGLU saves the gate and up
+projections only and recomputes SiLU in the backward (:func:`swiglu`, like Megatron's
+fused bias-SwiGLU), and grouped-query attention never materialises K/V repeated per query
+head (SDPA's ``enable_gqa``; broadcasting in the explicit path).
+
 Every linear layer is a :class:`SplitLinear`: its backward can *defer* the weight
 gradient (zero-bubble I/W split). While a :class:`WeightGradStore` is active, backward
 computes input gradients only and records ``(layer, input, grad_output)``; ``W`` later
@@ -83,10 +90,59 @@ class SplitLinear(nn.Linear):
         return _LinearFn.apply(x, self.weight, self.bias)
 
 
+class _RMSNormFn(torch.autograd.Function):
+    """Fused RMSNorm: saves x and 1/rms (one float per row), as fused kernels do."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, rstd, weight)
+        return x * rstd * weight
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, rstd, weight = ctx.saved_tensors
+        xhat = x * rstd
+        dxhat = dy * weight
+        dx = rstd * (dxhat - xhat * (dxhat * xhat).mean(-1, keepdim=True))
+        dw = (dy * xhat).reshape(-1, x.shape[-1]).sum(0)
+        return dx, dw, None
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d: int, eps: float = 1e-6, dtype=None):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d, dtype=dtype))
+
+    def forward(self, x):
+        return _RMSNormFn.apply(x, self.weight, self.eps)
+
+
+class _SwiGLUFn(torch.autograd.Function):
+    """silu(gate) * up saving gate and up only; SiLU is recomputed in the backward."""
+
+    @staticmethod
+    def forward(ctx, gate, up):
+        ctx.save_for_backward(gate, up)
+        return F.silu(gate) * up
+
+    @staticmethod
+    def backward(ctx, dy):
+        gate, up = ctx.saved_tensors
+        sig = torch.sigmoid(gate)
+        silu = gate * sig
+        return dy * up * (sig * (1 + gate * (1 - sig))), dy * silu
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return _SwiGLUFn.apply(gate, up)
+
+
 def _norm(spec: ModelSpec, dtype) -> nn.Module:
     if spec.norm == "layernorm":
         return nn.LayerNorm(spec.d_model, dtype=dtype)
-    return nn.RMSNorm(spec.d_model, dtype=dtype)
+    return RMSNorm(spec.d_model, dtype=dtype)
 
 
 class Block(nn.Module):
@@ -116,23 +172,23 @@ class Block(nn.Module):
         q = q.view(b, s, self.nh, self.hd).transpose(1, 2)
         k = k.view(b, s, self.nkv, self.hd).transpose(1, 2)
         v = v.view(b, s, self.nkv, self.hd).transpose(1, 2)
-        if self.nkv != self.nh:
-            k = k.repeat_interleave(self.nh // self.nkv, dim=1)
-            v = v.repeat_interleave(self.nh // self.nkv, dim=1)
         if self.flash:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.nkv != self.nh)
         else:
-            # explicit scores: (q/sqrt(d)) k^T + additive causal mask -> softmax -> @ v
-            scores = (q * (1.0 / math.sqrt(self.hd))) @ k.transpose(-2, -1)
+            # explicit scores: (q/sqrt(d)) k^T + additive causal mask -> softmax -> @ v; with GQA the
+            # query heads of one group broadcast against their K/V head (no repeated copies)
+            g = self.nh // self.nkv
+            qg = (q * (1.0 / math.sqrt(self.hd))).view(b, self.nkv, g, s, self.hd)
+            scores = qg @ k.unsqueeze(2).transpose(-2, -1)
             probs = torch.softmax(scores + mask[:s, :s], dim=-1)
-            out = probs @ v
+            out = (probs @ v.unsqueeze(2)).view(b, self.nh, s, self.hd)
         return self.proj(out.transpose(1, 2).reshape(b, s, self.nh * self.hd))
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.norm1(x), mask)
         h = self.norm2(x)
         if self.swiglu:
-            h = self.down(F.silu(self.gate(h)) * self.up(h))
+            h = self.down(swiglu(self.gate(h), self.up(h)))
         else:
             h = self.fc2(F.gelu(self.fc1(h)))
         return x + h

@@ -33,7 +33,9 @@ def markdown(c: dict) -> str:
         f"# Validation: {c['scenario']} ({c['schedule']}, {c['model']})",
         "",
         f"Backend **{c['backend']}**, {c['world']} ranks; profile `{c['hardware_file'] or c['hardware']}`. "
-        f"Measured: median of {len(m['step_time_all_s'])} steps after {c['warmup']} warm-up steps. "
+        f"Measured: median of {len(m['step_time_all_s'])} steps ({c.get('launches', 1)} launch(es), "
+        f"{c['warmup']} warm-up steps each; per-launch medians "
+        f"{', '.join(f'{t:.4f}' for t in m.get('launch_step_time_s', []))} s); receives posted {c.get('recv', 'late')}. "
         f"Machine: {c.get('cpu_count')} CPUs, 1-minute load average {c.get('load_average_1min', ['?'])[0]:.2f} before "
         f"and {c.get('load_average_1min', [0, 0])[-1]:.2f} after the run (other processes share the cores); "
         f"rank niceness increment {c.get('nice', 0)}."

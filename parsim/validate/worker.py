@@ -49,6 +49,11 @@ def _fused_ok() -> bool:
         return False
 
 
+def early_recv(job: dict) -> bool:
+    """Receives posted one compute ahead (``post_recvs_early``): the default on gloo, never on nccl."""
+    return job.get("recv", "early" if job["backend"] == "gloo" else "late") == "early"
+
+
 def check_p2p_order(sched) -> None:
     """NCCL matches p2p by order per peer pair: SEND order on src must equal RECV order on dst."""
     sends: dict[tuple, list] = {}
@@ -82,7 +87,7 @@ def main(job_file: str) -> int:
 def run_variant(job: dict, overrides: list, rank: int, world: int, device, index: int) -> dict:
     """Prepare the scenario with ``overrides``, build groups, run it on this rank."""
     sc = prepare(job["scenario"], overrides, job["backend"], job.get("profile"))
-    sched = schedule_for(sc)
+    sched = schedule_for(sc, early_recv=early_recv(job))
     par = sc.parallel
     if world != par.pp * par.dp:
         raise SystemExit(f"world size {world} != pp*dp = {par.pp * par.dp} ({sc.file} with {overrides})")
@@ -115,14 +120,24 @@ def run(job: dict, sc, sched, lay: Layout) -> dict:
     n_steps = 1 if parity else int(job.get("warmup", 2)) + int(job.get("steps", 5))
     for _ in range(n_steps):
         dist.barrier()
+        faults = _minor_faults()
         st = rt.run_step()
-        steps.append({**rt.timer.export(), "losses": st.losses})
+        # page faults taken during the step (allocator churn: a CPU-run artefact worth seeing)
+        steps.append({**rt.timer.export(), "losses": st.losses, "minor_faults": _minor_faults() - faults})
         if parity:
             torch.save({s: g.cpu() for s, g in st.grads.items()},
                        Path(job["out"]) / f"grads_rank{lay.rank}_v{job.get('variant', 0)}.pt")
     return {"rank": lay.rank, "pp_rank": lay.pp_rank, "dp_rank": lay.dp_rank, "host": socket.gethostname(),
             "warmup": 0 if parity else int(job.get("warmup", 2)), "steps": steps, "memory": memory,
             "device": str(lay.device), "threads": torch.get_num_threads()}
+
+
+def _minor_faults() -> int:
+    try:
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    except (ImportError, OSError):
+        return 0
 
 
 if __name__ == "__main__":
