@@ -98,3 +98,36 @@ def test_measured_summary_pools_launches():
     assert out["launch_step_time_s"] == pytest.approx([0.5 * 2.0, 0.5 * 5.0])
     single, _, _ = measured_summary(a, pp=2)  # one launch given as a plain rank list
     assert single["step_time_s"] == pytest.approx(1.0) and single["launch_step_time_s"] == pytest.approx([1.0])
+
+
+def test_device_drift_against_the_calibration_probe(tmp_path):
+    """The probe row of <profile>.csv (median over ranks) vs the run's probe; hand-computed."""
+    import pandas as pd
+
+    from parsim.validate.compare import calibration_probe_s, device_drift
+    prof = tmp_path / "cal.toml"
+    prof.write_text("")
+    pd.DataFrame([
+        {"kind": "gemm", "name": "forward", "m": 256, "n": 1024, "k": 1024, "seconds": 0.006, "rank": 0},
+        {"kind": "gemm", "name": "forward", "m": 256, "n": 1024, "k": 1024, "seconds": 0.008, "rank": 1},
+        {"kind": "gemm", "name": "input_grad", "m": 256, "n": 1024, "k": 1024, "seconds": 1.0, "rank": 0},
+    ]).to_csv(tmp_path / "cal.csv", index=False)
+    assert calibration_probe_s(str(prof)) == pytest.approx(0.007)
+    c = {"predicted": {"step_time_s": 0.2}, "measured": {"step_time_s": 0.25, "probe_s": 0.0077}}
+    d = device_drift(c, str(prof))
+    assert d["run_over_calibration"] == pytest.approx(1.1)
+    assert d["step_time_error_at_run_speed"] == pytest.approx(0.2 * 1.1 / 0.25 - 1)
+    assert device_drift(c, str(tmp_path / "missing.toml")) is None
+
+
+def test_validate_refuses_early_receives_on_nccl():
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, "-m", "parsim", "validate", "scenarios/tiny-cpu.toml", "--backend", "nccl",
+                        "--recv", "early"], capture_output=True, text=True,
+                       cwd=__import__("pathlib").Path(__file__).resolve().parent.parent)
+    if "torch is not installed" in p.stderr:
+        pytest.skip("needs the validate extra")
+    assert p.returncode == 2
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "--recv" in lines[0] and "deadlock" in lines[0] and "Traceback" not in p.stderr

@@ -16,8 +16,17 @@ of a real run shares the machine with the others, so the device being calibrated
 * p2p: isend/irecv ping-pong between rank 0 and every other rank over message sizes;
 * collectives: all_reduce, all_gather, broadcast over message sizes and group sizes.
 
+Compute cases are timed in interleaved passes (every case once per pass, ``PASSES``
+passes, median per case): this shared VM's speed drifts by +-10% over seconds to
+minutes, and timing one case's repeats back to back would bend the fitted shape curves
+with it; interleaved, every case sees the same mix of fast and slow moments.
+
 Each rank writes ``bench_rank<R>.json``: rows of {kind, name, m, n, k, bytes, flops,
 group, peers, seconds, rank, host}.
+
+:func:`probe` times one fixed case of the grid (``PROBE``) exactly as calibration does;
+validation runs it between measured steps, so a report can say how fast the device ran
+during the run compared with during the calibration.
 """
 from __future__ import annotations
 
@@ -41,6 +50,8 @@ MEM_SHAPES = ((256, 256), (1024, 256), (256, 1024), (1024, 1024), (2048, 1024))
 ATTN = ((128, 8, 64), (256, 8, 64), (512, 4, 64), (64, 16, 64))  # (seq, batch*heads, head_dim)
 COLD_BYTES = 64 * 2 ** 20  # operands cycled per benchmark: beyond the per-core caches
 MSG_BYTES = tuple(4 ** i * 1024 for i in range(0, 7))  # 1 KiB .. 4 MiB
+PASSES = 7
+PROBE = {"kind": "gemm", "name": "forward", "m": 256, "n": 1024, "k": 1024}  # x W^T, in the GEMM grid
 QUICK = {"GEMM_M": (256,), "GEMM_NK": GEMM_NK[:2], "MEM_SHAPES": MEM_SHAPES[:2], "ATTN": ATTN[:1],
          "MSG_BYTES": (4096, 1048576)}
 
@@ -60,6 +71,32 @@ def _time(fn, sync, target_s: float = 0.03, repeats: int = 7, calls: int | None 
         sync()
         out.append((time.perf_counter() - t) / n)
     return statistics.median(out)
+
+
+def rotating(shapes, dtype, device):
+    """Enough copies of the operands to overflow the caches, and a cursor over them:
+    in training, weights and activations stream from memory, not from a hot cache."""
+    el = torch.finfo(dtype).bits // 8
+    per_set = sum(math.prod(s) for s in shapes) * el
+    n_sets = max(1, min(64, math.ceil(COLD_BYTES / per_set)))
+    sets = [[torch.randn(*s, dtype=dtype, device=device) for s in shapes] for _ in range(n_sets)]
+    state = {"i": 0}
+
+    def nxt():
+        state["i"] = (state["i"] + 1) % len(sets)
+        return sets[state["i"]]
+    return nxt
+
+
+def probe(device, dtype):
+    """A callable timing ``PROBE`` the way :meth:`Bench.gemms` does (seconds per call)."""
+    ops = rotating(((PROBE["m"], PROBE["k"]), (PROBE["n"], PROBE["k"])), dtype, device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def fwd():
+        x, w = ops()
+        return F.linear(x, w)
+    return lambda: _time(fwd, sync, repeats=3)
 
 
 def _comm_calls(nbytes: int) -> int:
@@ -82,85 +119,89 @@ class Bench:
         return torch.randn(*shape, dtype=self.dtype, device=self.dev)
 
     def rotating(self, *shapes):
-        """Enough copies of the operands to overflow the caches, and a cursor over them:
-        in training, weights and activations stream from memory, not from a hot cache."""
-        el = torch.finfo(self.dtype).bits // 8
-        per_set = sum(math.prod(s) for s in shapes) * el
-        sets = [[self.rand(*s) for s in shapes] for _ in range(max(1, min(64, math.ceil(COLD_BYTES / per_set))))]
-        state = {"i": 0}
+        return rotating(shapes, self.dtype, self.dev)
 
-        def nxt():
-            state["i"] = (state["i"] + 1) % len(sets)
-            return sets[state["i"]]
-        return nxt
+    def run_passes(self, cases: list[tuple]) -> None:
+        """Time ``cases`` [(kind, name, fn, row fields)] in ``PASSES`` interleaved passes
+        (both ranks in lockstep: a barrier before each timing); one row per case, the median."""
+        passes = 3 if self.quick else PASSES
+        times: list[list[float]] = [[] for _ in cases]
+        for _ in range(passes):
+            for i, (_, _, fn, _) in enumerate(cases):
+                dist.barrier()
+                times[i].append(_time(fn, self.sync, repeats=1))
+        for (kind, name, _, fields), ts in zip(cases, times):
+            self.add(kind, name, statistics.median(ts), **fields)
 
     def gemms(self):
+        cases = []
         for m in (QUICK["GEMM_M"] if self.quick else GEMM_M):
             for n, k in (QUICK["GEMM_NK"] if self.quick else GEMM_NK):
                 ops = self.rotating((m, k), (n, k), (m, n))
 
-                def fwd():
+                def fwd(ops=ops):
                     x, w, _ = ops()
                     return F.linear(x, w)
 
-                def dx():
+                def dx(ops=ops):
                     _, w, g = ops()
                     return g @ w
 
-                def dw():
+                def dw(ops=ops):
                     x, _, g = ops()
                     return g.t() @ x
-                cases = {"forward": (fwd, (m, n, k)), "input_grad": (dx, (m, k, n)), "weight_grad": (dw, (n, k, m))}
-                for name, (fn, (mm, nn, kk)) in cases.items():
-                    dist.barrier()
-                    self.add("gemm", name, _time(fn, self.sync), m=mm, n=nn, k=kk, flops=2.0 * mm * nn * kk)
+                for name, fn, (mm, nn, kk) in (("forward", fwd, (m, n, k)), ("input_grad", dx, (m, k, n)),
+                                               ("weight_grad", dw, (n, k, m))):
+                    cases.append(("gemm", name, fn, {"m": mm, "n": nn, "k": kk, "flops": 2.0 * mm * nn * kk}))
+        self.run_passes(cases)
 
     def memory(self):
         el = torch.finfo(self.dtype).bits // 8
+        cases = []
         for t, d in (QUICK["MEM_SHAPES"] if self.quick else MEM_SHAPES):
             ops = self.rotating((t, d), (t, d))
             ln = torch.nn.LayerNorm(d, device=self.dev, dtype=self.dtype)
 
-            def add():
+            def add(ops=ops):
                 a, b = ops()
                 return a + b
 
-            def norm():
+            def norm(ops=ops, ln=ln):
                 return ln(ops()[0])
 
-            def gelu():
+            def gelu(ops=ops):
                 return F.gelu(ops()[0])
-            cases = {"add": (add, 3), "layernorm": (norm, 2), "gelu": (gelu, 2)}
-            with torch.no_grad():
-                for name, (fn, touches) in cases.items():
-                    dist.barrier()
-                    self.add("memory", name, _time(fn, self.sync), m=t, n=d, bytes=float(touches * t * d * el))
+            for name, fn, touches in (("add", add, 3), ("layernorm", norm, 2), ("gelu", gelu, 2)):
+                cases.append(("memory", name, fn, {"m": t, "n": d, "bytes": float(touches * t * d * el)}))
+        with torch.no_grad():
+            self.run_passes(cases)
 
     def attention(self):
+        cases = []
         for s, bh, hd in (QUICK["ATTN"] if self.quick else ATTN):
             q, k, v = (self.rand(bh, s, hd).requires_grad_() for _ in range(3))
             mask = torch.full((s, s), float("-inf"), dtype=self.dtype, device=self.dev).triu(1)
             flops = 4.0 * bh * s * s * hd  # QK^T and PV, full s x s (model convention)
 
-            def explicit():
+            def explicit(q=q, k=k, v=v, mask=mask, hd=hd):
                 return torch.softmax((q * hd ** -0.5) @ k.transpose(-2, -1) + mask, -1) @ v
 
-            def sdpa():
+            def sdpa(q=q, k=k, v=v):
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-            for name, fn, executed in (("explicit", explicit, flops), ("sdpa", sdpa, flops / 2)):
-                with torch.no_grad():
-                    dist.barrier()
-                    self.add("attention", f"{name}_forward", _time(fn, self.sync), m=s, n=bh, k=hd, flops=executed)
+            for name, fn, executed, ratio in (("explicit", explicit, flops, 2.0), ("sdpa", sdpa, flops / 2, 2.5)):
+                def fwd(fn=fn):
+                    with torch.no_grad():
+                        return fn()
                 out = fn()
                 gout = torch.randn_like(out)
-                ratio = 2.0 if name == "explicit" else 2.5
 
-                def bwd(out=out, gout=gout):
+                def bwd(out=out, gout=gout, q=q, k=k, v=v):
                     torch.autograd.grad(out, (q, k, v), gout, retain_graph=True)
-                dist.barrier()
-                self.add("attention", f"{name}_backward", _time(bwd, self.sync), m=s, n=bh, k=hd,
-                         flops=executed * ratio)
+                shape = {"m": s, "n": bh, "k": hd}
+                cases.append(("attention", f"{name}_forward", fwd, {**shape, "flops": executed}))
+                cases.append(("attention", f"{name}_backward", bwd, {**shape, "flops": executed * ratio}))
+        self.run_passes(cases)
 
     def launch(self):
         a = self.rand(1)

@@ -43,7 +43,7 @@ def run_validation(scenario: str, overrides=None, backend: str = "gloo", profile
     """Simulate and execute ``scenario`` (``repeat`` launches); return the comparison dict."""
     from ..errors import ConfigError
     from ..simulate import schedule_for, simulate
-    from .compare import compare
+    from .compare import compare, device_drift
     from .launch import launch
     from .scale import default_profile, prepare
     from .worker import early_recv
@@ -65,6 +65,7 @@ def run_validation(scenario: str, overrides=None, backend: str = "gloo", profile
         with tempfile.TemporaryDirectory(prefix="parsim-validate-") as tmp:
             launches.append(launch(job, world, Path(workdir or tmp) / f"launch{k}", timeout))
     c = compare(res, launches)
+    c["device_drift"] = device_drift(c, job["profile"])
     c.update({"backend": backend, "world": world, "warmup": warmup, "cpu_count": os.cpu_count(), "nice": nice,
               "recv": job["recv"], "launches": repeat,
               "load_average_1min": [load_before, os.getloadavg()[0]],

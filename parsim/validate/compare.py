@@ -68,9 +68,11 @@ def _launch_list(runs) -> list[list[dict]]:
 def measured_summary(runs, pp: int) -> tuple[dict, pd.DataFrame, list[pd.DataFrame]]:
     """Median metrics over the measured steps of every launch, the median step's timeline,
     all timelines; ``launch_step_time_s``: each launch's own median (launch-to-launch spread)."""
-    tls, per_launch = [], []
+    tls, per_launch, probes, faults = [], [], [], []
     for ranks in _launch_list(runs):
         first, n_steps = ranks[0]["warmup"], len(ranks[0]["steps"])
+        probes += [st["probe_s"] for r in ranks for st in r["steps"][first:] if st.get("probe_s")]
+        faults += [st["minor_faults"] for r in ranks for st in r["steps"][first:] if "minor_faults" in st]
         mine = [step_timeline(ranks, k, pp) for k in range(first, n_steps)]
         per_launch.append(statistics.median(timeline_metrics(t, pp)["step_time_s"] for t in mine))
         tls += mine
@@ -81,11 +83,46 @@ def measured_summary(runs, pp: int) -> tuple[dict, pd.DataFrame, list[pd.DataFra
         "step_time_s": statistics.median(times),
         "step_time_all_s": times,
         "launch_step_time_s": per_launch,
+        "probe_s": statistics.median(probes) if probes else None,
+        "minor_faults_per_step": statistics.median(faults) if faults else None,
         "bubble_fraction": statistics.median(m["bubble_fraction"] for m in mets),
         "stages": [{"rank": r, "busy_s": statistics.median(m["stages"][r]["busy_s"] for m in mets)}
                    for r in range(pp)],
     }
     return out, tls[k_med], tls
+
+
+def calibration_probe_s(profile_path: str | None) -> float | None:
+    """Seconds the speed probe (``parsim.validate.bench.PROBE``) took at calibration: the
+    median over ranks of its row in the profile's data CSV (``<profile>.csv``), if any."""
+    from pathlib import Path
+
+    if not profile_path:
+        return None
+    csv = Path(profile_path).with_suffix(".csv")
+    if not csv.is_file():
+        return None
+    df = pd.read_csv(csv)
+    probe = {"kind": "gemm", "name": "forward", "m": 256, "n": 1024, "k": 1024}  # = bench.PROBE (torch-free here)
+    hit = df
+    for k, v in probe.items():
+        if k not in hit:
+            return None
+        hit = hit[hit[k] == v]
+    return float(hit["seconds"].median()) if len(hit) else None
+
+
+def device_drift(c: dict, profile_path: str | None) -> dict | None:
+    """How fast the device ran during the measured steps against during calibration (the
+    same probe, timed the same way), and the step-time error the prediction would show had
+    it run at calibration speed. A diagnostic: the reported error is the raw one."""
+    cal, run = calibration_probe_s(profile_path), c["measured"].get("probe_s")
+    if not cal or not run:
+        return None
+    ratio = run / cal
+    pred, meas = c["predicted"]["step_time_s"], c["measured"]["step_time_s"]
+    return {"probe": "gemm forward 256x1024x1024 (fp32), all ranks at once", "calibration_s": cal, "run_s": run,
+            "run_over_calibration": ratio, "step_time_error_at_run_speed": _rel(pred * ratio, meas)}
 
 
 def _rel(pred: float, meas: float) -> float | None:

@@ -51,6 +51,15 @@ def markdown(c: dict) -> str:
     for s, (pa, ma, ea) in enumerate(zip(p["activation_bytes"], m["activation_bytes"], e["activation_bytes"])):
         lines.append(f"| stage {s} activations, one microbatch (MiB) | {pa / 2**20:.3f} | "
                      f"{'n/a' if ma is None else f'{ma / 2**20:.3f}'} | {_pct(ea)} |")
+    d = c.get("device_drift")
+    if d:
+        lines += ["", f"Device speed during the run: the probe ({d['probe']}) took {d['run_s'] * 1e3:.3f} ms against "
+                  f"{d['calibration_s'] * 1e3:.3f} ms at calibration ({d['run_over_calibration'] - 1:+.1%}). "
+                  f"Had the prediction used the device's speed during the run, the step-time error would be "
+                  f"{_pct(d['step_time_error_at_run_speed'])} (a diagnostic; the error above is the one reported)."]
+    faults = m.get("minor_faults_per_step")
+    if faults is not None:
+        lines += ["", f"Page faults per measured step (median over ranks and steps): {faults:.0f}."]
     lines += ["", "Per-action durations (median over microbatches and steps):", "",
               "| rank | stage | op | predicted (ms) | measured (ms) | error |", "|---:|---:|---|---:|---:|---:|"]
     for a in c["actions"]:

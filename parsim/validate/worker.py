@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from ..schedule.ir import Op
 from ..simulate import schedule_for
+from .bench import probe
 from .model import build_stages, microbatch_data
 from .probe import stage_activation_bytes
 from .runtime import Layout, RankRuntime
@@ -118,12 +119,16 @@ def run(job: dict, sc, sched, lay: Layout) -> dict:
                      optimizer_factory(tr.optimizer), job.get("fault"), keep_grads=parity)
     steps = []
     n_steps = 1 if parity else int(job.get("warmup", 2)) + int(job.get("steps", 5))
+    speed_probe = None if parity else probe(lay.device, lay.dtype)
     for _ in range(n_steps):
         dist.barrier()
         faults = _minor_faults()
         st = rt.run_step()
         # page faults taken during the step (allocator churn: a CPU-run artefact worth seeing)
         steps.append({**rt.timer.export(), "losses": st.losses, "minor_faults": _minor_faults() - faults})
+        if speed_probe is not None:  # how fast the device runs now, timed as calibration timed it
+            dist.barrier()
+            steps[-1]["probe_s"] = speed_probe()
         if parity:
             torch.save({s: g.cpu() for s, g in st.grads.items()},
                        Path(job["out"]) / f"grads_rank{lay.rank}_v{job.get('variant', 0)}.pt")
