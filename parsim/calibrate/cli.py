@@ -31,6 +31,9 @@ def register(sub) -> None:
     p.add_argument("--out-dir", default=str(CALIBRATED_DIR), help="where to write <name>.toml and <name>.csv")
     p.add_argument("--precision", default=None, help="GEMM precision to benchmark (fp32 on gloo, bf16 on nccl)")
     p.add_argument("--quick", action="store_true", help="fewer shapes and sizes (tests)")
+    p.add_argument("--passes", type=int, default=0,
+                   help="interleaved timing passes over the compute cases (default 7; more = a longer, "
+                        "drift-averaged window)")
     p.add_argument("--nice", type=int, default=0, help="niceness increment for the benchmark ranks (e.g. -10)")
     p.add_argument("--timeout", type=float, default=900.0, help="hard limit for the benchmark run, seconds")
     p.set_defaults(func=cmd_calibrate)
@@ -48,7 +51,8 @@ def cmd_calibrate(args) -> int:
     base = load_profile(args.base or ("cpu-gloo" if args.backend == "gloo" else "dgx-h100"))
     name = args.name or base.name
     precision = args.precision or ("fp32" if args.backend == "gloo" else "bf16")
-    job = {"backend": args.backend, "quick": args.quick, "precision": precision, "threads": 1, "nice": args.nice}
+    job = {"backend": args.backend, "quick": args.quick, "precision": precision, "threads": 1, "nice": args.nice,
+           "passes": args.passes}
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="parsim-bench-") as tmp:
         ranks = launch(job, args.ranks, tmp, args.timeout, module="parsim.validate.bench")
@@ -58,6 +62,7 @@ def cmd_calibrate(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     quality = {f"median_abs_rel_error_{k}": round(v, 4) for k, v in fit.quality.items()}
     meta = {"backend": args.backend, "ranks": args.ranks, "precision": precision, "nice": args.nice,
+            "passes": args.passes or "default",
             "base_profile": base.source_path or base.name, "data": f"{name}.csv",
             "load_average_1min_before": round(load_before, 2), "load_average_1min_after": round(os.getloadavg()[0], 2),
             **quality}

@@ -110,6 +110,7 @@ class Bench:
         self.rows: list[dict] = []
         self.host = socket.gethostname()
         self.quick = quick
+        self.passes = 0  # 0: the default (PASSES, or 3 with quick)
 
     def add(self, kind, name, seconds, **kw):
         self.rows.append({"kind": kind, "name": name, "seconds": seconds, "rank": self.rank,
@@ -124,7 +125,7 @@ class Bench:
     def run_passes(self, cases: list[tuple]) -> None:
         """Time ``cases`` [(kind, name, fn, row fields)] in ``PASSES`` interleaved passes
         (both ranks in lockstep: a barrier before each timing); one row per case, the median."""
-        passes = 3 if self.quick else PASSES
+        passes = self.passes or (3 if self.quick else PASSES)
         times: list[list[float]] = [[] for _ in cases]
         for _ in range(passes):
             for i, (_, _, fn, _) in enumerate(cases):
@@ -251,6 +252,7 @@ def main(job_file: str) -> int:
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[job.get("precision", "fp32")]
     quick = bool(job.get("quick"))
     b = Bench(rank, world, device, dtype, quick)
+    b.passes = int(job.get("passes") or 0)
     sizes = QUICK["MSG_BYTES"] if quick else MSG_BYTES
     b.gemms(); b.memory(); b.attention(); b.launch()
     if world > 1:

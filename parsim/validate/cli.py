@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..calibrate.cli import INSTALL_HINT, torch_available
@@ -37,19 +38,34 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_validate)
 
 
-def run_validation(scenario: str, overrides=None, backend: str = "gloo", profile: str | None = None,
-                   steps: int = 5, warmup: int = 2, timeout: float = 300.0, workdir: str | None = None,
-                   nice: int = 0, recv: str | None = None, repeat: int = 1) -> dict:
-    """Simulate and execute ``scenario`` (``repeat`` launches); return the comparison dict."""
+@dataclass
+class ValidationRun:
+    """A validation prepared but not yet run: the prediction, the job the ranks get, and
+    the launches measured so far (``launch_once`` adds one; ``result`` compares)."""
+
+    scenario: object
+    """The scaled scenario both sides see."""
+    predicted: object
+    """The simulator's Result for it."""
+    job: dict
+    """What every rank process reads (parsim.validate.worker)."""
+    world: int
+    """Number of rank processes (pp x dp)."""
+    launches: list = field(default_factory=list)
+    """Rank results of each launch."""
+    load_average_1min: list = field(default_factory=list)
+    """Load average before the first launch and after the last."""
+
+
+def plan_validation(scenario: str, overrides=None, backend: str = "gloo", profile: str | None = None,
+                    steps: int = 5, warmup: int = 2, timeout: float = 300.0, nice: int = 0,
+                    recv: str | None = None) -> ValidationRun:
+    """Prepare (scale, re-profile), lower and simulate ``scenario``; nothing runs yet."""
     from ..errors import ConfigError
     from ..simulate import schedule_for, simulate
-    from .compare import compare, device_drift
-    from .launch import launch
     from .scale import default_profile, prepare
     from .worker import early_recv
 
-    if repeat < 1:
-        raise ConfigError(str(scenario), "--repeat", f"must be >= 1, got {repeat}")
     job = {"scenario": str(scenario), "overrides": list(overrides or []), "backend": backend,
            "steps": steps, "warmup": warmup, "timeout": timeout, "threads": 1, "nice": nice,
            "recv": recv or ("early" if backend == "gloo" else "late")}
@@ -58,19 +74,47 @@ def run_validation(scenario: str, overrides=None, backend: str = "gloo", profile
     sc = prepare(scenario, overrides, backend, profile)
     job["profile"] = profile or default_profile(sc, backend)
     res = simulate(sc, schedule=schedule_for(sc, early_recv=early_recv(job)))  # the schedule the ranks run
-    world = sc.parallel.pp * sc.parallel.dp
-    load_before = os.getloadavg()[0]
-    launches = []
-    for k in range(repeat):
-        with tempfile.TemporaryDirectory(prefix="parsim-validate-") as tmp:
-            launches.append(launch(job, world, Path(workdir or tmp) / f"launch{k}", timeout))
-    c = compare(res, launches)
+    return ValidationRun(sc, res, job, sc.parallel.pp * sc.parallel.dp)
+
+
+def launch_once(run: ValidationRun, workdir: str | None = None) -> None:
+    """One launch: fresh rank processes, warm-up and measured steps; results appended."""
+    from .launch import launch
+
+    if not run.load_average_1min:
+        run.load_average_1min.append(os.getloadavg()[0])
+    with tempfile.TemporaryDirectory(prefix="parsim-validate-") as tmp:
+        out = Path(workdir or tmp) / f"launch{len(run.launches)}"
+        run.launches.append(launch(run.job, run.world, out, run.job["timeout"]))
+    run.load_average_1min[1:] = [os.getloadavg()[0]]
+
+
+def result(run: ValidationRun) -> dict:
+    """The comparison over every launch so far (the ``parsim validate --json`` object)."""
+    from .compare import compare, device_drift
+
+    job, sc = run.job, run.scenario
+    c = compare(run.predicted, run.launches)
     c["device_drift"] = device_drift(c, job["profile"])
-    c.update({"backend": backend, "world": world, "warmup": warmup, "cpu_count": os.cpu_count(), "nice": nice,
-              "recv": job["recv"], "launches": repeat,
-              "load_average_1min": [load_before, os.getloadavg()[0]],
-              "losses": launches[-1][sc.parallel.pp - 1]["steps"][-1]["losses"]})
+    c.update({"backend": job["backend"], "world": run.world, "warmup": job["warmup"], "cpu_count": os.cpu_count(),
+              "nice": job["nice"], "recv": job["recv"], "launches": len(run.launches),
+              "load_average_1min": run.load_average_1min,
+              "losses": run.launches[-1][sc.parallel.pp - 1]["steps"][-1]["losses"]})
     return c
+
+
+def run_validation(scenario: str, overrides=None, backend: str = "gloo", profile: str | None = None,
+                   steps: int = 5, warmup: int = 2, timeout: float = 300.0, workdir: str | None = None,
+                   nice: int = 0, recv: str | None = None, repeat: int = 1) -> dict:
+    """Simulate and execute ``scenario`` (``repeat`` launches); return the comparison dict."""
+    from ..errors import ConfigError
+
+    if repeat < 1:
+        raise ConfigError(str(scenario), "--repeat", f"must be >= 1, got {repeat}")
+    run = plan_validation(scenario, overrides, backend, profile, steps, warmup, timeout, nice, recv)
+    for _ in range(repeat):
+        launch_once(run, workdir)
+    return result(run)
 
 
 def cmd_validate(args) -> int:
