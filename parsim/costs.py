@@ -185,7 +185,8 @@ class ModelCosts:
         f_attn = dev.attention_time(executed, prec, fused)
         bwd_ratio = FLASH_BACKWARD_FLOP_RATIO if fused else 2.0
         i_attn = dev.attention_time(executed * bwd_ratio, prec, fused)
-        f_attn, i_attn = f_attn + self._scores_traffic(1.0), i_attn + self._scores_traffic(2.0)
+        f_attn = f_attn + self._scores_traffic(1.0) + self._head_layout_traffic()
+        i_attn = i_attn + self._scores_traffic(2.0)
         clock = dev.sustained_fraction
         f_gemm, i_gemm, w_gemm = f_gemm / clock, i_gemm / clock, w_gemm / clock
         f_attn, i_attn = f_attn / clock + self._launch(1), i_attn / clock + self._launch(2)
@@ -247,6 +248,22 @@ class ModelCosts:
         scores = b * heads * seq * sc.training.seq_len * PRECISION_BYTES.get(self.prec, 2)
         per_pass = 2 + (2.5 if sc.dropout else 0.0) + 1
         return passes * self.dev.memory_time(per_pass * scores)
+
+    def _head_layout_traffic(self) -> float:
+        """Without a fused attention kernel the forward moves Q, K and V into head-major
+        (batch*heads, s, d_head) layout for the two batched GEMMs and the context back to
+        token-major for the output projection: four transposing copies (read + write).
+        Their backward is a view (the gradients flow back through the same strides): on the
+        torch runtime B matched without them and F fell short by about these. Calibration's
+        attention cases start from head-major tensors, so they are not in its efficiency."""
+        sc, par = self.sc, self.sc.parallel
+        if sc.training.flash_attention:
+            return 0.0
+        m = sc.model
+        _, _, tokens = self._tokens()
+        q = m.n_heads * m.head_dim_ / par.tp
+        kv = m.n_kv_heads * m.head_dim_ / (par.tp if m.n_kv_heads >= par.tp else 1)
+        return self.dev.memory_time(2.0 * tokens * (2 * q + 2 * kv) * PRECISION_BYTES.get(self.prec, 2))
 
     def _launch(self, passes: int) -> float:
         """Kernel launch gaps of one block per pass: ~12 kernels in a fused forward (2 norms,

@@ -134,3 +134,20 @@ def test_unfused_attention_efficiency_prices_only_non_flash_attention():
     assert f_time(False, None) == pytest.approx(f_time(False, eff), rel=1e-12)  # None: same as attention_efficiency
     assert f_time(False, eff / 2) > f_time(False, eff)
     assert f_time(True, eff / 2) == pytest.approx(f_time(True, eff), rel=1e-12)
+
+
+def test_unfused_attention_forward_pays_the_head_layout_copies():
+    """Hand-computed: 4 transposing copies (Q, K, V in, context out), read + write, forward only."""
+    from parsim.costs import ModelCosts
+    from parsim.scenario import load_scenario
+    sc = load_scenario("scenarios/tiny-cpu.toml")  # fp32, microbatch 2 x 128 tokens, d 256, MHA
+    mc = ModelCosts(sc)
+    tokens, q, kv = 2 * 128, 256, 256
+    assert mc._head_layout_traffic() == pytest.approx(sc.hardware.device.memory_time(2 * tokens * (2 * q + 2 * kv) * 4))
+    flash = ModelCosts(load_scenario("scenarios/tiny-cpu.toml", ["training.flash_attention=true"]))
+    assert flash._head_layout_traffic() == 0.0
+    gqa = ModelCosts(load_scenario("scenarios/llama3-70b-h100.toml", ["training.flash_attention=false"]))
+    m, par, tr = gqa.sc.model, gqa.sc.parallel, gqa.sc.training  # 64 q / 8 kv heads of 128 over tp 8, bf16
+    per_tok = 2 * m.n_heads * m.head_dim_ / par.tp + 2 * m.n_kv_heads * m.head_dim_ / par.tp
+    want = gqa.dev.memory_time(2 * tr.microbatch_size * tr.seq_len / par.cp * per_tok * 2)
+    assert gqa._head_layout_traffic() == pytest.approx(want)
