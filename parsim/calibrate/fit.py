@@ -15,7 +15,8 @@ weigh alike):
   separately (``ModelCosts._scores_traffic``: 3 passes over the s x s scores forward, 6
   backward) is taken off first, so prediction = fitted GEMM part + modelled traffic;
 * the one-element op -> ``kernel_launch_us``;
-* p2p ping-pong -> link ``latency`` alpha and ``bandwidth`` beta of ``t = alpha + S/beta``
+* one-way p2p with the sender computing after its isend (``p2p``) -> link ``latency`` alpha
+  and ``bandwidth`` beta of ``t = alpha + S/beta`` (the ping-pong ``p2p_idle`` rows are reported)
   (non-negative least squares on relative error); collectives are reported against the
   alpha-beta ring formulas of ``parsim.collectives`` with those alpha/beta (not fitted).
 
@@ -188,7 +189,8 @@ def fit_profile(base: HardwareProfile, data: pd.DataFrame, name: str, precision:
         alpha, beta = fit_alpha_beta(kinds["p2p"])
         tier = LinkTier(base.nvlink.name, beta, alpha, 1.0)
         prof = dataclasses.replace(prof, nvlink=tier)
-        msg = f"{tag}: alpha-beta fit of isend/irecv ping-pong over {len(kinds['p2p'])} sizes"
+        msg = (f"{tag}: alpha-beta fit of one-way sends over {len(kinds['p2p'])} sizes, the sender computing "
+               "after its isend (as a pipeline rank does)")
         src.update({"node.nvlink_gbyte_per_s": msg, "node.nvlink_latency_us": msg,
                     "node.nvlink_efficiency": f"{tag}: bandwidth above is the achieved one"})
         if len({*data.get("host", pd.Series(["x"])).dropna()}) <= 1:  # one host: no inter-node tier to measure
@@ -217,7 +219,7 @@ def predictions(prof: HardwareProfile, data: pd.DataFrame, precision: str) -> pd
                 p += float(scores_traffic_time(dev, pd.DataFrame([r]), precision)[0])
         elif kind == "launch":
             p = dev.kernel_launch_s
-        elif kind == "p2p":
+        elif kind in ("p2p", "p2p_idle"):  # p2p_idle: reported against the fitted (busy-sender) link
             p = prof.nvlink.transfer_time(float(r["bytes"]))
         elif kind == "collective":
             p = alpha_beta_time(r["name"], float(r["bytes"]), int(r["group"]),

@@ -13,7 +13,9 @@ of a real run shares the machine with the others, so the device being calibrated
 * attention: the attention core (explicit scores + softmax + @V, and SDPA) forward and
   backward over a grid of sequence lengths and head counts;
 * launch: a one-element op (per-op dispatch overhead);
-* p2p: isend/irecv ping-pong between rank 0 and every other rank over message sizes;
+* p2p: isend/irecv ping-pong between rank 0 and every other rank over message sizes
+  (``p2p_idle``: both sides waiting), and one-way sends whose sender goes on computing
+  (``p2p``: what a pipeline does; this is what the link's alpha/beta are fitted to);
 * collectives: all_reduce, all_gather, broadcast over message sizes and group sizes.
 
 Compute cases are timed in interleaved passes (every case once per pass, ``PASSES``
@@ -225,7 +227,38 @@ class Bench:
                         dist.recv(buf, other); dist.send(buf, other)
                 t = _time(pingpong, self.sync, repeats=5, calls=_comm_calls(nbytes)) / 2
                 if self.rank == 0:
-                    self.add("p2p", "send_recv", t, bytes=float(buf.numel() * 4), group=2, peers=f"0-{peer}")
+                    self.add("p2p_idle", "send_recv", t, bytes=float(buf.numel() * 4), group=2, peers=f"0-{peer}")
+
+    def p2p_busy_sender(self, sizes, trials: int = 9, busy_s: float = 0.012):
+        """One-way p2p time when the sender goes on computing right after its isend, as a
+        pipeline rank does (the next F/B): on a CPU rank the transport's progress thread then
+        shares its core with that compute. Rank 1 times from the common barrier to its
+        receive completing (barrier exit skew, ~0.1 ms, is inside the number). The time is
+        bimodal here (~0.25 ms when the progress thread gets the other core, ~1.7 ms when it
+        waits for a scheduler slice), so the row is the mean over trials less the slowest one:
+        what a pipeline accumulates, not the typical case a median would give."""
+        if self.world < 2:
+            return
+        a, w = self.rand(256, 256), self.rand(256, 256)
+        for nbytes in sizes:
+            buf = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=self.dev)
+            times = []
+            for _ in range(trials):
+                dist.barrier()
+                if self.rank == 0:
+                    work = dist.isend(buf, 1)
+                    t0 = time.perf_counter()
+                    while time.perf_counter() - t0 < busy_s:
+                        a @ w
+                    work.wait()
+                elif self.rank == 1:
+                    t0 = time.perf_counter()
+                    dist.recv(buf, 0)
+                    times.append(time.perf_counter() - t0)
+            if self.rank == 1:
+                kept = sorted(times)[:-1]
+                self.add("p2p", "send_busy_sender", sum(kept) / len(kept), bytes=float(buf.numel() * 4),
+                         group=2, peers="0-1")
 
     def collectives(self, sizes):
         for n in range(2, self.world + 1):
@@ -256,7 +289,7 @@ def main(job_file: str) -> int:
     sizes = QUICK["MSG_BYTES"] if quick else MSG_BYTES
     b.gemms(); b.memory(); b.attention(); b.launch()
     if world > 1:
-        b.p2p(sizes); b.collectives(sizes)
+        b.p2p(sizes); b.p2p_busy_sender(sizes); b.collectives(sizes)
     (Path(job["out"]) / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "rows": b.rows}))
     dist.barrier()
     dist.destroy_process_group()
