@@ -91,6 +91,8 @@ def test_validate_produces_comparison_and_memory_matches(tmp_path):
     assert all(abs(e) < 0.05 for e in err["activation_bytes"]), err["activation_bytes"]
     ops = {(a["op"]) for a in c["actions"]}
     assert {"F", "I", "W", "STEP"} <= ops
+    assert c["measured"]["probe_s"] > 0 and c["measured"]["minor_faults_per_step"] is not None
+    assert c["recv"] == "early" and c["launches"] == 1 and len(c["measured"]["launch_step_time_s"]) == 1
     from parsim.validate.report import write_report
     write_report(c, tmp_path)
     assert (tmp_path / "gantt.png").stat().st_size > 0

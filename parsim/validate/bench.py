@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from .compare import PROBE
 from .timing import join_group, start_worker
 
 GEMM_M = (64, 256, 1024)
@@ -53,7 +54,6 @@ ATTN = ((128, 8, 64), (256, 8, 64), (512, 4, 64), (64, 16, 64))  # (seq, batch*h
 COLD_BYTES = 64 * 2 ** 20  # operands cycled per benchmark: beyond the per-core caches
 MSG_BYTES = tuple(4 ** i * 1024 for i in range(0, 7))  # 1 KiB .. 4 MiB
 PASSES = 7
-PROBE = {"kind": "gemm", "name": "forward", "m": 256, "n": 1024, "k": 1024}  # x W^T, in the GEMM grid
 QUICK = {"GEMM_M": (256,), "GEMM_NK": GEMM_NK[:2], "MEM_SHAPES": MEM_SHAPES[:2], "ATTN": ATTN[:1],
          "MSG_BYTES": (4096, 1048576)}
 

@@ -92,8 +92,13 @@ def measured_summary(runs, pp: int) -> tuple[dict, pd.DataFrame, list[pd.DataFra
     return out, tls[k_med], tls
 
 
+# The speed probe: one case of the calibration's GEMM grid (x W^T), timed between measured
+# steps by parsim.validate.bench.probe exactly as calibration timed it. Defined here, torch-free.
+PROBE = {"kind": "gemm", "name": "forward", "m": 256, "n": 1024, "k": 1024}
+
+
 def calibration_probe_s(profile_path: str | None) -> float | None:
-    """Seconds the speed probe (``parsim.validate.bench.PROBE``) took at calibration: the
+    """Seconds the speed probe (:data:`PROBE`) took at calibration: the
     median over ranks of its row in the profile's data CSV (``<profile>.csv``), if any."""
     from pathlib import Path
 
@@ -103,9 +108,8 @@ def calibration_probe_s(profile_path: str | None) -> float | None:
     if not csv.is_file():
         return None
     df = pd.read_csv(csv)
-    probe = {"kind": "gemm", "name": "forward", "m": 256, "n": 1024, "k": 1024}  # = bench.PROBE (torch-free here)
     hit = df
-    for k, v in probe.items():
+    for k, v in PROBE.items():
         if k not in hit:
             return None
         hit = hit[hit[k] == v]
@@ -115,7 +119,7 @@ def calibration_probe_s(profile_path: str | None) -> float | None:
 def device_drift(c: dict, profile_path: str | None) -> dict | None:
     """How fast the device ran during the measured steps against during calibration (the
     same probe, timed the same way), and the step-time error the prediction would show had
-    it run at calibration speed. A diagnostic: the reported error is the raw one."""
+    it been made for the device's speed during the run. A diagnostic: the gated error is the raw one."""
     cal, run = calibration_probe_s(profile_path), c["measured"].get("probe_s")
     if not cal or not run:
         return None
