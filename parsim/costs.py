@@ -245,9 +245,8 @@ class ModelCosts:
             return 0.0
         b, seq, _ = self._tokens()
         heads = max(1, sc.model.n_heads // par.tp)
-        scores = b * heads * seq * sc.training.seq_len * PRECISION_BYTES.get(self.prec, 2)
-        per_pass = 2 + (2.5 if sc.dropout else 0.0) + 1
-        return passes * self.dev.memory_time(per_pass * scores)
+        return passes * self.dev.memory_time(
+            scores_pass_bytes(b * heads, seq, sc.training.seq_len, self.prec, sc.dropout))
 
     def _head_layout_traffic(self) -> float:
         """Without a fused attention kernel the forward moves Q, K and V into head-major
@@ -450,6 +449,15 @@ class ModelCosts:
         comm = lambda p: p.tp_comm + p.cp_comm + p.ep_comm  # noqa: E731
         hidden = min(comm(f), b.compute + b.recompute) + min(comm(b), f.compute + f.recompute)
         return f.total + b.total - hidden
+
+
+def scores_pass_bytes(batch_heads: int, s_q: int, s_k: int, precision: str, dropout: bool = False) -> float:
+    """Bytes one forward pass of unfused attention moves through memory for its s x s
+    scores (``ModelCosts._scores_traffic``; the backward moves twice as many): the fused
+    scale-mask-softmax reads and writes them, dropout reads them and writes them with a
+    1-byte mask, the PV batched GEMM reads them. Calibration takes the same off."""
+    per_pass = 2 + (2.5 if dropout else 0.0) + 1
+    return per_pass * batch_heads * s_q * s_k * PRECISION_BYTES.get(precision, 2)
 
 
 def _activation_element_bytes(precision: str) -> int:

@@ -12,8 +12,8 @@ weigh alike):
   ``unfused_attention_efficiency`` from the explicit ones (scores + mask, softmax, @V: what
   runs with ``flash_attention = false``), each the geometric mean of achieved FLOP/s over
   peak; for the explicit cases the scores' memory traffic the cost model charges
-  separately (``ModelCosts._scores_traffic``: 3 passes over the s x s scores forward, 6
-  backward) is taken off first, so prediction = fitted GEMM part + modelled traffic;
+  separately (``parsim.costs.scores_pass_bytes``: once forward, twice backward) is taken
+  off first, so prediction = fitted GEMM part + modelled traffic;
 * the one-element op -> ``kernel_launch_us``;
 * one-way p2p with the sender computing after its isend (``p2p``) -> link ``latency`` alpha
   and ``bandwidth`` beta of ``t = alpha + S/beta`` (the ping-pong ``p2p_idle`` rows are reported)
@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from ..collectives import alpha_beta_time
+from ..costs import scores_pass_bytes
 from ..hardware import Device, HardwareProfile, LinkTier
 
 H_GRID = np.concatenate([[0.0], np.geomspace(0.5, 1024, 160)])
@@ -89,26 +90,20 @@ def fit_memory(dev: Device, rows: pd.DataFrame) -> tuple[float, float]:
     return (eff, dev.memory_bandwidth) if eff <= 1.0 else (1.0, achieved)
 
 
-SCORES_PASSES = {"forward": 3.0, "backward": 6.0}  # bytes of the s x s scores moved, per pass (costs.py)
-
-
-def scores_traffic_time(dev: Device, rows: pd.DataFrame, precision: str) -> np.ndarray:
-    """Modelled memory time of the explicit attention's scores (0 for fused rows)."""
-    el = 4 if precision in ("fp32", "tf32") else 2
-    out = []
-    for _, r in rows.iterrows():
-        if not str(r["name"]).startswith("explicit"):
-            out.append(0.0)
-            continue
-        scores = float(r["n"]) * float(r["m"]) ** 2 * el  # (batch*heads) x s x s
-        out.append(dev.memory_time(SCORES_PASSES[str(r["name"]).split("_")[-1]] * scores))
-    return np.array(out)
+def scores_traffic_s(dev: Device, name: str, seq: float, batch_heads: float, precision: str) -> float:
+    """Modelled memory time of an explicit attention case's scores (0 for a fused case):
+    the cost model's ``scores_pass_bytes``, once forward, twice backward."""
+    if not name.startswith("explicit"):
+        return 0.0
+    passes = 2.0 if name.endswith("backward") else 1.0
+    return passes * dev.memory_time(scores_pass_bytes(int(batch_heads), int(seq), int(seq), precision))
 
 
 def fit_attention(dev: Device, rows: pd.DataFrame, precision: str) -> tuple[float | None, float | None]:
     """(attention_efficiency from fused rows, unfused_attention_efficiency from explicit rows)."""
     peak = dev.peak(precision)
-    t = rows["seconds"].to_numpy(float) - scores_traffic_time(dev, rows, precision)
+    traffic = [scores_traffic_s(dev, str(r["name"]), r["m"], r["n"], precision) for _, r in rows.iterrows()]
+    t = rows["seconds"].to_numpy(float) - np.array(traffic)
     rate = rows["flops"].to_numpy(float) / np.maximum(t, 1e-9)
     fused = rows["name"].str.startswith("sdpa").to_numpy() & (t > 0)
     unfused = rows["name"].str.startswith("explicit").to_numpy() & (t > 0)
@@ -213,10 +208,9 @@ def predictions(prof: HardwareProfile, data: pd.DataFrame, precision: str) -> pd
         elif kind == "memory":
             p = dev.memory_time(float(r["bytes"]))
         elif kind == "attention":
-            explicit = str(r["name"]).startswith("explicit")
-            p = dev.attention_time(float(r["flops"]), precision, fused=not explicit)
-            if explicit:
-                p += float(scores_traffic_time(dev, pd.DataFrame([r]), precision)[0])
+            name = str(r["name"])
+            p = (dev.attention_time(float(r["flops"]), precision, fused=not name.startswith("explicit"))
+                 + scores_traffic_s(dev, name, r["m"], r["n"], precision))
         elif kind == "launch":
             p = dev.kernel_launch_s
         elif kind in ("p2p", "p2p_idle"):  # p2p_idle: reported against the fitted (busy-sender) link

@@ -100,9 +100,6 @@ def add_send_recv(schedule: Schedule) -> Schedule:
     return _same_shape(schedule, tuple(rows))
 
 
-_COMPUTE = frozenset({Op.F, Op.B, Op.I, Op.W, Op.OVERLAP_F_B})
-
-
 def post_recvs_early(schedule: Schedule) -> Schedule:
     """Post every RECV one compute action ahead of the compute that consumes it.
 
@@ -129,7 +126,7 @@ def post_recvs_early(schedule: Schedule) -> Schedule:
                 if last_compute >= at:
                     last_compute += 1
                 continue
-            if a.op in _COMPUTE:
+            if a.op.is_compute:
                 last_compute = len(out)
             out.append(a)
         rows.append(tuple(out))

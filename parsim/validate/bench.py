@@ -106,13 +106,13 @@ def _comm_calls(nbytes: int) -> int:
 
 
 class Bench:
-    def __init__(self, rank, world, device, dtype, quick):
+    def __init__(self, rank, world, device, dtype, quick, passes: int = 0):
         self.rank, self.world, self.dev, self.dtype = rank, world, device, dtype
         self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         self.rows: list[dict] = []
         self.host = socket.gethostname()
         self.quick = quick
-        self.passes = 0  # 0: the default (PASSES, or 3 with quick)
+        self.passes = passes  # 0: the default (PASSES, or 3 with quick)
 
     def add(self, kind, name, seconds, **kw):
         self.rows.append({"kind": kind, "name": name, "seconds": seconds, "rank": self.rank,
@@ -237,8 +237,6 @@ class Bench:
         bimodal here (~0.25 ms when the progress thread gets the other core, ~1.7 ms when it
         waits for a scheduler slice), so the row is the mean over trials less the slowest one:
         what a pipeline accumulates, not the typical case a median would give."""
-        if self.world < 2:
-            return
         a, w = self.rand(256, 256), self.rand(256, 256)
         for nbytes in sizes:
             buf = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=self.dev)
@@ -284,8 +282,7 @@ def main(job_file: str) -> int:
     device = join_group(job, rank, world, local, default_timeout_s=60)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[job.get("precision", "fp32")]
     quick = bool(job.get("quick"))
-    b = Bench(rank, world, device, dtype, quick)
-    b.passes = int(job.get("passes") or 0)
+    b = Bench(rank, world, device, dtype, quick, passes=int(job.get("passes") or 0))
     sizes = QUICK["MSG_BYTES"] if quick else MSG_BYTES
     b.gemms(); b.memory(); b.attention(); b.launch()
     if world > 1:

@@ -64,11 +64,11 @@ def plan_validation(scenario: str, overrides=None, backend: str = "gloo", profil
     from ..errors import ConfigError
     from ..simulate import schedule_for, simulate
     from .scale import default_profile, prepare
-    from .worker import early_recv
+    from .worker import early_recv, recv_mode
 
     job = {"scenario": str(scenario), "overrides": list(overrides or []), "backend": backend,
            "steps": steps, "warmup": warmup, "timeout": timeout, "threads": 1, "nice": nice,
-           "recv": recv or ("early" if backend == "gloo" else "late")}
+           "recv": recv_mode(backend, recv)}
     if backend == "nccl" and job["recv"] == "early":
         raise ConfigError(str(scenario), "--recv", "early receive posting can deadlock NCCL p2p (posting order); use late")
     sc = prepare(scenario, overrides, backend, profile)

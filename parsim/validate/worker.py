@@ -50,9 +50,14 @@ def _fused_ok() -> bool:
         return False
 
 
+def recv_mode(backend: str, recv: str | None = None) -> str:
+    """Where receives are posted: ``recv`` if given, else "early" (``post_recvs_early``) on
+    gloo and "late" on nccl (posting order matters there)."""
+    return recv or ("early" if backend == "gloo" else "late")
+
+
 def early_recv(job: dict) -> bool:
-    """Receives posted one compute ahead (``post_recvs_early``): the default on gloo, never on nccl."""
-    return job.get("recv", "early" if job["backend"] == "gloo" else "late") == "early"
+    return recv_mode(job["backend"], job.get("recv")) == "early"
 
 
 def check_p2p_order(sched) -> None:
