@@ -19,10 +19,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from parsim.hardware import load_profile  # noqa: E402
+import parsim.plan.prescreen as ps  # noqa: E402
+from parsim.cluster.hardware import load_profile  # noqa: E402
 from parsim.model import get_preset  # noqa: E402
-from parsim.plan import run_plan  # noqa: E402
-from parsim import prescreen as ps  # noqa: E402
+from parsim.plan.run import run_plan  # noqa: E402
 
 
 def main() -> None:

@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from parsim import load_scenario  # noqa: E402
-from parsim.scenario import SimulationConfig, scenario_from_dict  # noqa: E402
+from parsim.config.scenario import SimulationConfig  # noqa: E402
+from parsim.scenario import scenario_from_dict
 from parsim.simulate import simulate  # noqa: E402
 
 LLAMA_16K = {

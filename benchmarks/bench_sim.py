@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from parsim import load_scenario  # noqa: E402
-from parsim.costs import ModelCosts  # noqa: E402
-from parsim.result import Result  # noqa: E402
+from parsim.costs.model_costs import ModelCosts  # noqa: E402
+from parsim.results.result import Result  # noqa: E402
 from parsim.sim.engine import simulate_schedule  # noqa: E402
 from parsim.simulate import schedule_for  # noqa: E402
 

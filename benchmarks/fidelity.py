@@ -35,9 +35,7 @@ sys.path.insert(0, str(ROOT))
 from parsim.scenario import scenario_from_dict  # noqa: E402
 from parsim.simulate import simulate  # noqa: E402
 
-PUBLISHED = ROOT.parent / "shared" / "reference" / "published.json"
-if not PUBLISHED.exists():
-    PUBLISHED = Path("/work/shared/reference/published.json")
+PUBLISHED = ROOT / "tests" / "data" / "published.json"  # a copy of ../shared/reference/published.json
 
 A100_PRESETS = {"1.7B": "megatron-1.7b", "3.6B": "megatron-3.6b", "7.5B": "megatron-7.5b", "18B": "megatron-18b",
                 "39B": "megatron-39b", "76B": "megatron-76b", "145B": "megatron-145b", "310B": "megatron-310b",

@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from parsim.validate.cli import launch_once, plan_validation, result  # noqa: E402
+from parsim.cli.validate import launch_once, plan_validation, result  # noqa: E402
 from parsim.validate.report import public, write_report  # noqa: E402
 
 STEP_GATE, BUSY_GATE, MEMORY_GATE = 0.15, 0.15, 0.05

@@ -7,9 +7,10 @@ Public Python interface::
     res = parsim.simulate(sc)
     res.to_json()["step_time_s"], res.timeline  # metrics dict, span DataFrame
 """
-from .errors import ConfigError, ParsimError, ScheduleError
-from .scenario import Scenario, load_scenario
-from .simulate import schedule_for, simulate
+from parsim.config.scenario import Scenario
+from parsim.errors import ConfigError, ParsimError, ScheduleError
+from parsim.scenario import load_scenario
+from parsim.simulate import schedule_for, simulate
 
 __all__ = ["ConfigError", "ParsimError", "ScheduleError", "Scenario", "load_scenario", "schedule_for", "simulate"]
 __version__ = "0.1.0"

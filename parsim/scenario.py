@@ -6,141 +6,39 @@ divisible by tp — each is a ConfigError naming the file and the dotted key.
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
-from .hardware import HardwareProfile, load_profile
-from .model import ModelSpec, model_from_table
-from .moe import MoEConfig, check_moe, moe_from_table
-from .parallel import AXES, ParallelConfig, check_parallel, partition_layers
+from parsim.cluster.hardware import load_profile
+from parsim.config.moe import MoEConfig, check_moe, moe_from_table
+from parsim.config.parallel import (
+    AXES,
+    ParallelConfig,
+    check_parallel,
+    partition_layers,
+)
+from parsim.config.scenario import (
+    OPTIMIZERS,
+    PRECISIONS,
+    RECOMPUTE,
+    SIM_MODES,
+    MeasuredCosts,
+    OverlapConfig,
+    Scenario,
+    ScheduleConfig,
+    SimulationConfig,
+    TrainingConfig,
+    check_batch,
+    check_model_parallel,
+)
+from parsim.errors import ConfigError
+from parsim.model import ModelSpec, model_from_table
 
-PRECISIONS = ("bf16", "fp16", "fp32", "fp8")
-OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "muon", "adafactor")
-RECOMPUTE = ("none", "selective", "full")
-
-
-@dataclass(frozen=True)
-class TrainingConfig:
-    """What one optimizer step processes, and how."""
-
-    global_batch: int
-    """Sequences per optimizer step, over all data-parallel replicas."""
-    seq_len: int
-    """Tokens per sequence."""
-    microbatch_size: int = 1
-    """Sequences per microbatch."""
-    precision: str = "bf16"
-    """Compute precision: bf16 | fp16 | fp32 | fp8 (mixed precision keeps fp32 master weights)."""
-    optimizer: str = "adam"
-    """sgd | momentum | adam | adamw | muon | adafactor."""
-    recompute: str = "none"
-    """Activation recomputation: none | selective | full."""
-    flash_attention: bool = True
-    """FlashAttention-style attention: scores never stored; causal blocks skipped."""
-    dropout: bool | None = None
-    """Dropout masks stored; default: on for GeLU (GPT-style) models, off for SwiGLU (Llama-style)."""
-    grad_accumulation_fusion: bool = True
-    """Weight gradients accumulate inside the dW GEMM (Megatron's --gradient-accumulation-fusion);
-    false: a separate memory-bound add into the gradient buffer per microbatch (plain PyTorch autograd)."""
-
-
-@dataclass(frozen=True)
-class ScheduleConfig:
-    """Which pipeline schedule runs, and on how many microbatches."""
-
-    name: str = "1F1B"
-    """Registered schedule name (GPipe, 1F1B, Interleaved1F1B, ZBH1, ...)."""
-    n_microbatches: int | None = None
-    """Microbatches per step and pipeline; default global_batch / (dp * microbatch_size)."""
-    partition: str = "even"
-    """Layers -> stages: "even" (as equal as possible) | "balanced" (dynamic programming over
-    per-layer times, embedding and LM head included, under the memory limit; parsim/partition.py)."""
-    layers_per_stage: tuple[int, ...] | None = None
-    """Explicit transformer blocks per stage (n_stages entries summing to n_layers); overrides partition."""
-
-
-@dataclass(frozen=True)
-class OverlapConfig:
-    """Which communication overlaps with compute: stated here, visible in the result."""
-
-    grad_reduce: bool = True
-    """Bucketed DP gradient reduction launched during the last backward (DDP / Megatron --overlap-grad-reduce)."""
-    param_gather: bool = False
-    """ZeRO parameter all-gather overlapped with the next step's forward (--overlap-param-gather)."""
-    tp_comm: bool = False
-    """TP collectives pipelined with their GEMMs (--tp-comm-overlap)."""
-    ep_comm: bool = False
-    """Expert all-to-alls hidden behind another microbatch's compute (DualPipe-style overlap)."""
-
-
-@dataclass(frozen=True)
-class SimulationConfig:
-    """How the engine simulates the job."""
-
-    mode: str = "fast"
-    """"fast": one replica, cross-replica collectives costed on the topology; "full": every
-    replica in true time order with all traffic as flows on the shared network (contention)."""
-
-
-SIM_MODES = ("fast", "full")
-
-
-@dataclass(frozen=True)
-class MeasuredCosts:
-    """A ``[costs]`` table: measured per-microbatch times that replace the cost model."""
-
-    forward_s: tuple[float, ...]
-    """Forward time of one microbatch, per stage."""
-    backward_s: tuple[float, ...] | None
-    """Full backward (B) per stage; or None when given as input + weight parts."""
-    backward_input_s: tuple[float, ...] | None
-    """Backward for inputs (I) per stage."""
-    backward_weight_s: tuple[float, ...] | None
-    """Backward for weights (W) per stage."""
-    p2p_s: float = 0.0
-    """One activation/gradient transfer between neighbouring stages."""
-    overlap_f_b_s: tuple[float, ...] | None = None
-    """Duration of one overlapped F&B pair (DualPipe's OVERLAP_F_B), per stage of its F; None: F + B."""
-
-
-@dataclass(frozen=True)
-class Scenario:
-    """Everything a simulation needs; built by :func:`load_scenario`."""
-
-    name: str
-    file: str
-    hardware: HardwareProfile
-    gpus: int
-    model: ModelSpec
-    training: TrainingConfig
-    parallel: ParallelConfig
-    schedule: ScheduleConfig
-    overlap: OverlapConfig = field(default_factory=OverlapConfig)
-    costs: MeasuredCosts | None = None
-    layers_per_stage: tuple[int, ...] = ()
-    """Transformer blocks on each stage (n_stages entries)."""
-    moe: MoEConfig = field(default_factory=MoEConfig)
-    """The ``[moe]`` table: routing imbalance, expert TP, token dropping (MoE models)."""
-    simulation: SimulationConfig = field(default_factory=SimulationConfig)
-    """The ``[simulation]`` table: engine mode."""
-
-    @property
-    def n_microbatches(self) -> int:
-        if self.schedule.n_microbatches is not None:
-            return self.schedule.n_microbatches
-        return self.training.global_batch // (self.parallel.dp * self.training.microbatch_size)
-
-    @property
-    def dropout(self) -> bool:
-        if self.training.dropout is not None:
-            return self.training.dropout
-        return self.model.ffn == "gelu"
-
-    @property
-    def tokens_per_step(self) -> int:
-        return self.training.global_batch * self.training.seq_len
+# the types live in parsim.config.scenario (below the cost model); re-exported for users of the loader
+__all__ = ["load_scenario", "scenario_from_dict", "apply_overrides", "parse_override", "Scenario", "TrainingConfig",
+           "ScheduleConfig", "OverlapConfig", "SimulationConfig", "MeasuredCosts", "PRECISIONS", "OPTIMIZERS",
+           "RECOMPUTE", "SIM_MODES", "TOP_KEYS"]
 
 
 TOP_KEYS = {"name", "hardware", "gpus", "model", "training", "parallel", "schedule", "costs", "overlap", "description", "moe",
@@ -232,7 +130,7 @@ def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Sc
     overlap = _simple(OverlapConfig, doc.get("overlap", {}), file, "overlap.")
     parallel = _schedule_shape(parallel, schedule, file)
     check_parallel(parallel, gpus, file)
-    _check_model_parallel(model, training, parallel, file)
+    check_model_parallel(model, training, parallel, file)
     layers = _layers(model, parallel, schedule, file)
     costs = _costs(doc["costs"], file, parallel.n_stages) if "costs" in doc else None
     moe = moe_from_table(doc["moe"], file) if "moe" in doc else MoEConfig()
@@ -242,16 +140,18 @@ def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Sc
     simulation = _simulation(doc.get("simulation", {}), file)
     sc = Scenario(name, file, hardware, gpus, model, training, parallel, schedule, overlap, costs, layers, moe,
                   simulation)
-    _check_batch(sc)
+    check_batch(sc)
     if schedule.partition == "balanced" and schedule.layers_per_stage is None:
-        from .partition import balanced_layers  # needs the cost model, which needs a Scenario
+        from parsim.costs.partition import (
+            balanced_layers,  # needs the cost model, which needs a Scenario
+        )
         sc = replace(sc, layers_per_stage=balanced_layers(sc))
     return sc
 
 
 def _schedule_shape(par: ParallelConfig, schedule: ScheduleConfig, file: str) -> ParallelConfig:
     """V-shaped and bidirectional schedules hold two stages per rank: their vpp is 2."""
-    from .schedule.semantics import traits
+    from parsim.schedule.semantics import traits
     t = traits(schedule.name)
     if t.stages_per_rank is None or par.vpp == t.stages_per_rank:
         return par
@@ -263,7 +163,7 @@ def _schedule_shape(par: ParallelConfig, schedule: ScheduleConfig, file: str) ->
 
 def _layers(model: ModelSpec, par: ParallelConfig, schedule: ScheduleConfig, file: str) -> tuple[int, ...]:
     """Transformer blocks per stage: explicit, or even (per chain for two-copy schedules)."""
-    from .schedule.semantics import traits
+    from parsim.schedule.semantics import traits
     t = traits(schedule.name)
     n = par.n_stages
     if schedule.layers_per_stage is not None:
@@ -382,26 +282,3 @@ def _costs(t: dict, file: str, n_stages: int) -> MeasuredCosts:
     return MeasuredCosts(fwd, b, bi, bw, float(p2p), ov)
 
 
-def _check_model_parallel(model: ModelSpec, tr: TrainingConfig, par: ParallelConfig, file: str) -> None:
-    if model.n_heads % par.tp:
-        raise ConfigError(file, "parallel.tp", f"{model.n_heads} attention heads are not divisible by tp={par.tp}")
-    if model.n_kv_heads % par.tp and par.tp % model.n_kv_heads:
-        raise ConfigError(file, "parallel.tp", f"{model.n_kv_heads} KV heads do not divide or split evenly over tp={par.tp}")
-    if tr.seq_len % par.cp:
-        raise ConfigError(file, "parallel.cp", f"seq_len={tr.seq_len} is not divisible by cp={par.cp}")
-    if par.sequence_parallel and tr.seq_len % par.tp:
-        raise ConfigError(file, "parallel.sequence_parallel", f"seq_len={tr.seq_len} is not divisible by tp={par.tp}")
-    if par.ep > 1 and not model.is_moe:
-        raise ConfigError(file, "parallel.ep", f"ep={par.ep} but model {model.name} has no experts")
-    if model.is_moe and model.n_experts % par.ep:
-        raise ConfigError(file, "parallel.ep", f"{model.n_experts} experts are not divisible by ep={par.ep}")
-
-
-def _check_batch(sc: Scenario) -> None:
-    tr, par = sc.training, sc.parallel
-    per_replica = par.dp * tr.microbatch_size
-    if sc.schedule.n_microbatches is None and tr.global_batch % per_replica:
-        raise ConfigError(sc.file, "training.global_batch",
-                          f"{tr.global_batch} is not divisible by dp*microbatch_size = {per_replica}")
-    if sc.n_microbatches < 1:
-        raise ConfigError(sc.file, "schedule.n_microbatches", "must be at least 1")

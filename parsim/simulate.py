@@ -1,14 +1,14 @@
 """Scenario -> lowered schedule + costs -> engine -> Result."""
 from __future__ import annotations
 
-from .costs import ModelCosts
-from .errors import ScheduleError
-from .result import Result
-from .scenario import Scenario
-from .schedule import build, lower
-from .schedule.grid import format_grid
-from .schedule.ir import Schedule
-from .sim.engine import simulate_schedule
+from parsim.config.scenario import Scenario
+from parsim.costs.model_costs import ModelCosts
+from parsim.errors import ScheduleError
+from parsim.results.result import Result
+from parsim.schedule import build, lower
+from parsim.schedule.grid import format_grid
+from parsim.schedule.ir import Schedule
+from parsim.sim.engine import simulate_schedule
 
 
 def schedule_for(sc: Scenario, early_recv: bool = False) -> Schedule:
@@ -28,7 +28,7 @@ def simulate(sc: Scenario, costs: ModelCosts | None = None, schedule: Schedule |
     sched = schedule if schedule is not None else schedule_for(sc)
     costs = costs or ModelCosts(sc)
     if sc.simulation.mode == "full" and sc.costs is None:
-        from .sim.fullsim import simulate_full
+        from parsim.sim.fullsim import simulate_full
         raw = simulate_full(sc, sched, costs)
     else:
         raw = simulate_schedule(sched, costs)

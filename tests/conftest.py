@@ -5,12 +5,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PUBLISHED = ROOT.parent / "shared" / "reference" / "published.json"
+# a copy of ../shared/reference/published.json (each entry names its source): tests read only the repository
+PUBLISHED = ROOT / "tests" / "data" / "published.json"
 sys.path.insert(0, str(ROOT))
 
 
 def published_cases(prefix: str) -> list[dict]:
-    """Entries of shared/reference/published.json whose id starts with ``prefix``."""
+    """Entries of tests/data/published.json whose id starts with ``prefix``."""
     return [e for e in json.loads(PUBLISHED.read_text()) if e["id"].startswith(prefix)]
 
 

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from parsim.calibrate.fit import fit_alpha_beta, fit_profile
-from parsim.hardware import dumps_profile, load_profile
+from parsim.cluster.hardware import dumps_profile, load_profile
 
 
 def _synthetic(dev, link_alpha, link_beta, noise=0.0, seed=0):
@@ -90,8 +90,9 @@ def test_alpha_beta_pure_latency():
 
 
 def test_calibrate_without_torch_prints_install_line(monkeypatch, capsys):
-    import parsim.calibrate.cli as cc
-    from parsim.cli import main
+    import parsim.cli.calibrate as cc
+
+    from parsim.cli.main import main
     monkeypatch.setattr(cc, "torch_available", lambda: False)
     assert main(["calibrate"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -99,8 +100,9 @@ def test_calibrate_without_torch_prints_install_line(monkeypatch, capsys):
 
 
 def test_validate_without_torch_prints_install_line(monkeypatch, capsys):
-    import parsim.validate.cli as vc
-    from parsim.cli import main
+    import parsim.cli.validate as vc
+
+    from parsim.cli.main import main
     monkeypatch.setattr(vc, "torch_available", lambda: False)
     assert main(["validate", "scenarios/tiny-cpu.toml"]) == 2
     assert "pip install -e '.[validate]'" in capsys.readouterr().err
@@ -109,7 +111,7 @@ def test_validate_without_torch_prints_install_line(monkeypatch, capsys):
 @pytest.mark.torch
 def test_calibrate_quick_run_writes_profile_and_data(tmp_path):
     pytest.importorskip("torch")
-    from parsim.cli import main
+    from parsim.cli.main import main
     assert main(["calibrate", "--quick", "--name", "quick-cpu", "--out-dir", str(tmp_path), "--timeout", "240"]) == 0
     prof = load_profile(str(tmp_path / "quick-cpu.toml"))
     assert 0 < prof.device.gemm_efficiency <= 1 and prof.nvlink.latency_s > 0
@@ -120,9 +122,9 @@ def test_calibrate_quick_run_writes_profile_and_data(tmp_path):
 
 def test_unfused_attention_efficiency_prices_only_non_flash_attention():
     """The optional key changes the attention core of flash_attention = false scenarios only."""
-    from parsim.costs import ModelCosts
-    from parsim.schedule.ir import Op
+    from parsim.costs.model_costs import ModelCosts
     from parsim.scenario import load_scenario
+    from parsim.schedule.ir import Op
 
     def f_time(flash: bool, unfused):
         sc = load_scenario("scenarios/tiny-cpu.toml", [f"training.flash_attention={str(flash).lower()}"])
@@ -138,7 +140,7 @@ def test_unfused_attention_efficiency_prices_only_non_flash_attention():
 
 def test_unfused_attention_forward_pays_the_head_layout_copies():
     """Hand-computed: 4 transposing copies (Q, K, V in, context out), read + write, forward only."""
-    from parsim.costs import ModelCosts
+    from parsim.costs.model_costs import ModelCosts
     from parsim.scenario import load_scenario
     sc = load_scenario("scenarios/tiny-cpu.toml")  # fp32, microbatch 2 x 128 tokens, d 256, MHA
     mc = ModelCosts(sc)

@@ -113,7 +113,7 @@ def test_missing_scenario_file(tmp_path):
 
 
 def test_bad_profile_number(tmp_path):
-    prof = (ROOT / "hardware_profiles" / "dgx-a100-80g.toml").read_text()
+    prof = (ROOT / "parsim" / "cluster" / "profiles" / "dgx-a100-80g.toml").read_text()
     bad = "\n".join(l for l in prof.splitlines() if not l.startswith("memory_tbyte_per_s"))
     (tmp_path / "myhw.toml").write_text(bad)
     r = _bad(tmp_path, BASE.replace('"dgx-a100-80g"', f'"{tmp_path / "myhw.toml"}"'))

@@ -2,12 +2,21 @@
 import math
 
 import pytest
-
 from conftest import published
-from parsim.collectives import (BUSBW_FACTOR, algorithm_times, alpha_beta_time, bus_bandwidth, bytes_sent_per_rank,
-                                collective_time, group_path, parameter_server_time, select_algorithm)
-from parsim.hardware import load_profile
-from parsim.parallel import ParallelConfig
+
+from parsim.cluster.collectives import (
+    BUSBW_FACTOR,
+    algorithm_times,
+    alpha_beta_time,
+    bus_bandwidth,
+    bytes_sent_per_rank,
+    collective_time,
+    group_path,
+    parameter_server_time,
+    select_algorithm,
+)
+from parsim.cluster.hardware import load_profile
+from parsim.config.parallel import ParallelConfig
 
 A100, H100 = load_profile("dgx-a100-80g"), load_profile("dgx-h100")
 S, B, ALPHA = 256e6, 100e9, 5e-6
@@ -108,8 +117,9 @@ def test_parameter_server_dp_is_selectable_and_slower_than_ring_at_scale():
     """DP through a parameter server (reduce to one rank, broadcast back): 2(n-1)*S/B through the
     server's one link, against the ring's 2(n-1)/n*S/B -- selectable per scenario for comparison."""
     from helpers import scenario
+
     from parsim import simulate
-    from parsim.collectives import group_path, parameter_server_time
+    from parsim.cluster.collectives import group_path, parameter_server_time
 
     base = dict(pp=1, dp=16, m=2, overlap={"grad_reduce": False})
     ring = simulate(scenario(**base))

@@ -14,12 +14,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parsim import hardware
+import parsim.cluster.hardware as hardware
+from parsim.cluster.hardware import (
+    Device,
+    HardwareProfile,
+    LinkTier,
+    dumps_profile,
+    list_profiles,
+    load_profile,
+    parse_profile,
+)
 from parsim.errors import ConfigError
-from parsim.hardware import (Device, HardwareProfile, LinkTier, dumps_profile, list_profiles,
-                             load_profile, parse_profile)
 
-PUBLISHED_PATH = Path(__file__).resolve().parent.parent.parent / "shared" / "reference" / "published.json"
+PUBLISHED_PATH = Path(__file__).resolve().parent / "data" / "published.json"
 BUNDLED = ["cpu-gloo", "dgx-a100-80g", "dgx-h100", "dgx-h200", "dgx-h800", "hgx-b200"]
 GB = 1e9
 GiB = 2.0**30
@@ -304,7 +311,7 @@ def test_calibrated_dir_is_searched(tmp_path, monkeypatch):
     (tmp_path / "my-box.toml").write_text(text)
     assert load_profile("my-box").name == "my-box"
     assert "my-box" in list_profiles()
-    assert load_profile("cpu-gloo").source_path.endswith("hardware_profiles/cpu-gloo.toml")  # bundled wins
+    assert load_profile("cpu-gloo").source_path.endswith("profiles/cpu-gloo.toml")  # bundled wins
 
 
 def test_dumps_profile_round_trips(tmp_path):

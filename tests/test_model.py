@@ -11,17 +11,33 @@ from hypothesis import strategies as st
 
 from parsim.errors import ConfigError
 from parsim.model import (
-    PRESETS, Gemm, ModelSpec, active_params, attention_core_flops, embedding_params, get_preset,
-    head_flops, head_gemm, head_params, is_moe_layer, layer_elementwise_bytes, layer_flops,
-    layer_gemms, layer_params, megatron_flops_per_step, model_flops_per_step, model_from_hf_config,
-    model_from_table, total_params,
+    Gemm,
+    ModelSpec,
+    active_params,
+    attention_core_flops,
+    embedding_params,
+    get_preset,
+    head_flops,
+    head_gemm,
+    head_params,
+    is_moe_layer,
+    layer_elementwise_bytes,
+    layer_flops,
+    layer_gemms,
+    layer_params,
+    megatron_flops_per_step,
+    model_flops_per_step,
+    model_from_hf_config,
+    model_from_table,
+    total_params,
 )
+from parsim.model.presets import PRESETS
 
 HERE = Path(__file__).resolve().parent
 HF = HERE / "data" / "hf"
-_PUB = HERE.parent.parent / "shared" / "reference" / "published.json"  # ../shared/reference (DESIGN.md 8)
-PUBLISHED = {e["id"]: e for e in json.loads(_PUB.read_text())} if _PUB.exists() else {}
-needs_published = pytest.mark.skipif(not PUBLISHED, reason="shared/reference/published.json not present")
+_PUB = HERE / "data" / "published.json"  # a copy of ../shared/reference (DESIGN.md 8), sources per entry
+PUBLISHED = {e["id"]: e for e in json.loads(_PUB.read_text())}
+needs_published = pytest.mark.skipif(not PUBLISHED, reason="tests/data/published.json is empty")
 
 
 def rel(a: float, b: float) -> float:

@@ -11,14 +11,15 @@ import math
 
 import numpy as np
 import pytest
-
 from conftest import ROOT
+
 from parsim import simulate
-from parsim.collectives import collective_time
+from parsim.cluster.collectives import collective_time
+from parsim.config.moe import MoEConfig
+from parsim.costs.memory import model_state_bytes
+from parsim.costs.moe import ep_group_ranks, expert_dp_ranks, expert_shares, route
 from parsim.errors import ConfigError
-from parsim.memory import model_state_bytes
 from parsim.model import active_params, get_preset, total_params
-from parsim.moe import MoEConfig, ep_group_ranks, expert_dp_ranks, expert_shares, route
 from parsim.scenario import load_scenario, scenario_from_dict
 
 TINY_MOE = {"name": "tiny-moe", "n_layers": 4, "d_model": 1024, "n_heads": 8, "d_ff": 4096,

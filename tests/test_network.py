@@ -1,9 +1,9 @@
 """Flow-level network: fair sharing, topology routes, DP overlap, ZeRO bytes, full mode."""
-import simpy
 import pytest
-
+import simpy
 from helpers import scenario
-from parsim.hardware import load_profile
+
+from parsim.cluster.hardware import load_profile
 from parsim.sim.network import FlowNetwork, Topology, max_min_rates
 from parsim.simulate import simulate
 
@@ -67,7 +67,8 @@ def _dp_job(seq_len, grad_reduce, mode="fast", zero=0):
 
 def _full(seq_len, grad_reduce):
     from dataclasses import replace
-    from parsim.scenario import SimulationConfig
+
+    from parsim.config.scenario import SimulationConfig
     sc = scenario(dp=2, tp=8, m=2, model={"preset": "megatron-1.7b"},
                   training={"seq_len": seq_len, "global_batch": 4}, overlap={"grad_reduce": grad_reduce})
     return replace(sc, simulation=SimulationConfig("full"))

@@ -4,11 +4,11 @@ from __future__ import annotations
 import itertools
 
 import pytest
-
 from helpers import scenario
+
 from parsim import simulate
+from parsim.costs.partition import balanced_partition
 from parsim.errors import ConfigError
-from parsim.partition import balanced_partition
 
 
 def _brute(times, S, fe, le, mem=None, limit=None):
@@ -57,7 +57,8 @@ def test_scenario_keys_and_result():
     model = {**TINY_GPT, **big_vocab, "n_layers": 16}
     bal = scenario(pp=4, m=8, model=model, parallel={}, layers=16)
     from dataclasses import replace
-    from parsim.partition import balanced_layers
+
+    from parsim.costs.partition import balanced_layers
     split = balanced_layers(bal)
     assert sum(split) == 16 and split[-1] <= split[0]  # the large LM head takes layers off the last stage
     explicit = _with_schedule(pp=4, m=8, model=model, extra={"layers_per_stage": [5, 4, 4, 3]})

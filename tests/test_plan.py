@@ -8,12 +8,17 @@ from dataclasses import replace
 
 import pytest
 
-from parsim.cli import main
-from parsim.hardware import load_profile
+from parsim.cli.main import main
+from parsim.cluster.hardware import load_profile
 from parsim.model import get_preset, model_from_hf_config
-from parsim.plan import run_plan, scenario_toml, to_csv, to_markdown, to_table
-from parsim.prescreen import (PlanSpec, _bubble, costs_for, default_schedules, enumerate_candidates,
-                              estimate, make_scenario, prescreen, rank_peaks)
+from parsim.plan.prescreen import _bubble, costs_for, estimate, prescreen, rank_peaks
+from parsim.plan.run import run_plan, scenario_toml, to_csv, to_markdown, to_table
+from parsim.plan.space import (
+    PlanSpec,
+    default_schedules,
+    enumerate_candidates,
+    make_scenario,
+)
 from parsim.schedule import build, dry_run
 from parsim.simulate import simulate
 
@@ -205,7 +210,8 @@ def test_cli_out_writes_every_format(tmp_path, capsys):
 
 def test_tokens_pick_the_nearest_power_of_two_batch():
     import argparse
-    from parsim.plan_cli import build_spec, register
+
+    from parsim.cli.plan import build_spec, register
     ap = argparse.ArgumentParser()
     register(ap.add_subparsers())
     args = ap.parse_args(["plan", "--model", "llama3-70b", "--hardware", "dgx-h100", "--gpus", "1024",

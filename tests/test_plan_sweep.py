@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from parsim.sweep import Progress, load_done, run_sweep
+from parsim.plan.sweep import Progress, load_done, run_sweep
 
 
 def test_results_are_appended_and_reused(tmp_path):
@@ -44,7 +44,7 @@ def test_killed_sweep_resumes_without_recomputing(tmp_path):
     f = tmp_path / "r.jsonl"
     n = 12
     code = (
-        "from parsim.sweep import run_sweep, demo_job\n"
+        "from parsim.plan.sweep import run_sweep, demo_job\n"
         f"run_sweep([(f'k{{i}}', {{'x': i, 'sleep_s': 0.3}}) for i in range({n})], demo_job, "
         f"results={str(f)!r}, workers=2, progress=False)\n"
     )
@@ -72,7 +72,7 @@ def test_killed_sweep_resumes_without_recomputing(tmp_path):
 
 
 def test_plan_results_file_resumes(tmp_path, capsys):
-    from parsim.cli import main
+    from parsim.cli.main import main
     f = tmp_path / "plan.jsonl"
     argv = ["plan", "--model", "llama3-8b", "--hardware", "dgx-h100", "--gpus", "16", "--global-batch", "32",
             "--seq-len", "4096", "--top", "3", "--confirm", "4", "--workers", "1", "--max-cp", "1",
@@ -87,7 +87,7 @@ def test_plan_results_file_resumes(tmp_path, capsys):
 
 
 def test_process_pool_gives_the_same_records(tmp_path):
-    from parsim.sweep import demo_job
+    from parsim.plan.sweep import demo_job
     jobs = [(f"k{i}", {"x": i}) for i in range(6)]
     out = run_sweep(jobs, demo_job, results=tmp_path / "r.jsonl", workers=2, progress=False)
     assert {k: r["value"] for k, r in out.items()} == {f"k{i}": i * i for i in range(6)}
@@ -114,7 +114,7 @@ def test_dask_executor_with_a_stand_in_client(tmp_path, monkeypatch):
     dist.Client, dist.as_completed = Client, lambda futs: iter(futs)
     monkeypatch.setitem(sys.modules, "dask", types.ModuleType("dask"))
     monkeypatch.setitem(sys.modules, "dask.distributed", dist)
-    from parsim.sweep import demo_job
+    from parsim.plan.sweep import demo_job
     out = run_sweep([("a", {"x": 3}), ("b", {"x": 4})], demo_job, results=tmp_path / "r.jsonl",
                     executor="dask", scheduler="tcp://127.0.0.1:8786", progress=False)
     assert out["a"]["value"] == 9 and out["b"]["value"] == 16

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from parsim.cli import main
+from parsim.cli.main import main
 
 CHROMIUM = "/usr/bin/chromium"
 BASE = "scenarios/gpt3-175b-1f1b.toml"
@@ -53,7 +53,8 @@ def test_figures_have_titles_axis_units_and_legends():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from parsim import report
+
+    import parsim.report.compare as report
     from parsim.scenario import load_scenario
     from parsim.simulate import simulate
     root = Path(__file__).resolve().parent.parent

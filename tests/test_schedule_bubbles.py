@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import published, published_cases
+
 from parsim.schedule import (
     build,
     dry_run,

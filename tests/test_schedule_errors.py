@@ -4,7 +4,17 @@ from __future__ import annotations
 import pytest
 
 from parsim.errors import ScheduleError
-from parsim.schedule import Action, Op, Schedule, dry_run, gpipe, lower, one_f_one_b, parse, validate
+from parsim.schedule import (
+    Action,
+    Op,
+    Schedule,
+    dry_run,
+    gpipe,
+    lower,
+    one_f_one_b,
+    parse,
+    validate,
+)
 
 
 def _with_row(s: Schedule, rank: int, texts: list[str]) -> Schedule:

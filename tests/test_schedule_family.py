@@ -3,11 +3,27 @@ lowers and dry-runs; closed forms of the new schedules under the dry run."""
 from __future__ import annotations
 
 import pytest
-
 from conftest import published
+
 from parsim.errors import ScheduleError
-from parsim.schedule import (BUILDERS, Action, Op, Schedule, build, chimera, dry_run, dualpipe, dualpipe_v,
-                             lower, naive, parse, peak_in_flight, traits, validate, zbv)
+from parsim.schedule import (
+    BUILDERS,
+    Action,
+    Op,
+    Schedule,
+    build,
+    chimera,
+    dry_run,
+    dualpipe,
+    dualpipe_v,
+    lower,
+    naive,
+    parse,
+    peak_in_flight,
+    traits,
+    validate,
+    zbv,
+)
 from parsim.schedule.ir import overlap
 
 NEW = ("Naive", "GPipeRemat", "PipeDream", "PipeDream2BW", "ZBV", "DualPipe", "DualPipeV", "Chimera")
@@ -137,7 +153,7 @@ def test_traits():
 
 @pytest.mark.parametrize("name", sorted(BUILDERS))
 def test_cli_prints_every_schedule(name, capsys):
-    from parsim.cli import main
+    from parsim.cli.main import main
     vpp = ["--vpp", "2"] if name == "Interleaved1F1B" else []
     assert main(["schedule", name, "--pp", "4", "--microbatches", "8", *vpp]) == 0
     out = capsys.readouterr().out

@@ -3,9 +3,9 @@ Bubble paper's Table 5 columns, memory rules and PipeDream semantics."""
 from __future__ import annotations
 
 import pytest
-
 from conftest import published, published_cases
 from helpers import scenario
+
 from parsim import simulate
 from parsim.errors import ConfigError
 from parsim.schedule import BUILDERS

@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import published_cases
 from helpers import scenario
+
 from parsim import simulate
-from parsim.memory import ActivationOptions, layer_activation_bytes, model_state_bytes
+from parsim.costs.memory import (
+    ActivationOptions,
+    layer_activation_bytes,
+    model_state_bytes,
+)
 from parsim.model import ModelSpec
 
 UNIFORM = {"forward_s": 1.0, "backward_s": 2.0, "p2p_s": 0.0}

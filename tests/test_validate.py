@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 torch.set_num_threads(1)  # the reference runs beside 2+ rank processes on 2 cores
 
-from parsim.validate.cli import run_validation  # noqa: E402
+from parsim.cli.validate import run_validation  # noqa: E402
 from parsim.validate.launch import RankFailure, launch  # noqa: E402
 from parsim.validate.reference import check_parity  # noqa: E402
 from parsim.validate.scale import Limits, prepare, scale_model  # noqa: E402

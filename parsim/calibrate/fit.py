@@ -1,6 +1,6 @@
 """Fit a hardware profile to microbenchmark rows (numpy only; no torch).
 
-Each fit refits exactly the knobs the cost model uses (``parsim.hardware.Device`` and
+Each fit refits exactly the knobs the cost model uses (``parsim.cluster.hardware.Device`` and
 ``LinkTier``), by least squares on log time (relative errors, so small and large cases
 weigh alike):
 
@@ -31,9 +31,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ..collectives import alpha_beta_time
-from ..costs import scores_pass_bytes
-from ..hardware import Device, HardwareProfile, LinkTier
+from parsim.cluster.collectives import alpha_beta_time
+from parsim.cluster.hardware import Device, HardwareProfile, LinkTier
+from parsim.costs.model_costs import scores_pass_bytes
 
 H_GRID = np.concatenate([[0.0], np.geomspace(0.5, 1024, 160)])
 

@@ -3,7 +3,9 @@
 See ``ir.py`` for the action grammar and runtime semantics shared by the simulator
 and the torch runtime.
 """
-from .builders import (
+from parsim.schedule import bidirectional, pipedream, zero_bubble  # noqa: F401  (register their builders)
+from parsim.schedule.bidirectional import chimera, dualpipe, dualpipe_v
+from parsim.schedule.builders import (
     BUILDERS,
     build,
     gpipe,
@@ -16,15 +18,26 @@ from .builders import (
     zero_bubble_h1,
     zero_bubble_h2,
 )
-from . import bidirectional, pipedream, zero_bubble  # noqa: F401  (register their builders)
-from .bidirectional import chimera, dualpipe, dualpipe_v
-from .pipedream import gpipe_remat, naive, pipedream as pipedream_async, pipedream_2bw
-from .semantics import ScheduleTraits, traits
-from .zero_bubble import zbv
-from .dryrun import DryRun, Durations, dry_run, peak_in_flight
-from .grid import format_grid, format_timeline_grid
-from .ir import Action, Op, Schedule, parse, schedule_from_csv
-from .passes import add_grad_reduction, add_send_recv, add_unshard_reshard, lower, validate
+from parsim.schedule.dryrun import (
+    DryRun,
+    Durations,
+    dry_run,
+    format_timeline_grid,
+    peak_in_flight,
+)
+from parsim.schedule.grid import format_grid
+from parsim.schedule.ir import Action, Op, Schedule, parse, schedule_from_csv
+from parsim.schedule.passes import (
+    add_grad_reduction,
+    add_send_recv,
+    add_unshard_reshard,
+    lower,
+    validate,
+)
+from parsim.schedule.pipedream import gpipe_remat, naive, pipedream_2bw
+from parsim.schedule.pipedream import pipedream as pipedream_async
+from parsim.schedule.semantics import ScheduleTraits, traits
+from parsim.schedule.zero_bubble import zbv
 
 __all__ = [
     "Action", "Op", "Schedule", "parse", "schedule_from_csv",

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from collections import deque
 
-from ..errors import ScheduleError
-from .builders import _check_sizes, register, two_chunks
-from .ir import Op, Schedule, act, overlap
-from .semantics import ScheduleTraits, set_traits
+from parsim.errors import ScheduleError
+from parsim.schedule.builders import _check_sizes, register, two_chunks
+from parsim.schedule.ir import Op, Schedule, act, overlap
+from parsim.schedule.semantics import ScheduleTraits, set_traits
 
 
 class _Rank:

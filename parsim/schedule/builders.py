@@ -16,11 +16,10 @@ memory semantics with ``semantics.set_traits``. More builders live in ``pipedrea
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-
-from ..errors import ScheduleError
 from functools import lru_cache
 
-from .ir import Action, Op, Schedule, act, action_table, no_gc
+from parsim.errors import ScheduleError
+from parsim.schedule.ir import Action, Op, Schedule, act, action_table, no_gc
 
 Builder = Callable[..., Schedule]
 

@@ -7,7 +7,7 @@ it. :func:`format_timeline_grid` places compute actions at their dry-run time in
 """
 from __future__ import annotations
 
-from .ir import Schedule
+from parsim.schedule.ir import Schedule
 
 _ELLIPSIS = "..."
 
@@ -75,33 +75,3 @@ def format_grid(
     return "\n".join(out) + "\n"
 
 
-def format_timeline_grid(schedule: Schedule, durations=None, **overrides) -> str:
-    """Compute actions placed at their dry-run time: one column per time unit.
-
-    Defaults to unit durations with no p2p cost (``f=b=i=w=1, comm=0``); an action
-    longer than one unit continues with ``-`` cells; idle is ``.``.
-    """
-    from .dryrun import Durations, dry_run  # dryrun imports this module
-
-    if durations is None:
-        durations = Durations(f=1, b=1, i=1, w=1, comm=0, unshard=0, reduce=0, step=1)
-    run = dry_run(schedule, durations, **overrides)
-    end = int(round(max(run.compute_end, default=0)))
-    labels = [str(a) for row in schedule.actions for a in row if a.op.is_compute]
-    width = max([len(t) for t in labels] + [3]) + 1
-    label_w = len(f"rank {schedule.pp - 1}") + 2
-    out = [" " * label_w + "".join(str(t).ljust(width) for t in range(end)).rstrip()]
-    for r, (row, spans) in enumerate(zip(schedule.actions, run.spans)):
-        cells = ["." for _ in range(end)]
-        for a, (b, e) in zip(row, spans):
-            if not a.op.is_compute:
-                continue
-            t0, t1 = int(round(b)), max(int(round(e)), int(round(b)) + 1)
-            cells[t0] = str(a)
-            for t in range(t0 + 1, min(t1, end)):
-                cells[t] = "-"
-        line = f"rank {r}".ljust(label_w) + "".join(c.ljust(width) for c in cells)
-        out.append(line.rstrip())
-    busy = ", ".join(f"{b:g}" for b in run.busy)
-    out.append(f"makespan {run.makespan:g}; busy per rank: {busy}; bubble {run.bubble_fraction:.1%}")
-    return "\n".join(out) + "\n"

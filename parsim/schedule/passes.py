@@ -24,10 +24,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ..errors import ScheduleError
-from .dryrun import DryRun, _fail, dry_run
-from .grid import format_grid
-from .ir import Action, Op, Schedule, act, action_table, no_gc
+from parsim.errors import ScheduleError
+from parsim.schedule.dryrun import DryRun, _fail, dry_run
+from parsim.schedule.grid import format_grid
+from parsim.schedule.ir import Action, Op, Schedule, act, action_table, no_gc
 
 _P2P = (Op.SEND_F, Op.RECV_F, Op.SEND_B, Op.RECV_B)
 

@@ -22,9 +22,16 @@ cost and result layers.
 """
 from __future__ import annotations
 
-from .builders import _check_sizes, _linear, one_f_one_b, register, single_chunk, gpipe
-from .ir import Op, Schedule, act
-from .semantics import ScheduleTraits, set_traits
+from parsim.schedule.builders import (
+    _check_sizes,
+    _linear,
+    gpipe,
+    one_f_one_b,
+    register,
+    single_chunk,
+)
+from parsim.schedule.ir import Op, Schedule, act
+from parsim.schedule.semantics import ScheduleTraits, set_traits
 
 
 def naive(pp: int, m: int) -> Schedule:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .builders import lookup
+from parsim.schedule.builders import lookup
 
 
 @dataclass(frozen=True)

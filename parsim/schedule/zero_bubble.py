@@ -11,9 +11,9 @@ ZB-H1's, with (near) zero bubble when T_F = T_I = T_W.
 """
 from __future__ import annotations
 
-from .builders import _check_sizes, register, two_chunks
-from .ir import Op, Schedule, act
-from .semantics import ScheduleTraits, set_traits
+from parsim.schedule.builders import _check_sizes, register, two_chunks
+from parsim.schedule.ir import Op, Schedule, act
+from parsim.schedule.semantics import ScheduleTraits, set_traits
 
 
 def zbv_rank(r: int, pp: int, m: int) -> list:

@@ -3,7 +3,7 @@
 The kernel is domain-free: it knows ranks, streams, links, actions, durations and
 byte counts, never transformers. Everything it needs about cost comes through a
 :class:`CostTable` (seconds and bytes per (stage, op)); everything it produces is a
-list of span rows and memory events, from which ``parsim.result`` derives metrics.
+list of span rows and memory events, from which ``parsim.results`` derives metrics.
 
 Semantics (the same the torch runtime implements):
 
@@ -31,7 +31,7 @@ from typing import Protocol
 
 import simpy
 
-from ..schedule.ir import Action, Op, Schedule
+from parsim.schedule.ir import Action, Op, Schedule
 
 COMPUTE_OPS = frozenset({Op.F, Op.B, Op.I, Op.W, Op.STEP, Op.OVERLAP_F_B})
 BACKWARD_OPS = frozenset({Op.B, Op.I})

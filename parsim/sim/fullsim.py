@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import simpy
 
-from ..collectives import HOPS, bytes_sent_per_rank
-from ..schedule.ir import Op, Schedule
-from .engine import BACKWARD_OPS, RawTimeline, _needs
-from .network import FlowNetwork, Topology
+from parsim.cluster.collectives import HOPS, bytes_sent_per_rank
+from parsim.schedule.ir import Op, Schedule
+from parsim.sim.engine import BACKWARD_OPS, RawTimeline, _needs
+from parsim.sim.network import FlowNetwork, Topology
 
 
 class _Job:

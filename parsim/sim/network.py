@@ -1,6 +1,6 @@
 """Cluster network: topology (links between GPUs) and a flow-level model of transfers.
 
-Topology (:class:`Topology`, built from a :class:`~parsim.hardware.HardwareProfile`):
+Topology (:class:`Topology`, built from a :class:`~parsim.cluster.hardware.HardwareProfile`):
 every GPU has an NVLink/NVSwitch port (one link per direction at the per-GPU port
 bandwidth; the NVSwitch itself is non-blocking) and a PCIe link to the host; each GPU
 drives its own NIC (rail-optimised: local GPU i uses NIC i·nics/gpus_per_node), NICs
@@ -20,8 +20,7 @@ from dataclasses import dataclass, field
 
 import simpy
 
-from ..hardware import HardwareProfile
-
+from parsim.cluster.hardware import HardwareProfile
 
 
 @dataclass

@@ -44,8 +44,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .compare import PROBE
-from .timing import join_group, start_worker
+from parsim.validate.compare import PROBE
+from parsim.validate.timing import join_group, start_worker
 
 GEMM_M = (64, 256, 1024)
 GEMM_NK = ((256, 256), (768, 256), (1024, 256), (256, 1024), (1024, 1024), (3072, 1024))

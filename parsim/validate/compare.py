@@ -15,7 +15,7 @@ import statistics
 import numpy as np
 import pandas as pd
 
-from ..result import Result, spans_frame
+from parsim.results.result import Result, spans_frame
 
 
 def step_timeline(ranks: list[dict], step: int, pp: int) -> pd.DataFrame:

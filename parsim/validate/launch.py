@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..errors import ParsimError
+from parsim.errors import ParsimError
 
 
 class RankFailure(ParsimError):

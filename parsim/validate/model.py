@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..model import ModelSpec
+from parsim.model import ModelSpec
 
 _STORE: list | None = None  # the active deferral list (backward is synchronous: a global is safe)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .model import Stage
+from parsim.validate.model import Stage
 
 
 def saved_tensor_bytes(stage: Stage, x: torch.Tensor, targets: torch.Tensor | None) -> float:

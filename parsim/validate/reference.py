@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from ..scenario import Scenario
-from .model import build_stages, microbatch_data
+from parsim.config.scenario import Scenario
+from parsim.validate.model import build_stages, microbatch_data
 
 
 def reference_step(sc: Scenario, seed: int = 0) -> tuple[float, dict[int, torch.Tensor]]:

@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from ..sim.trace import gantt  # noqa: E402
+from parsim.report.gantt import gantt  # noqa: E402
 
 
 def _pct(x) -> str:
@@ -85,5 +85,5 @@ def write_report(c: dict, out: Path) -> None:
 
 def public(c: dict) -> dict:
     """The comparison without the in-memory timelines (JSON-safe)."""
-    from ..result import json_safe
+    from parsim.results.result import json_safe
     return json_safe({k: v for k, v in c.items() if not k.startswith("_")})

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ..schedule.ir import Schedule
-from .model import Stage, WeightGradStore
-from .timing import Timer
+from parsim.schedule.ir import Schedule
+from parsim.validate.model import Stage, WeightGradStore
+from parsim.validate.timing import Timer
 
 
 @dataclass

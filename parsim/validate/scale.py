@@ -11,11 +11,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..errors import ConfigError
-from ..hardware import CALIBRATED_DIR, load_profile
-from ..model import ModelSpec, total_params
-from ..parallel import partition_layers
-from ..scenario import Scenario, load_scenario
+from parsim.cluster.hardware import find_calibrated, load_profile
+from parsim.config.parallel import partition_layers
+from parsim.config.scenario import Scenario
+from parsim.errors import ConfigError
+from parsim.model import ModelSpec, total_params
+from parsim.scenario import load_scenario
 
 
 @dataclass(frozen=True)
@@ -74,8 +75,8 @@ def scale_model(m: ModelSpec, n_stages: int, seq_len: int, lim: Limits) -> Model
 def default_profile(sc: Scenario, backend: str) -> str | None:
     """The calibrated profile validation uses when present (``calibrated/<hardware>.toml``)."""
     name = "cpu-gloo" if backend == "gloo" else sc.hardware.name
-    path = CALIBRATED_DIR / f"{name}.toml"
-    return str(path) if path.is_file() else None
+    path = find_calibrated(name)
+    return str(path) if path is not None else None
 
 
 def prepare(path: str, overrides: list[str] | None, backend: str, profile: str | None = None,

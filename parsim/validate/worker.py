@@ -16,14 +16,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..schedule.ir import Op
-from ..simulate import schedule_for
-from .bench import probe
-from .model import build_stages, microbatch_data
-from .probe import stage_activation_bytes
-from .runtime import Layout, RankRuntime
-from .scale import prepare
-from .timing import join_group, start_worker
+from parsim.schedule.ir import Op
+from parsim.simulate import schedule_for
+from parsim.validate.bench import probe
+from parsim.validate.model import build_stages, microbatch_data
+from parsim.validate.probe import stage_activation_bytes
+from parsim.validate.runtime import Layout, RankRuntime
+from parsim.validate.scale import prepare
+from parsim.validate.timing import join_group, start_worker
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -1,0 +1,1 @@
+"""The command line: one module per sub-command, registered by explicit import in ``parsim.cli.main``."""

@@ -1,0 +1,71 @@
+"""`parsim calibrate [--backend gloo|nccl]`: run microbenchmarks, fit, write a calibrated profile.
+
+Writes ``hardware_profiles/calibrated/<name>.toml`` (every fitted number with its source,
+a ``[calibration]`` table with the fit quality) and ``<name>.csv`` beside it: the
+measured rows, each with the fitted model's prediction and relative error.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from parsim.cli.common import INSTALL_HINT, torch_available
+from parsim.cluster.hardware import CALIBRATED_DIR, dumps_profile, load_profile
+
+
+def register(sub) -> None:
+    p = sub.add_parser("calibrate", help="microbenchmark this machine and fit a hardware profile")
+    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    p.add_argument("--ranks", type=int, default=2, help="processes (ranks) to run at once (default 2)")
+    p.add_argument("--base", default=None, help="profile to start from (default cpu-gloo for gloo, dgx-h100 for nccl)")
+    p.add_argument("--name", default=None, help="name of the calibrated profile (default: the base's name)")
+    p.add_argument("--out-dir", default=str(CALIBRATED_DIR), help="where to write <name>.toml and <name>.csv")
+    p.add_argument("--precision", default=None, help="GEMM precision to benchmark (fp32 on gloo, bf16 on nccl)")
+    p.add_argument("--quick", action="store_true", help="fewer shapes and sizes (tests)")
+    p.add_argument("--passes", type=int, default=0,
+                   help="interleaved timing passes over the compute cases (default 7; more = a longer, "
+                        "drift-averaged window)")
+    p.add_argument("--nice", type=int, default=0, help="niceness increment for the benchmark ranks (e.g. -10)")
+    p.add_argument("--timeout", type=float, default=900.0, help="hard limit for the benchmark run, seconds")
+    p.set_defaults(func=cmd_calibrate)
+
+
+def cmd_calibrate(args) -> int:
+    if not torch_available():
+        print(INSTALL_HINT, file=sys.stderr)
+        return 2
+    import pandas as pd
+
+    from parsim.calibrate.fit import fit_profile
+    from parsim.validate.launch import launch
+
+    base = load_profile(args.base or ("cpu-gloo" if args.backend == "gloo" else "dgx-h100"))
+    name = args.name or base.name
+    precision = args.precision or ("fp32" if args.backend == "gloo" else "bf16")
+    job = {"backend": args.backend, "quick": args.quick, "precision": precision, "threads": 1, "nice": args.nice,
+           "passes": args.passes}
+    load_before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="parsim-bench-") as tmp:
+        ranks = launch(job, args.ranks, tmp, args.timeout, module="parsim.validate.bench")
+    data = pd.DataFrame([row for r in ranks for row in r["rows"]])
+    fit = fit_profile(base, data, name, precision, args.backend)
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    quality = {f"median_abs_rel_error_{k}": round(v, 4) for k, v in fit.quality.items()}
+    meta = {"backend": args.backend, "ranks": args.ranks, "precision": precision, "nice": args.nice,
+            "passes": args.passes or "default",
+            "base_profile": base.source_path or base.name, "data": f"{name}.csv",
+            "load_average_1min_before": round(load_before, 2), "load_average_1min_after": round(os.getloadavg()[0], 2),
+            **quality}
+    (out / f"{name}.toml").write_text(dumps_profile(fit.profile, fit.sources, meta))
+    fit.predictions.to_csv(out / f"{name}.csv", index=False)
+    d, lk = fit.profile.device, fit.profile.nvlink
+    print(f"calibrated {name}: gemm_efficiency={d.gemm_efficiency:.3f} gemm_half_dim={d.gemm_half_dim:.1f} "
+          f"memory_efficiency={d.memory_efficiency:.3f} attention_efficiency={d.attention_efficiency:.3f} "
+          f"kernel_launch={d.kernel_launch_s * 1e6:.1f}us link: {lk.latency_s * 1e6:.0f}us "
+          f"{lk.effective_bandwidth / 1e9:.2f}GB/s")
+    print("  fit quality (median |relative error|): " + ", ".join(f"{k}={v:.1%}" for k, v in fit.quality.items()))
+    print(f"  wrote {out / (name + '.toml')} and {out / (name + '.csv')}")
+    return 0

@@ -1,0 +1,119 @@
+"""`parsim compare`: a generated report with scenarios side by side (see parsim.report)."""
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from parsim.errors import ConfigError
+
+GRID_AXES = ("tp", "pp", "cp")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("compare", help="simulate scenarios and write a side-by-side HTML + Markdown report")
+    p.add_argument("scenarios", nargs="+", help="scenario TOML files (one BASE with --sweep / --variant)")
+    p.add_argument("--out", required=True, metavar="DIR", help="report directory (report.html, report.md, PNGs)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override for every scenario")
+    p.add_argument("--sweep", metavar="KEY=V1,V2,...",
+                   help="one scenario per value of KEY (e.g. parallel.pp=2,4,8; sweeping tp/pp/cp keeps gpus by adjusting dp)")
+    p.add_argument("--variant", action="append", default=[], metavar="LABEL:KEY=V[,KEY=V...]",
+                   help="a labelled variant of BASE (repeatable), e.g. 'interleaved:schedule.name=Interleaved1F1B,parallel.vpp=2'")
+    p.add_argument("--title", help="report title")
+    p.set_defaults(func=cmd_compare)
+
+
+def _split_values(text: str) -> tuple[str, list]:
+    from parsim.scenario import parse_override
+    if "=" not in text:
+        raise ConfigError("--sweep", text, "expected KEY=V1,V2,...")
+    key, raw = text.split("=", 1)
+    vals = [parse_override(f"{key}={v.strip()}")[1] for v in raw.split(",") if v.strip()]
+    if not vals:
+        raise ConfigError("--sweep", key, "no values")
+    return key.strip(), vals
+
+
+def _grid_fix(base_path: str, base_set: list[str], key: str, value) -> list[str]:
+    """Sweeping tp/pp/cp: keep the GPU count by recomputing dp (unless dp is set explicitly)."""
+    from parsim.scenario import load_scenario
+    section, _, axis = key.partition(".")
+    if section != "parallel" or axis not in GRID_AXES or any(s.startswith("parallel.dp=") for s in base_set):
+        return []
+    sc = load_scenario(base_path, base_set)
+    par = sc.parallel
+    denom = value
+    for a in GRID_AXES:
+        if a != axis:
+            denom *= getattr(par, a)
+    if isinstance(value, int) and sc.gpus % denom == 0:
+        return [f"parallel.dp={sc.gpus // denom}"]
+    return []
+
+
+def _jobs(args) -> tuple[list[tuple[str, str, list[str]]], tuple[str, list] | None]:
+    if (args.sweep or args.variant) and len(args.scenarios) != 1:
+        raise ConfigError("parsim compare", "--sweep" if args.sweep else "--variant",
+                          f"needs exactly one BASE scenario, got {len(args.scenarios)}")
+    if args.sweep and args.variant:
+        raise ConfigError("parsim compare", "--variant", "use --sweep or --variant, not both")
+    if args.sweep:
+        key, vals = _split_values(args.sweep)
+        base = args.scenarios[0]
+        jobs = []
+        for v in vals:
+            extra = _grid_fix(base, args.set, key, v)
+            label = f"{key.split('.')[-1]}={v}" + (f" ({extra[0].split('.')[-1]})" if extra else "")
+            jobs.append((label, base, args.set + extra + [f"{key}={v}"]))
+        return jobs, (key, vals)
+    if args.variant:
+        jobs = []
+        for text in args.variant:
+            if ":" not in text:
+                raise ConfigError("--variant", text, "expected LABEL:KEY=V[,KEY=V...]")
+            label, rest = text.split(":", 1)
+            sets = [s.strip() for s in rest.split(",") if s.strip()]
+            jobs.append((label.strip(), args.scenarios[0], args.set + sets))
+        return jobs, None
+    jobs, seen = [], set()
+    for path in args.scenarios:
+        label = Path(path).stem
+        while label in seen:
+            label += "'"
+        seen.add(label)
+        jobs.append((label, path, list(args.set)))
+    return jobs, None
+
+
+def cmd_compare(args) -> int:
+    from parsim.cli.common import atomic_write
+    from parsim.plan.sweep import Progress
+    from parsim.report.compare import write_report
+    from parsim.scenario import load_scenario
+    from parsim.simulate import simulate
+
+    jobs, sweep = _jobs(args)
+    items = []
+    bar = Progress(len(jobs), "simulating")
+    for label, path, sets in jobs:
+        items.append((label, simulate(load_scenario(path, sets))))
+        bar.update()
+    bar.close()
+    title = args.title or ("Comparison: " + ", ".join(label for label, _ in items))
+    command = "parsim " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["compare"] else None
+
+    def write(path, data: bytes):
+        def w(tmp):
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.chmod(tmp, 0o644)
+        atomic_write(path, w)
+
+    html_path, md_path = write_report(items, Path(args.out), title, sweep, command, write)
+    for label, res in items:
+        mx = res.metrics
+        print(f"{label:<28} step {mx['step_time_s']:.4f} s  MFU {mx['mfu']:.1%}  bubble {mx['bubble_fraction']:.3f}  "
+              f"peak {mx['peak_memory_bytes'] / 2**30:.1f} GiB  {'fits' if mx['fits_in_memory'] else 'OOM'}")
+    print(f"report: {html_path} and {md_path}")
+    return 0

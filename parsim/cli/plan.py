@@ -1,0 +1,151 @@
+"""`parsim plan`: what should I run on N GPUs? (see parsim.plan)."""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from parsim.errors import ConfigError
+
+FORMATS = ("table", "csv", "json", "md")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("plan", help="what-if capacity planning: rank parallel configurations for N GPUs")
+    p.add_argument("--model", required=True, help="model preset name, or a Hugging Face config.json path")
+    p.add_argument("--hardware", required=True, help="hardware profile name or path")
+    p.add_argument("--gpus", type=int, required=True, help="GPUs available")
+    p.add_argument("--global-batch", type=int, help="sequences per optimizer step")
+    p.add_argument("--tokens", type=float, help="tokens per step instead of --global-batch (e.g. 4e6: rounded to a power-of-two batch)")
+    p.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
+    p.add_argument("--schedules", help="comma-separated schedule names (default: every registered schedule)")
+    p.add_argument("--recompute", help="comma-separated recompute modes (default: none,full; selective too without FlashAttention)")
+    p.add_argument("--zero", help="comma-separated ZeRO stages (default: 0,1,2,3)")
+    p.add_argument("--microbatch-sizes", help="comma-separated microbatch sizes (default: 1,2,4)")
+    p.add_argument("--max-tp", type=int, default=0, help="largest tensor-parallel degree (default: GPUs per node)")
+    p.add_argument("--max-cp", type=int, default=8, help="largest context-parallel degree (default 8)")
+    p.add_argument("--precision", default="bf16")
+    p.add_argument("--optimizer", default="adam")
+    p.add_argument("--objective", choices=("time", "mfu", "cost"), default="time",
+                   help="time: shortest step; mfu: highest MFU; cost: fewest GPU-hours per token (tries N/2, N/4 GPUs too)")
+    p.add_argument("--top", type=int, default=10, help="rows to print")
+    p.add_argument("--confirm", type=int, help="pre-screen leaders confirmed by simulation (default max(2*top, 8))")
+    p.add_argument("--format", choices=FORMATS, default="table")
+    p.add_argument("--json", action="store_true", help="same as --format json")
+    p.add_argument("--out", metavar="DIR", help="also write plan.md, plan.csv, plan.json and winner.toml there")
+    p.add_argument("--executor", choices=("local", "dask"), default="local", help="where simulations run")
+    p.add_argument("--scheduler", metavar="ADDRESS", help="dask.distributed scheduler address (with --executor dask)")
+    p.add_argument("--workers", type=int, help="local worker processes (default: CPU count; 1 = in-process)")
+    p.add_argument("--results", metavar="FILE", help="append simulation results here (JSON lines); a rerun resumes")
+    p.set_defaults(func=cmd_plan)
+
+
+def _ints(text: str | None, key: str, default):
+    if text is None:
+        return default
+    try:
+        vals = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ConfigError("parsim plan", key, f"expected comma-separated integers, got {text!r}") from None
+    if not vals:
+        raise ConfigError("parsim plan", key, "is empty")
+    return vals
+
+
+def build_spec(args):
+    from parsim.cluster.hardware import load_profile
+    from parsim.config.scenario import OPTIMIZERS, PRECISIONS, RECOMPUTE
+    from parsim.model import get_preset, model_from_hf_config
+    from parsim.plan.space import PlanSpec, default_schedules, unsupported
+    from parsim.schedule import lookup
+
+    f = "parsim plan"
+    ref = args.model
+    model = model_from_hf_config(ref) if (ref.endswith(".json") or "/" in ref or Path(ref).is_dir()) else get_preset(ref)
+    hw = load_profile(args.hardware)
+    if args.gpus < 1:
+        raise ConfigError(f, "--gpus", "must be positive")
+    if args.seq_len < 1:
+        raise ConfigError(f, "--seq-len", "must be positive")
+    gb = args.global_batch
+    if gb is None:
+        if not args.tokens:
+            raise ConfigError(f, "--global-batch", "give --global-batch (sequences) or --tokens")
+        gb = 1  # the power-of-two batch nearest to the token budget (4e6 tokens, seq 8192 -> 512)
+        while abs(gb * 2 * args.seq_len - args.tokens) < abs(gb * args.seq_len - args.tokens):
+            gb *= 2
+    if gb < 1:
+        raise ConfigError(f, "--global-batch", "must be positive")
+    if args.schedules:
+        try:
+            schedules = tuple(lookup(s.strip())[0] for s in args.schedules.split(",") if s.strip())
+        except Exception as e:
+            raise ConfigError(f, "--schedules", getattr(e, "problem", str(e))) from None
+        for name in schedules:
+            why = unsupported(name)
+            if why:
+                raise ConfigError(f, "--schedules", why + " (compare it with `parsim compare` instead)")
+    else:
+        schedules = default_schedules()
+    rc = tuple(x.strip() for x in args.recompute.split(",")) if args.recompute else ("none", "full")
+    for x in rc:
+        if x not in RECOMPUTE:
+            raise ConfigError(f, "--recompute", f"{x!r} is not one of {', '.join(RECOMPUTE)}")
+    zero = _ints(args.zero, "--zero", (0, 1, 2, 3))
+    if any(z not in (0, 1, 2, 3) for z in zero):
+        raise ConfigError(f, "--zero", "stages are 0..3")
+    if args.precision not in PRECISIONS:
+        raise ConfigError(f, "--precision", f"{args.precision!r} is not one of {', '.join(PRECISIONS)}")
+    if args.optimizer not in OPTIMIZERS:
+        raise ConfigError(f, "--optimizer", f"{args.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
+    worlds = (args.gpus,)
+    if args.objective == "cost":
+        worlds = tuple(w for w in (args.gpus, args.gpus // 2, args.gpus // 4) if w >= 1 and args.gpus % w == 0)
+    return PlanSpec(model=model, model_ref=ref, hardware=hw, gpus=args.gpus, global_batch=gb, seq_len=args.seq_len,
+                    schedules=schedules, recompute=rc, zero=zero,
+                    microbatch_sizes=_ints(args.microbatch_sizes, "--microbatch-sizes", (1, 2, 4)),
+                    max_tp=args.max_tp, max_cp=args.max_cp, world_sizes=worlds,
+                    precision=args.precision, optimizer=args.optimizer)
+
+
+def cmd_plan(args) -> int:
+    from parsim.cli.common import atomic_write
+
+    def write_text(path, text: str) -> None:
+        def w(tmp):
+            with open(tmp, "w") as fh:
+                fh.write(text)
+            os.chmod(tmp, 0o644)  # a report others read, not a private temp file
+        atomic_write(path, w)
+    from parsim.plan.run import (
+        run_plan,
+        scenario_toml,
+        to_csv,
+        to_json,
+        to_markdown,
+        to_table,
+    )
+
+    spec = build_spec(args)
+    res = run_plan(spec, args.objective, args.top, args.confirm, executor=args.executor, workers=args.workers,
+                   scheduler=args.scheduler, results=args.results)
+    fmt = "json" if args.json else args.format
+    command = "parsim " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["plan"] else None
+    if fmt == "json":
+        print(json.dumps(to_json(res), indent=1))
+    elif fmt == "csv":
+        sys.stdout.write(to_csv(res))
+    elif fmt == "md":
+        sys.stdout.write(to_markdown(res, command))
+    else:
+        print(to_table(res))
+    if args.out:
+        out = Path(args.out)
+        write_text(out / "plan.md", to_markdown(res, command))
+        write_text(out / "plan.csv", to_csv(res))
+        write_text(out / "plan.json", json.dumps(to_json(res), indent=1) + "\n")
+        if res.rows:
+            write_text(out / "winner.toml", scenario_toml(spec, res.rows[0]))
+    return 0 if res.rows else 1

@@ -1,0 +1,220 @@
+"""Cost of collectives: alpha-beta models with nccl-tests' bus-bandwidth factors,
+ring / tree / hierarchical / NVLS algorithms, NCCL-like selection, on the topology.
+
+For a group of n ranks moving S bytes (nccl-tests' convention: S is the full buffer,
+all-gather's output, reduce-scatter's input) over links of bandwidth B and per-step
+latency a:
+
+  ring all-reduce       2(n-1)/n * S/B + 2(n-1) a      (busbw factor 2(n-1)/n)
+  ring reduce-scatter   (n-1)/n * S/B + (n-1) a        (busbw factor (n-1)/n)
+  ring all-gather       (n-1)/n * S/B + (n-1) a
+  all-to-all            (n-1)/n * S/B + (n-1) a
+  gather / scatter      (n-1)/n * S/B + (n-1) a        (the root's link carries it all)
+  broadcast / reduce    S/B + (n-1) a                  (pipelined chain; busbw factor 1)
+  p2p                   S/B + a
+  tree (double binary, across nodes) same bandwidth term, latency 2 ceil(log2 n) a (all-reduce),
+                        ceil(log2 n) a (broadcast, reduce)
+  NVLS all-reduce       S/B_nvls + 2a                  (NVSwitch reduces in the switch)
+  hierarchical          reduce-scatter inside the node, the collective on S/g across
+                        nodes (each local rank on its own rail), all-gather inside the node
+
+On a cluster (:func:`collective_time`) B comes from where the group sits: NVLink port
+bandwidth when the group is inside a node; across nodes, the NICs of a node are shared
+by every group of the same axis that has ranks on that node (all groups of an axis
+communicate at once), and a group spanning leaf switches pays the spine's
+oversubscription. The algorithm is chosen as NCCL's tuner does: the fastest modelled one
+for this size and group.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from parsim.cluster.hardware import HardwareProfile
+
+KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "gather", "scatter",
+         "all_to_all", "p2p")
+ALGORITHMS = ("ring", "tree", "hierarchical", "nvls")
+
+BUSBW_FACTOR = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "gather": lambda n: (n - 1) / n,
+    "scatter": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+    "p2p": lambda n: 1.0,
+}
+# latency terms (number of sequential steps) of the ring algorithms
+HOPS = {
+    "all_reduce": lambda n: 2 * (n - 1),
+    "reduce_scatter": lambda n: n - 1,
+    "all_gather": lambda n: n - 1,
+    "all_to_all": lambda n: n - 1,
+    "gather": lambda n: n - 1,
+    "scatter": lambda n: n - 1,
+    "broadcast": lambda n: n - 1,
+    "reduce": lambda n: n - 1,
+    "p2p": lambda n: 1,
+}
+TREE_KINDS = {"all_reduce": 2, "broadcast": 1, "reduce": 1}  # latency multiple of ceil(log2 n)
+# kinds a hierarchical (intra-node, then inter-node) algorithm decomposes
+HIER_KINDS = ("all_reduce", "reduce_scatter", "all_gather")
+
+
+def alpha_beta_time(kind: str, nbytes: float, n: int, bandwidth: float, latency_s: float,
+                    algorithm: str = "ring") -> float:
+    """Time of collective ``kind`` over n ranks on uniform links (0 for n == 1 or no bytes).
+
+    ``algorithm``: "ring" (every kind), "tree" (all-reduce, broadcast, reduce) or "nvls"
+    (all-reduce: ``bandwidth`` is then the NVLS algorithm bandwidth).
+    """
+    if kind not in BUSBW_FACTOR:
+        raise ValueError(f"unknown collective {kind!r} (known: {', '.join(KINDS)})")
+    if (n <= 1 and kind != "p2p") or nbytes <= 0:
+        return 0.0
+    if algorithm == "nvls":
+        if kind != "all_reduce":
+            raise ValueError("nvls implements all_reduce only")
+        return nbytes / bandwidth + 2 * latency_s
+    beta = BUSBW_FACTOR[kind](n) * nbytes / bandwidth
+    if algorithm == "tree":
+        if kind not in TREE_KINDS:
+            raise ValueError(f"tree does not implement {kind} (NCCL: {', '.join(TREE_KINDS)})")
+        return beta + TREE_KINDS[kind] * math.ceil(math.log2(n)) * latency_s
+    if algorithm != "ring":
+        raise ValueError(f"unknown algorithm {algorithm!r} for uniform links")
+    return beta + HOPS[kind](n) * latency_s
+
+
+def bus_bandwidth(kind: str, nbytes: float, n: int, seconds: float) -> float:
+    """nccl-tests' busbw: algbw (S/t) times the collective's factor."""
+    return nbytes / seconds * BUSBW_FACTOR[kind](n)
+
+
+@dataclass(frozen=True)
+class GroupPath:
+    """The bottleneck path of a communication group on the topology."""
+
+    name: str
+    """``"nvlink"`` (inside one node) or ``"nic"`` (crosses nodes)."""
+    bandwidth: float
+    """Bytes/s per rank of the group's slowest hop, after sharing with concurrent groups."""
+    latency_s: float
+    """Per-step latency of that hop."""
+
+
+@dataclass(frozen=True)
+class GroupPlacement:
+    """Where a group's ranks sit: how many nodes, ranks per node, leaves spanned."""
+
+    n: int
+    nodes: int
+    per_node: int
+    """Ranks of the group on each node (the largest count)."""
+    leaves: int
+    concurrent: int
+    """Groups of the same axis with ranks on one node (they share its NICs)."""
+
+
+def placement(hw: HardwareProfile, ranks: list[int], concurrent: int | None = None) -> GroupPlacement:
+    """Placement of a group; ``concurrent`` defaults to filling the node with such groups."""
+    per: dict[int, int] = {}
+    for r in ranks:
+        per[hw.node_of(r)] = per.get(hw.node_of(r), 0) + 1
+    g = max(per.values())
+    leaves = len({hw.leaf_of(r) for r in ranks})
+    conc = concurrent if concurrent is not None else max(1, hw.gpus_per_node // g)
+    return GroupPlacement(len(ranks), len(per), g, leaves, conc)
+
+
+def _nic_share(hw: HardwareProfile, pl: GroupPlacement) -> GroupPath:
+    """Per-rank inter-node bandwidth of a flat ring: the node's NICs split over the
+    concurrent groups, each group's ring crossing the node boundary once per channel."""
+    node_bw = hw.nic.effective_bandwidth * hw.nics_per_node
+    bw = node_bw / pl.concurrent
+    if pl.per_node > 1:
+        bw = min(bw, hw.nvlink.effective_bandwidth)
+    hops = 1
+    if pl.leaves > 1:
+        bw /= max(1.0, hw.spine_oversubscription)
+        hops = 3  # leaf -> spine -> leaf
+    return GroupPath("nic", bw, hw.nic.latency_s + 2 * hops * hw.switch_latency_s)
+
+
+def group_path(hw: HardwareProfile, ranks: list[int], concurrent: int | None = None) -> GroupPath:
+    """Bottleneck bandwidth/latency of a flat ring over ``ranks`` (global GPU indices)."""
+    pl = placement(hw, ranks, concurrent)
+    if pl.nodes <= 1:
+        return GroupPath("nvlink", hw.nvlink.effective_bandwidth, hw.nvlink.latency_s)
+    return _nic_share(hw, pl)
+
+
+def algorithm_times(hw: HardwareProfile, kind: str, nbytes: float, ranks: list[int],
+                    concurrent: int | None = None) -> dict[str, float]:
+    """Modelled time of every algorithm that implements ``kind`` on this group."""
+    n = len(ranks)
+    if n <= 1 or nbytes <= 0:
+        return {"ring": 0.0}
+    pl = placement(hw, ranks, concurrent)
+    flat = group_path(hw, ranks, concurrent)
+    out = {"ring": alpha_beta_time(kind, nbytes, n, flat.bandwidth, flat.latency_s)}
+    if kind in TREE_KINDS and n > 2 and pl.nodes > 1:  # NCCL's trees span nodes
+        out["tree"] = alpha_beta_time(kind, nbytes, n, flat.bandwidth, flat.latency_s, "tree")
+    if kind == "all_reduce" and pl.nodes == 1 and hw.nvls_bandwidth > 0 and n == hw.gpus_per_node:
+        out["nvls"] = alpha_beta_time(kind, nbytes, n, hw.nvls_bandwidth, hw.nvlink.latency_s, "nvls")
+    if kind in HIER_KINDS and pl.nodes > 1 and pl.per_node > 1 and n == pl.nodes * pl.per_node:
+        out["hierarchical"] = _hierarchical(hw, kind, nbytes, pl)
+    return out
+
+
+def _hierarchical(hw: HardwareProfile, kind: str, nbytes: float, pl: GroupPlacement) -> float:
+    """Intra-node reduce-scatter / all-gather over NVLink + inter-node on S/g per rail."""
+    g, k = pl.per_node, pl.nodes
+    nv = hw.nvlink
+    intra_kind = {"all_reduce": ("reduce_scatter", "all_gather"), "reduce_scatter": ("reduce_scatter",),
+                  "all_gather": ("all_gather",)}[kind]
+    intra = sum(alpha_beta_time(x, nbytes, g, nv.effective_bandwidth, nv.latency_s) for x in intra_kind)
+    # each local rank drives its own rail: one inter-node ring per local rank, NICs shared
+    # by the gpus_per_node/g concurrent groups' rails (nics_per_node/gpus_per_node each)
+    rail = GroupPlacement(k, k, 1, pl.leaves, pl.concurrent * g)
+    inter = _nic_share(hw, rail)
+    return intra + alpha_beta_time(kind, nbytes / g, k, inter.bandwidth, inter.latency_s)
+
+
+def select_algorithm(hw: HardwareProfile, kind: str, nbytes: float, ranks: list[int],
+                     concurrent: int | None = None) -> tuple[str, float]:
+    """(algorithm, seconds): the fastest modelled algorithm, as NCCL's tuner picks."""
+    times = algorithm_times(hw, kind, nbytes, ranks, concurrent)
+    name = min(times, key=times.get)
+    return name, times[name]
+
+
+def collective_time(hw: HardwareProfile, kind: str, nbytes: float, ranks: list[int],
+                    concurrent: int | None = None) -> float:
+    """Time of one collective on the group ``ranks`` (NCCL-like algorithm selection)."""
+    if len(ranks) <= 1:
+        return 0.0
+    return select_algorithm(hw, kind, nbytes, ranks, concurrent)[1]
+
+
+def bytes_sent_per_rank(kind: str, nbytes: float, n: int) -> float:
+    """Bytes one rank puts on the wire in the ring algorithm (the busbw factor times S)."""
+    if n <= 1:
+        return 0.0
+    return BUSBW_FACTOR[kind](n) * nbytes
+
+
+def parameter_server_time(hw: HardwareProfile, nbytes: float, ranks: list[int]) -> float:
+    """DP through a parameter server: reduce to one rank, then broadcast back.
+
+    The server's single link receives (n-1) gradients and sends (n-1) copies: the
+    comparison point for the all-reduce (its time grows with n, the ring's does not).
+    """
+    n = len(ranks)
+    if n <= 1:
+        return 0.0
+    path = group_path(hw, ranks)
+    return 2 * (n - 1) * nbytes / path.bandwidth + 2 * path.latency_s

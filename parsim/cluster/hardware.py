@@ -1,0 +1,490 @@
+"""Hardware: one GPU (`Device`), the links between GPUs (`LinkTier`), and the cluster
+around them (`HardwareProfile`), loaded strictly from the bundled ``profiles/*.toml`` (package data).
+
+Everything here is SI; TOML keys carry their unit in their name (:func:`parsim.units.to_si`).
+The compute model is small so calibration can refit it: GEMMs (a shape model with a
+roofline floor, see :meth:`Device.gemm_time`), streaming kernels at
+``memory_bandwidth * memory_efficiency``, fused attention at ``peak * attention_efficiency``.
+Kernel launch overhead (``kernel_launch_s``) is *not* added here; the cost layer adds it.
+"""
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Mapping
+
+from parsim.errors import ConfigError
+from parsim.units import GB, TB, TFLOP, US, GiB, to_si
+
+# Bundled profiles are package data (they travel with a wheel); calibrations a user runs are
+# written under the working directory (``parsim calibrate --out-dir``), never into the package.
+PROFILE_DIR = Path(str(resources.files("parsim.cluster") / "profiles"))
+BUNDLED_CALIBRATED_DIR = PROFILE_DIR / "calibrated"
+CALIBRATED_DIR = Path("hardware_profiles") / "calibrated"
+"""Where ``parsim calibrate`` writes by default, relative to the working directory."""
+
+
+def calibrated_dirs() -> list[Path]:
+    """Calibrated profiles, searched in this order: the user's (working directory), then the bundled ones."""
+    return [CALIBRATED_DIR, BUNDLED_CALIBRATED_DIR]
+
+
+def find_calibrated(name: str) -> Path | None:
+    """The calibrated profile ``name`` (user's first, then bundled), or None."""
+    return next((d / f"{name}.toml" for d in calibrated_dirs() if (d / f"{name}.toml").is_file()), None)
+
+PRECISIONS = ("bf16", "fp16", "fp32", "tf32", "fp8")
+_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32",
+            "float": "fp32", "float8": "fp8"}
+# Bytes per element of the GEMM inputs (A, B) and of its output C. fp8 GEMMs write
+# bf16 outputs (as Transformer Engine does); tf32 reads and writes fp32 tensors.
+_IN_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "tf32": 4, "fp8": 1}
+_OUT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "tf32": 4, "fp8": 2}
+
+
+def canonical_precision(precision: str) -> str:
+    """``"bfloat16"`` -> ``"bf16"`` etc.; unknown names raise ValueError."""
+    p = _ALIASES.get(str(precision).lower(), str(precision).lower())
+    if p not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r} (known: {', '.join(PRECISIONS)})")
+    return p
+
+
+@dataclass(frozen=True)
+class Device:
+    """One accelerator (or, for ``cpu-gloo``, one CPU core)."""
+
+    name: str
+    """Marketing name, e.g. ``"H100-SXM5-80GB"``."""
+    peak_flops: dict[str, float] = field(hash=False)
+    """Dense peak FLOP/s by precision (``"bf16"``, ``"fp16"``, ``"fp32"``, ``"tf32"``, ``"fp8"``)."""
+    memory_bytes: float
+    """Device memory capacity as the framework reports it (bytes)."""
+    memory_reserved_bytes: float
+    """Memory never available to tensors: CUDA context, library workspaces, fragmentation (bytes)."""
+    memory_bandwidth: float
+    """Datasheet memory bandwidth (bytes/s)."""
+    gemm_efficiency: float
+    """Asymptotic fraction of peak a very large GEMM reaches (0..1]."""
+    gemm_half_dim: float
+    """GEMM shape parameter: a dimension of this size halves throughput (``u(d) = d/(d+h)``)."""
+    memory_efficiency: float
+    """Fraction of ``memory_bandwidth`` that streaming (elementwise) kernels reach (0..1]."""
+    attention_efficiency: float
+    """Fraction of peak that fused (Flash) attention reaches (0..1]."""
+    kernel_launch_s: float
+    """Per-kernel launch/dispatch overhead (seconds); added by the cost layer, not here."""
+    unfused_attention_efficiency: float | None = None
+    """Fraction of peak the attention core's two batched GEMMs (QK^T, PV) reach when the
+    attention is *not* fused (``training.flash_attention = false``); the s x s scores'
+    softmax/mask traffic is costed separately as memory-bound. Optional key
+    ``device.unfused_attention_efficiency``; ``None``: the same as ``attention_efficiency``."""
+    sustained_fraction: float = 1.0
+    """Fraction of the benchmarked compute rate (GEMM, attention) a long training run
+    sustains: power/thermal clocks and kernel overheads the cost model does not itemise.
+    The cost layer divides compute-bound time by it. Optional key ``device.sustained_fraction``
+    (default 1), fitted once per GPU type by benchmarks/fidelity.py --fit on half the
+    published rows, the error reported on the other half; never a per-case factor."""
+
+    def peak(self, precision: str) -> float:
+        """Dense peak FLOP/s at ``precision``; ValueError naming the known ones otherwise."""
+        try:
+            p = canonical_precision(precision)
+        except ValueError:
+            p = None
+        if p is None or p not in self.peak_flops:
+            known = ", ".join(k for k in PRECISIONS if k in self.peak_flops)
+            raise ValueError(f"{self.name} has no peak for precision {precision!r} (known: {known})")
+        return self.peak_flops[p]
+
+    @property
+    def usable_memory_bytes(self) -> float:
+        """Memory left for parameters, gradients, optimizer states and activations."""
+        return self.memory_bytes - self.memory_reserved_bytes
+
+    @property
+    def effective_memory_bandwidth(self) -> float:
+        """Bytes/s that streaming kernels reach."""
+        return self.memory_bandwidth * self.memory_efficiency
+
+    def gemm_shape_factor(self, m: int, n: int, k: int) -> float:
+        """``u(m) u(n) u(k)`` with ``u(d) = d / (d + gemm_half_dim)``, in (0, 1]."""
+        h = self.gemm_half_dim
+        return (m / (m + h)) * (n / (n + h)) * (k / (k + h))
+
+    def gemm_bytes(self, m: int, n: int, k: int, precision: str = "bf16") -> float:
+        """HBM bytes of one ``(m x k) @ (k x n)`` GEMM: read A and B once, write C once."""
+        p = canonical_precision(precision)
+        return (m * k + k * n) * _IN_BYTES[p] + m * n * _OUT_BYTES[p]
+
+    def gemm_time(self, m: int, n: int, k: int, precision: str = "bf16", count: int = 1) -> float:
+        """Seconds for ``count`` GEMMs of shape ``(m x k) @ (k x n)`` (2mnk FLOP each).
+
+        First shape model (kept to two knobs so calibration can refit them):
+
+        * compute: ``2mnk / (peak * gemm_efficiency * u(m) u(n) u(k))`` where
+          ``u(d) = d / (d + gemm_half_dim)`` -- a small dimension under-fills the
+          output tiles / the SMs (tile and wave quantisation smoothed into one curve);
+          ``gemm_efficiency`` is the asymptote a very large GEMM approaches;
+        * roofline floor: the GEMM cannot beat moving A, B and C through HBM once,
+          ``gemm_bytes / (memory_bandwidth * memory_efficiency)``.
+
+        The time is the larger of the two, so skinny GEMMs (m=1: a GEMV) are
+        memory-bound and large square ones compute-bound. Monotone in m, n, k.
+        A zero dimension or count costs nothing.
+        """
+        if min(m, n, k, count) < 0:
+            raise ValueError(f"gemm_time: m={m}, n={n}, k={k}, count={count} must be >= 0")
+        if m == 0 or n == 0 or k == 0 or count == 0:
+            return 0.0
+        rate = self.peak(precision) * self.gemm_efficiency * self.gemm_shape_factor(m, n, k)
+        compute = 2.0 * m * n * k / rate
+        memory = self.gemm_bytes(m, n, k, precision) / self.effective_memory_bandwidth
+        return count * max(compute, memory)
+
+    def memory_time(self, nbytes: float) -> float:
+        """Seconds for a memory-bound kernel that reads + writes ``nbytes`` in total."""
+        if nbytes < 0:
+            raise ValueError(f"memory_time: nbytes={nbytes} must be >= 0")
+        return nbytes / self.effective_memory_bandwidth
+
+    def attention_time(self, flops: float, precision: str = "bf16", fused: bool = True) -> float:
+        """Seconds for the attention core doing ``flops`` FLOP: fused (Flash; scores never
+        hit HBM) or, with ``fused=False``, its batched GEMMs alone (the scores' memory
+        traffic is the caller's)."""
+        if flops < 0:
+            raise ValueError(f"attention_time: flops={flops} must be >= 0")
+        eff = self.attention_efficiency
+        if not fused and self.unfused_attention_efficiency is not None:
+            eff = self.unfused_attention_efficiency
+        return flops / (self.peak(precision) * eff)
+
+
+@dataclass(frozen=True)
+class LinkTier:
+    """One kind of link: NVLink/NVSwitch port, PCIe, or a NIC (IB/RoCE rail)."""
+
+    name: str
+    """``"nvlink"``, ``"pcie"`` or ``"nic"``."""
+    bandwidth: float
+    """Line rate, bytes/s per direction, per GPU (one port / one NIC)."""
+    latency_s: float
+    """Per-transfer (per ring step) latency, seconds."""
+    efficiency: float
+    """Achievable fraction of line rate for large transfers (0..1]."""
+
+    @property
+    def effective_bandwidth(self) -> float:
+        """Bytes/s a large transfer actually reaches."""
+        return self.bandwidth * self.efficiency
+
+    def transfer_time(self, nbytes: float) -> float:
+        """alpha-beta time of one point-to-point transfer of ``nbytes`` on an idle link."""
+        if nbytes < 0:
+            raise ValueError(f"transfer_time: nbytes={nbytes} must be >= 0")
+        return self.latency_s + nbytes / self.effective_bandwidth
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """A cluster of identical nodes: devices, intra-node links, and the network."""
+
+    name: str
+    """Profile name (``dgx-h100`` ...)."""
+    description: str
+    """One human sentence about the system."""
+    device: Device
+    """The accelerator in every slot."""
+    gpus_per_node: int
+    """Devices per node (one NVLink/NVSwitch domain)."""
+    nvlink: LinkTier
+    """Intra-node GPU<->GPU link, per GPU."""
+    pcie: LinkTier
+    """Host<->device link, per GPU."""
+    nic: LinkTier
+    """Inter-node link: one NIC (rail), bandwidth per NIC."""
+    nics_per_node: int
+    """Compute NICs per node (rails)."""
+    spine_oversubscription: float
+    """Leaf down/up bandwidth ratio: 1.0 = full bisection, >1 oversubscribed above the leaf."""
+    gpus_per_leaf: int
+    """GPUs in one leaf domain (a rail-optimised scalable unit): traffic inside it skips the spine."""
+    switch_latency_s: float
+    """Latency of one network switch hop, seconds."""
+    source_path: str
+    """The TOML file it was loaded from (``""`` when built in code)."""
+    nvls_bandwidth: float = 0.0
+    """NVLink SHARP (in-switch reduction) all-reduce algorithm bandwidth S/t inside a node,
+    bytes/s; 0 = the NVSwitch cannot reduce (optional key ``node.nvls_gbyte_per_s``)."""
+
+    @property
+    def node_nic_bandwidth(self) -> float:
+        """Line rate out of one node, all NICs together (bytes/s per direction)."""
+        return self.nic.bandwidth * self.nics_per_node
+
+    def node_of(self, gpu: int) -> int:
+        """Node index of a global GPU index."""
+        if gpu < 0:
+            raise ValueError(f"gpu index {gpu} must be >= 0")
+        return gpu // self.gpus_per_node
+
+    def leaf_of(self, gpu: int) -> int:
+        """Leaf-domain index of a global GPU index."""
+        return self.node_of(gpu) // (self.gpus_per_leaf // self.gpus_per_node)
+
+    def link_between(self, gpu_a: int, gpu_b: int) -> LinkTier:
+        """The tier a transfer between two global GPU indices uses (same node -> NVLink)."""
+        return self.nvlink if self.node_of(gpu_a) == self.node_of(gpu_b) else self.nic
+
+    def crosses_spine(self, gpu_a: int, gpu_b: int) -> bool:
+        """True when the two GPUs sit under different leaf domains."""
+        return self.leaf_of(gpu_a) != self.leaf_of(gpu_b)
+
+
+# --------------------------------------------------------------------------- schema
+# kind: "str" | "pos" (>0 number) | "nonneg" (>=0 number) | "frac" (0<x<=1)
+#       | "ge1" (>=1 number) | "int" (integer >= 1)
+_REQ, _OPT = True, False
+_SCHEMA: dict[str, dict[str, tuple[str, bool]]] = {
+    "": {"name": ("str", _REQ), "description": ("str", _REQ)},
+    "device": {
+        "name": ("str", _REQ),
+        "bf16_tflops": ("pos", _REQ), "fp16_tflops": ("pos", _OPT), "fp32_tflops": ("pos", _OPT),
+        "tf32_tflops": ("pos", _OPT), "fp8_tflops": ("pos", _OPT),
+        "memory_gib": ("pos", _REQ), "memory_reserved_gib": ("nonneg", _REQ),
+        "memory_tbyte_per_s": ("pos", _REQ),
+        "gemm_efficiency": ("frac", _REQ), "gemm_half_dim": ("nonneg", _REQ),
+        "memory_efficiency": ("frac", _REQ), "attention_efficiency": ("frac", _REQ),
+        "kernel_launch_us": ("nonneg", _REQ), "sustained_fraction": ("frac", _OPT),
+        "unfused_attention_efficiency": ("frac", _OPT),
+    },
+    "node": {
+        "gpus_per_node": ("int", _REQ),
+        "nvlink_gbyte_per_s": ("pos", _REQ), "nvlink_latency_us": ("nonneg", _REQ),
+        "nvlink_efficiency": ("frac", _REQ),
+        "pcie_gbyte_per_s": ("pos", _REQ), "pcie_latency_us": ("nonneg", _REQ),
+        "pcie_efficiency": ("frac", _REQ), "nvls_gbyte_per_s": ("pos", _OPT),
+    },
+    "network": {
+        "nic_gbit_per_s": ("pos", _REQ), "nics_per_node": ("int", _REQ),
+        "nic_latency_us": ("nonneg", _REQ), "nic_efficiency": ("frac", _REQ),
+        "spine_oversubscription": ("ge1", _REQ), "gpus_per_leaf": ("int", _REQ),
+        "switch_latency_us": ("nonneg", _REQ),
+    },
+    "calibration": {},  # optional, free-form provenance written by `parsim calibrate`
+}
+_OPTIONAL_TABLES = {"calibration"}
+_TOP_TABLES = [t for t in _SCHEMA if t]
+
+
+def _check_value(file: str, key: str, kind: str, v: Any) -> Any:
+    if kind == "str":
+        if not isinstance(v, str) or not v.strip():
+            raise ConfigError(file, key, f"must be a non-empty string, got {v!r}")
+        return v
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ConfigError(file, key, f"must be a number, got {v!r}")
+    if kind == "int":
+        if not isinstance(v, int) or v < 1:
+            raise ConfigError(file, key, f"must be a positive integer, got {v!r}")
+        return v
+    problems = {
+        "pos": (v > 0, "must be > 0"),
+        "nonneg": (v >= 0, "must be >= 0"),
+        "frac": (0 < v <= 1, "must be a fraction in (0, 1]"),
+        "ge1": (v >= 1, "must be >= 1 (1.0 = full bisection)"),
+    }
+    ok, why = problems[kind]
+    if not ok:
+        raise ConfigError(file, key, f"{why}, got {v!r}")
+    return float(v)
+
+
+def _validate(data: Mapping[str, Any], file: str) -> dict[str, dict[str, Any]]:
+    """Check every table and key against the schema; return {table: {key: value}}."""
+    out: dict[str, dict[str, Any]] = {"": {}}
+    known_top = list(_SCHEMA[""]) + _TOP_TABLES
+    for key, value in data.items():
+        if key in _SCHEMA[""]:
+            out[""][key] = _check_value(file, key, _SCHEMA[""][key][0], value)
+        elif key in _TOP_TABLES:
+            if not isinstance(value, dict):
+                raise ConfigError(file, key, "must be a table ([" + key + "])")
+            out[key] = dict(value) if key in _OPTIONAL_TABLES else {}
+            if key in _OPTIONAL_TABLES:
+                continue
+            for sub, v in value.items():
+                dotted = f"{key}.{sub}"
+                if sub not in _SCHEMA[key]:
+                    raise ConfigError(file, dotted, f"unknown key (known: {', '.join(_SCHEMA[key])})")
+                out[key][sub] = _check_value(file, dotted, _SCHEMA[key][sub][0], v)
+        else:
+            raise ConfigError(file, key, f"unknown key (known: {', '.join(known_top)})")
+    for table, keys in _SCHEMA.items():
+        if table and table not in out:
+            if table in _OPTIONAL_TABLES:
+                continue
+            raise ConfigError(file, table, "missing table (every profile must give it)")
+        for k, (_, required) in keys.items():
+            if required and k not in out[table]:
+                raise ConfigError(file, f"{table}.{k}" if table else k, "missing (every profile must give it)")
+    return out
+
+
+def parse_profile(data: Mapping[str, Any], file: str = "<profile>") -> HardwareProfile:
+    """Build a profile from an already-parsed TOML mapping (strict; errors name ``file``)."""
+    t = _validate(data, file)
+    d, nd, nw = t["device"], t["node"], t["network"]
+    if d["memory_reserved_gib"] >= d["memory_gib"]:
+        raise ConfigError(file, "device.memory_reserved_gib",
+                          f"must be below device.memory_gib ({d['memory_gib']:g})")
+    if nw["gpus_per_leaf"] % nd["gpus_per_node"]:
+        raise ConfigError(file, "network.gpus_per_leaf",
+                          f"must be a multiple of node.gpus_per_node ({nd['gpus_per_node']})")
+    peaks = {p: to_si(f"{p}_tflops", d[f"{p}_tflops"]) for p in PRECISIONS if f"{p}_tflops" in d}
+    device = Device(
+        name=d["name"], peak_flops=peaks,
+        memory_bytes=to_si("memory_gib", d["memory_gib"]),
+        memory_reserved_bytes=to_si("memory_reserved_gib", d["memory_reserved_gib"]),
+        memory_bandwidth=to_si("memory_tbyte_per_s", d["memory_tbyte_per_s"]),
+        gemm_efficiency=d["gemm_efficiency"], gemm_half_dim=d["gemm_half_dim"],
+        memory_efficiency=d["memory_efficiency"], attention_efficiency=d["attention_efficiency"],
+        kernel_launch_s=to_si("kernel_launch_us", d["kernel_launch_us"]),
+        sustained_fraction=d.get("sustained_fraction", 1.0),
+        unfused_attention_efficiency=d.get("unfused_attention_efficiency"),
+    )
+
+    def tier(name: str, table: dict[str, Any], bw_key: str) -> LinkTier:
+        return LinkTier(name=name, bandwidth=to_si(bw_key, table[bw_key]),
+                        latency_s=to_si(f"{name}_latency_us", table[f"{name}_latency_us"]),
+                        efficiency=table[f"{name}_efficiency"])
+
+    return HardwareProfile(
+        name=t[""]["name"], description=t[""]["description"], device=device,
+        gpus_per_node=nd["gpus_per_node"],
+        nvlink=tier("nvlink", nd, "nvlink_gbyte_per_s"), pcie=tier("pcie", nd, "pcie_gbyte_per_s"),
+        nic=tier("nic", nw, "nic_gbit_per_s"), nics_per_node=nw["nics_per_node"],
+        spine_oversubscription=nw["spine_oversubscription"], gpus_per_leaf=nw["gpus_per_leaf"],
+        switch_latency_s=to_si("switch_latency_us", nw["switch_latency_us"]),
+        source_path="" if file.startswith("<") else file,
+        nvls_bandwidth=to_si("nvls_gbyte_per_s", nd["nvls_gbyte_per_s"]) if "nvls_gbyte_per_s" in nd else 0.0,
+    )
+
+
+# --------------------------------------------------------------------------- loading
+def _display(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def list_profiles() -> list[str]:
+    """Bundled profile names, then calibrated ones (``calibrated/x`` if a bundled ``x`` exists)."""
+    bundled = sorted(p.stem for p in PROFILE_DIR.glob("*.toml"))
+    calibrated = []
+    for d in calibrated_dirs():
+        for p in sorted(d.glob("*.toml")):
+            name = p.stem if p.stem not in bundled else f"calibrated/{p.stem}"
+            if name not in calibrated:
+                calibrated.append(name)
+    return bundled + calibrated
+
+
+def _candidates(name_or_path: str, base_dir: Path | None) -> list[Path]:
+    p = Path(name_or_path)
+    if p.suffix == ".toml" or p.is_absolute():
+        out = [base_dir / p] if base_dir is not None and not p.is_absolute() else []
+        return out + [p]
+    # A name: bundled first (so a calibrated file never silently replaces it), then calibrated.
+    return [PROFILE_DIR / f"{name_or_path}.toml"] + [d / f"{name_or_path}.toml" for d in calibrated_dirs()]
+
+
+def load_profile(name_or_path: str, base_dir: Path | None = None, *,
+                 source: str | None = None) -> HardwareProfile:
+    """Load a profile by name (bundled ``parsim/cluster/profiles/<name>.toml``, then a calibrated
+    one: ``./hardware_profiles/calibrated/<name>.toml``, then the bundled calibrations) or by path to a ``.toml`` file
+    (relative paths are tried against ``base_dir`` first, e.g. the scenario's folder).
+
+    ``source`` is the file that named the profile (a scenario); it is used in the
+    error when no profile is found. Every problem raises :class:`ConfigError`.
+    """
+    if not isinstance(name_or_path, str) or not name_or_path.strip():
+        raise ConfigError(source, "hardware", f"must name a profile, got {name_or_path!r} "
+                          f"(known: {', '.join(list_profiles())})")
+    path = next((c for c in _candidates(name_or_path, base_dir) if c.is_file()), None)
+    if path is None:
+        raise ConfigError(source, "hardware",
+                          f"no profile {name_or_path!r} (known: {', '.join(list_profiles())})")
+    file = _display(path)
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(file, None, f"invalid TOML: {exc}") from None
+    return parse_profile(data, file)
+
+
+# --------------------------------------------------------------------------- writing
+def profile_to_tables(profile: HardwareProfile) -> dict[str, dict[str, Any]]:
+    """The profile back in TOML key space (human units), e.g. for `parsim calibrate`."""
+    d, nv, pc, nic = profile.device, profile.nvlink, profile.pcie, profile.nic
+    dev: dict[str, Any] = {"name": d.name}
+    dev.update({f"{p}_tflops": d.peak_flops[p] / TFLOP for p in PRECISIONS if p in d.peak_flops})
+    dev.update({
+        "memory_gib": d.memory_bytes / GiB, "memory_reserved_gib": d.memory_reserved_bytes / GiB,
+        "memory_tbyte_per_s": d.memory_bandwidth / TB, "gemm_efficiency": d.gemm_efficiency,
+        "gemm_half_dim": d.gemm_half_dim, "memory_efficiency": d.memory_efficiency,
+        "attention_efficiency": d.attention_efficiency, "kernel_launch_us": d.kernel_launch_s / US,
+    })
+    if d.unfused_attention_efficiency is not None:
+        dev["unfused_attention_efficiency"] = d.unfused_attention_efficiency
+    if d.sustained_fraction != 1.0:
+        dev["sustained_fraction"] = d.sustained_fraction
+    node = {"gpus_per_node": profile.gpus_per_node,
+            "nvlink_gbyte_per_s": nv.bandwidth / GB, "nvlink_latency_us": nv.latency_s / US,
+            "nvlink_efficiency": nv.efficiency,
+            "pcie_gbyte_per_s": pc.bandwidth / GB, "pcie_latency_us": pc.latency_s / US,
+            "pcie_efficiency": pc.efficiency}
+    if profile.nvls_bandwidth:
+        node["nvls_gbyte_per_s"] = profile.nvls_bandwidth / GB
+    net = {"nic_gbit_per_s": nic.bandwidth * 8 / GB, "nics_per_node": profile.nics_per_node,
+           "nic_latency_us": nic.latency_s / US, "nic_efficiency": nic.efficiency,
+           "spine_oversubscription": profile.spine_oversubscription,
+           "gpus_per_leaf": profile.gpus_per_leaf, "switch_latency_us": profile.switch_latency_s / US}
+    return {"": {"name": profile.name, "description": profile.description},
+            "device": dev, "node": node, "network": net}
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    return repr(round(float(v), 12))
+
+
+def dumps_profile(profile: HardwareProfile, sources: Mapping[str, str] | None = None,
+                  calibration: Mapping[str, Any] | None = None) -> str:
+    """TOML text for ``profile``; every number gets a ``# source:`` comment, taken from
+    ``sources[dotted_key]`` or else "carried over from <source_path>". ``calibration``
+    (flat str/number values) becomes the optional ``[calibration]`` table."""
+    sources = dict(sources or {})
+    fallback = f"carried over from {profile.source_path or 'the in-memory profile'}"
+    lines: list[str] = []
+    for table, keys in profile_to_tables(profile).items():
+        if table:
+            lines += ["", f"[{table}]"]
+        for k, v in keys.items():
+            line = f"{k} = {_toml_value(v)}"
+            if not isinstance(v, str):
+                line += f"  # source: {sources.get(f'{table}.{k}' if table else k, fallback)}"
+            lines.append(line)
+    if calibration:
+        lines += ["", "[calibration]"] + [f"{k} = {_toml_value(v)}" for k, v in calibration.items()]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,1 @@
+"""How a job is run, typed only: the Scenario and its tables (parallel degrees, MoE routing, training, schedule)."""

@@ -1,0 +1,82 @@
+"""The ``[moe]`` table: how tokens are routed to experts (typed, checked)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from parsim.errors import ConfigError
+
+ROUTINGS = ("balanced", "zipf", "lognormal", "histogram")
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """The scenario's ``[moe]`` table: how tokens are routed and experts are sharded."""
+
+    routing: str = "balanced"
+    """balanced | zipf | lognormal | histogram: how the routed assignments spread over experts."""
+    zipf_s: float = 1.0
+    """Zipf exponent: the expert of popularity rank r gets a share proportional to r^-s."""
+    lognormal_sigma: float = 0.5
+    """Sigma of the log-normal per-expert load (exp(N(0, sigma)), normalised)."""
+    histogram: tuple[float, ...] | None = None
+    """Measured tokens (or any weights) per expert, n_experts values; normalised to shares."""
+    seed: int = 0
+    """Seed of the permutation / draw of the zipf and lognormal loads."""
+    expert_tp: int | None = None
+    """Tensor-parallel degree of the experts; default the dense tp. Must divide tp."""
+    drop_tokens: bool = True
+    """Drop assignments over an expert's capacity (capacity_factor); false = dropless."""
+
+
+def moe_from_table(t: dict, file: str) -> MoEConfig:
+    """The ``[moe]`` table -> MoEConfig (strict keys and types)."""
+    p = "moe."
+    if not isinstance(t, dict):
+        raise ConfigError(file, "moe", "expected a table")
+    names = {f.name for f in fields(MoEConfig)}
+    for k in t:
+        if k not in names:
+            raise ConfigError(file, p + k, f"unknown key (known: {', '.join(sorted(names))})")
+    kw = dict(t)
+    if kw.get("routing", "balanced") not in ROUTINGS:
+        raise ConfigError(file, p + "routing", f"{kw['routing']!r} is not one of {', '.join(ROUTINGS)}")
+    for key in ("zipf_s", "lognormal_sigma"):
+        if key in kw:
+            v = kw[key]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                raise ConfigError(file, p + key, f"expected a non-negative number, got {v!r}")
+            kw[key] = float(v)
+    for key in ("seed", "expert_tp"):
+        if key in kw:
+            v = kw[key]
+            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "seed" else 1):
+                raise ConfigError(file, p + key, f"expected a {'non-negative' if key == 'seed' else 'positive'} integer, got {v!r}")
+    if "drop_tokens" in kw and not isinstance(kw["drop_tokens"], bool):
+        raise ConfigError(file, p + "drop_tokens", f"expected true/false, got {kw['drop_tokens']!r}")
+    if "histogram" in kw:
+        h = kw["histogram"]
+        ok = isinstance(h, list) and h and all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0 for x in h)
+        if not ok or sum(h) <= 0:
+            raise ConfigError(file, p + "histogram", "expected a list of non-negative numbers (tokens per expert), not all zero")
+        kw["histogram"] = tuple(float(x) for x in h)
+    cfg = MoEConfig(**kw)
+    if cfg.routing == "histogram" and cfg.histogram is None:
+        raise ConfigError(file, p + "histogram", "missing (routing = \"histogram\" needs one value per expert)")
+    return cfg
+
+
+def check_moe(cfg: MoEConfig, model, par, file: str) -> None:
+    """Rules that need the model and the parallel degrees (ConfigError naming the key)."""
+    etp = cfg.expert_tp or par.tp
+    if par.tp % etp:
+        raise ConfigError(file, "moe.expert_tp", f"expert_tp={etp} must divide tp={par.tp}")
+    if not model.is_moe:
+        return
+    g = par.ep * (par.tp // etp)
+    if model.n_experts % g:
+        raise ConfigError(file, "parallel.ep", f"{model.n_experts} experts do not divide over the expert-parallel "
+                          f"group of ep*tp/expert_tp = {par.ep}*{par.tp}/{etp} = {g} ranks")
+    if cfg.histogram is not None and len(cfg.histogram) != model.n_experts:
+        raise ConfigError(file, "moe.histogram", f"has {len(cfg.histogram)} values but the model has "
+                          f"{model.n_experts} experts")

@@ -1,0 +1,38 @@
+"""What is trained: the model spec, its shapes (parameters, GEMMs, FLOPs, bytes), presets and
+the Hugging Face config importer."""
+from parsim.model.hf import SUPPORTED as HF_MODEL_TYPES
+from parsim.model.hf import model_from_hf_config
+from parsim.model.presets import PRESETS, get_preset, model_from_table
+from parsim.model.shapes import (
+                                 Gemm,
+                                 PassFlops,
+                                 active_params,
+                                 attention_core_flops,
+                                 embedding_params,
+                                 head_flops,
+                                 head_gemm,
+                                 head_params,
+                                 layer_elementwise_bytes,
+                                 layer_flops,
+                                 layer_gemms,
+                                 layer_params,
+                                 megatron_flops_per_step,
+                                 model_flops_per_step,
+                                 total_params,
+)
+from parsim.model.spec import (
+                                 FFN_KINDS,
+                                 FIELD_NAMES,
+                                 NORM_KINDS,
+                                 POSITION_KINDS,
+                                 ModelSpec,
+                                 is_moe_layer,
+)
+
+__all__ = [
+    "ModelSpec", "FFN_KINDS", "FIELD_NAMES", "NORM_KINDS", "POSITION_KINDS", "is_moe_layer",
+    "Gemm", "PassFlops", "PRESETS", "get_preset", "model_from_table", "model_from_hf_config", "HF_MODEL_TYPES",
+    "layer_params", "embedding_params", "head_params", "total_params", "active_params", "layer_gemms",
+    "attention_core_flops", "layer_elementwise_bytes", "head_gemm", "layer_flops", "head_flops",
+    "model_flops_per_step", "megatron_flops_per_step",
+]

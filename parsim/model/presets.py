@@ -1,0 +1,174 @@
+"""Model presets (the names users type in ``[model] preset = "..."``) and the [model] table loader.
+
+Each preset names its source. Published parameter counts the presets reproduce are
+checked in tests/test_model.py. ``parsim.model`` re-exports PRESETS, get_preset and
+model_from_table.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from parsim.errors import ConfigError
+from parsim.model.hf import model_from_hf_config
+from parsim.model.spec import FIELD_NAMES, ModelSpec
+
+
+def _gpt(name: str, n_layers: int, d_model: int, n_heads: int, vocab_size: int = 51200,
+         max_seq_len: int = 2048) -> ModelSpec:
+    """GPT-2/3 / Megatron GPT: MHA, gelu with d_ff = 4h, LayerNorm, biases, learned
+    positions, LM head tied to the embedding. Params = 12lh^2 + 13lh + (V+s)h + 2h,
+    the formula behind Narayanan et al. 2021 Table 1."""
+    return ModelSpec(name, n_layers, d_model, n_heads, n_heads, 4 * d_model, vocab_size,
+                     ffn="gelu", tied_embeddings=True, position="learned",
+                     max_seq_len=max_seq_len, norm="layernorm", bias=True)
+
+
+def _mcore(name: str, n_layers: int, d_model: int, n_heads: int) -> ModelSpec:
+    """Megatron-Core GPT of the H100 weak-scaling table (Megatron-LM README, r0.8.0):
+    vocab 131072, seq 4096. Megatron GPT defaults: gelu with d_ff = 4h, LayerNorm,
+    linear biases, untied embeddings. We choose RoPE (no position weights): the
+    names' sizes (7.1B, 70B, 177B, 462B) match 12lh^2 + 2Vh, i.e. untied and no
+    learned position table worth counting."""
+    return ModelSpec(name, n_layers, d_model, n_heads, n_heads, 4 * d_model, 131072,
+                     ffn="gelu", tied_embeddings=False, position="rope", max_seq_len=4096,
+                     norm="layernorm", bias=True)
+
+
+def _llama(name: str, n_layers: int, d_model: int, n_heads: int, n_kv_heads: int, d_ff: int,
+           vocab_size: int, max_seq_len: int) -> ModelSpec:
+    """Llama family: SwiGLU, RMSNorm, RoPE, no biases, untied head."""
+    return ModelSpec(name, n_layers, d_model, n_heads, n_kv_heads, d_ff, vocab_size,
+                     ffn="swiglu", max_seq_len=max_seq_len)
+
+
+_LIST: list[ModelSpec] = [
+    # GPT-3 175B: Brown et al. 2020 Table 2.1 (96 layers, d 12288, 96 heads, ctx 2048);
+    # BPE vocab 50257 (GPT-2 tokenizer). Published 174.6B.
+    _gpt("gpt3-175b", 96, 12288, 96, vocab_size=50257),
+    # Narayanan et al. 2021 (arXiv:2104.04473) Table 1; published.json megatron21-table1-*.
+    _gpt("megatron-1.7b", 24, 2304, 24),
+    _gpt("megatron-3.6b", 30, 3072, 32),
+    _gpt("megatron-7.5b", 36, 4096, 32),
+    _gpt("megatron-18b", 40, 6144, 48),
+    _gpt("megatron-39b", 48, 8192, 64),
+    _gpt("megatron-76b", 60, 10240, 80),
+    _gpt("megatron-145b", 80, 12288, 96),
+    _gpt("megatron-310b", 96, 16384, 128),
+    _gpt("megatron-530b", 105, 20480, 128),
+    _gpt("megatron-1t", 128, 25600, 160),
+    # Megatron-LM README H100 weak scaling; published.json megatron-core-h100-weak-*.
+    _mcore("mcore-gpt-1.7b", 24, 2048, 16),
+    _mcore("mcore-gpt-7.1b", 30, 4096, 32),
+    _mcore("mcore-gpt-16b", 32, 6144, 48),
+    _mcore("mcore-gpt-32b", 48, 7168, 56),
+    _mcore("mcore-gpt-70b", 84, 8192, 64),
+    _mcore("mcore-gpt-119b", 92, 10240, 80),
+    _mcore("mcore-gpt-177b", 96, 12288, 96),
+    _mcore("mcore-gpt-314b", 96, 16384, 128),
+    _mcore("mcore-gpt-462b", 112, 18432, 144),
+    # Llama 2: Touvron et al. 2023 + meta-llama/Llama-2-{7b,70b}-hf config.json.
+    _llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
+    _llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
+    # Llama 3 / 3.1: meta-llama/Meta-Llama-3-{8B,70B} and Llama-3.1-405B config.json
+    # (Llama 3 paper Table 3 for 405B: 126 layers, d 16384, 128 heads, 8 KV heads, FFN 53248).
+    _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
+    _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
+    _llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 131072),
+    # Mixtral 8x7B: mistralai/Mixtral-8x7B-v0.1 config.json; Jiang et al. 2024 (46.7B / 12.9B active).
+    ModelSpec("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, ffn="swiglu", max_seq_len=32768,
+              n_experts=8, top_k=2, d_ff_expert=14336),
+    # DeepSeek-V3: deepseek-ai/DeepSeek-V3 config.json; tech report arXiv:2412.19437
+    # (671B total / 37B active, excluding the 14B multi-token-prediction module).
+    # MLA attention; layers 0-2 dense (d_ff 18432), 58 MoE layers of 256 routed + 1 shared expert.
+    ModelSpec("deepseek-v3", 61, 7168, 128, 128, 18432, 129280, ffn="swiglu", max_seq_len=163840,
+              n_experts=256, top_k=8, n_shared_experts=1, d_ff_expert=2048, first_dense_layers=3,
+              q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+              v_head_dim=128),
+    # Qwen3 MoE: Qwen/Qwen3-30B-A3B and Qwen/Qwen3-235B-A22B config.json; Qwen3 tech report
+    # (arXiv:2505.09388) Table 2: 30.5B/3.3B and 235B/22B; q/k RMSNorm, head_dim 128, no shared experts.
+    ModelSpec("qwen3-30b-a3b", 48, 2048, 32, 4, 6144, 151936, ffn="swiglu", head_dim=128,
+              max_seq_len=40960, n_experts=128, top_k=8, d_ff_expert=768, qk_norm=True),
+    ModelSpec("qwen3-235b-a22b", 94, 4096, 64, 4, 12288, 151936, ffn="swiglu", head_dim=128,
+              max_seq_len=40960, n_experts=128, top_k=8, d_ff_expert=1536, qk_norm=True),
+    # Classic MoE families as decoder-only stacks (parsim models decoders; the originals'
+    # encoder-decoder cross-attention, < 0.5% of their weights, is left out). MoE replaces
+    # every other FFN (moe_every=2, first MoE at layer 1); gelu stands for ReLU/GeLU FFNs.
+    # Switch-Base-128 (top-1): Fedus et al. 2021 (arXiv:2101.03961) Table 9: T5-Base d 768,
+    # d_ff 3072, 12 heads, 12+12 layers, 128 experts, capacity factor 1.25; 7.4B params.
+    ModelSpec("switch-base-128", 24, 768, 12, 12, 3072, 32128, ffn="gelu", tied_embeddings=True,
+              max_seq_len=512, n_experts=128, top_k=1, moe_every=2, first_dense_layers=1,
+              capacity_factor=1.25),
+    # GShard MoE(2048E, 36L) (top-2): Lepikhin et al. 2020 (arXiv:2006.16668) Table 3: d 1024,
+    # d_ff 8192, 16 heads, 36 layers, 2048 experts, capacity 2N/E (capacity_factor 1.0 here,
+    # where capacity = factor * tokens * top_k / n_experts); "600B" (this stack counts 619B).
+    ModelSpec("gshard-600b", 36, 1024, 16, 16, 8192, 32000, ffn="gelu", tied_embeddings=True,
+              max_seq_len=1024, n_experts=2048, top_k=2, moe_every=2, first_dense_layers=1,
+              capacity_factor=1.0),
+    # GLaM (top-2): Du et al. 2022 (arXiv:2112.06905) Table 4. 64B/64E: 64 layers, d 8192,
+    # d_ff 32768, 128 heads x 128, 64 experts every other layer, 256K vocabulary: 1.162T total
+    # (this stack: 1.153T), 96.6B activated (this stack counts 88.0B: the paper's activated
+    # figure is not reproducible from Table 4 together with its total; see tests/test_moe.py).
+    # 8B/64E: 32 layers, d 4096, d_ff 16384, 32 heads: 143B total, 8.7B activated (here 9.6B).
+    ModelSpec("glam-64e", 64, 8192, 128, 128, 32768, 256000, ffn="gelu", head_dim=128,
+              tied_embeddings=True, max_seq_len=1024, n_experts=64, top_k=2, moe_every=2,
+              first_dense_layers=1, capacity_factor=2.0),
+    ModelSpec("glam-8b-64e", 32, 4096, 32, 32, 16384, 256000, ffn="gelu", head_dim=128,
+              tied_embeddings=True, max_seq_len=1024, n_experts=64, top_k=2, moe_every=2,
+              first_dense_layers=1, capacity_factor=2.0),
+]
+
+PRESETS: dict[str, ModelSpec] = {m.name: m for m in _LIST}
+
+
+def get_preset(name: str) -> ModelSpec:
+    """A preset by its user-facing name."""
+    if name not in PRESETS:
+        raise ConfigError(None, "model.preset", f"unknown preset {name!r} (known: {', '.join(PRESETS)})")
+    return PRESETS[name]
+
+
+_REQUIRED = ("n_layers", "d_model", "n_heads", "d_ff", "vocab_size")
+
+
+def model_from_table(table: dict, file: str) -> ModelSpec:
+    """The scenario's [model] table -> ModelSpec.
+
+    Either ``preset = "..."`` or ``hf_config = "path"`` (relative to the scenario file's
+    directory), each with optional field overrides, or explicit fields (n_layers,
+    d_model, n_heads, d_ff, vocab_size required; n_kv_heads defaults to n_heads, name
+    to "custom"). Unknown keys and bad values raise ConfigError naming file and key.
+    """
+    if not isinstance(table, dict):
+        raise ConfigError(file, "model", "expected a table")
+    known = ("preset", "hf_config") + FIELD_NAMES
+    for key in table:
+        if key not in known:
+            raise ConfigError(file, f"model.{key}", f"unknown key (known: {', '.join(known)})")
+    preset, hf = table.get("preset"), table.get("hf_config")
+    fields = {k: v for k, v in table.items() if k not in ("preset", "hf_config")}
+    try:
+        if preset is not None and hf is not None:
+            raise ConfigError(None, "model.hf_config", "give either preset or hf_config, not both")
+        if preset is not None:
+            if not isinstance(preset, str):
+                raise ConfigError(None, "model.preset", f"expected a string, got {preset!r}")
+            return dataclasses.replace(get_preset(preset), **fields)
+        if hf is not None:
+            if not isinstance(hf, str):
+                raise ConfigError(None, "model.hf_config", f"expected a path string, got {hf!r}")
+            p = Path(hf)
+            if not p.is_absolute():
+                p = Path(file).parent / p
+            return dataclasses.replace(model_from_hf_config(p), **fields)
+        missing = [k for k in _REQUIRED if k not in fields]
+        if missing:
+            raise ConfigError(None, f"model.{missing[0]}",
+                              "missing (give preset=..., hf_config=... or all of: " + ", ".join(_REQUIRED) + ")")
+        fields.setdefault("name", "custom")
+        fields.setdefault("n_kv_heads", fields["n_heads"])
+        return ModelSpec(**fields)
+    except ConfigError as err:
+        if err.file is None:
+            raise ConfigError(file, err.key, err.problem) from None
+        raise

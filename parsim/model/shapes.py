@@ -1,0 +1,307 @@
+"""Model shapes: parameter counts, GEMM shapes, FLOPs and bytes per layer of a ModelSpec.
+
+Conventions
+-----------
+- Parameter counts are exact integers of the weights a framework would allocate
+  (matrices, biases, norm scales/shifts). Not counted: RoPE/ALiBi (no weights), the
+  DeepSeek-V3 multi-token-prediction module, router bias buffers, Qwen2-MoE's
+  one-column shared-expert gate.
+- GEMM shapes are per microbatch on ONE tensor-parallel rank with Megatron sharding:
+  column-parallel layers (qkv, fc1, gate, up, MLA up-projections) shard their output
+  features n by tp; row-parallel layers (attn_out, fc2, down) shard their input
+  features k by tp. Shards round up (ceil) when tp does not divide; the router and
+  MLA down-projections are replicated on every TP rank (as in Megatron-Core).
+- Attention-core FLOPs count the full s x s score matrix (no causal halving), which is
+  the convention of Megatron's MFU formula and of published TFLOP/s numbers.
+
+The spec itself is ``parsim.model.spec``; presets ``parsim.model.presets``; the Hugging
+Face importer ``parsim.model.hf``. ``parsim.model`` re-exports all four.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from parsim.model.spec import ModelSpec, is_moe_layer
+
+
+def _pick_layer(spec: ModelSpec, layer_index: int | None) -> bool:
+    """MoE-ness of the requested layer; None = layer 0 for dense models, first MoE layer otherwise."""
+    if layer_index is None:
+        return spec.is_moe and spec.n_moe_layers > 0
+    if not 0 <= layer_index < spec.n_layers:
+        raise ValueError(f"layer_index {layer_index} out of range 0..{spec.n_layers - 1}")
+    return is_moe_layer(spec, layer_index)
+
+
+def _attention_matrices(spec: ModelSpec) -> int:
+    """Weights in the attention's linear layers (no biases)."""
+    d, nh = spec.d_model, spec.n_heads
+    if spec.is_mla:
+        qk = spec.qk_nope_head_dim + spec.qk_rope_head_dim
+        q = d * spec.q_lora_rank + spec.q_lora_rank * nh * qk if spec.q_lora_rank else d * nh * qk
+        kv = d * (spec.kv_lora_rank + spec.qk_rope_head_dim)
+        kv += spec.kv_lora_rank * nh * (spec.qk_nope_head_dim + spec.v_head_dim)
+        return q + kv + nh * spec.v_head_dim * d
+    hd = spec.head_dim_
+    return d * (nh + 2 * spec.n_kv_heads) * hd + nh * hd * d
+
+
+def _attention_other(spec: ModelSpec) -> int:
+    """Attention biases and inner norms (MLA latent norms, Qwen3 q/k norms)."""
+    n = 0
+    if spec.is_mla:
+        n += spec.q_lora_rank + spec.kv_lora_rank  # RMSNorm on each latent
+    else:
+        qkv_out = (spec.n_heads + 2 * spec.n_kv_heads) * spec.head_dim_
+        n += qkv_out if (spec.bias or spec.qkv_bias) else 0
+    if spec.bias:
+        n += spec.d_model  # output projection bias
+    if spec.qk_norm:
+        n += 2 * spec.head_dim_
+    return n
+
+
+def _mlp_params(spec: ModelSpec, d_ff: int) -> int:
+    matrices = spec.ffn_matrices * spec.d_model * d_ff
+    biases = ((spec.ffn_matrices - 1) * d_ff + spec.d_model) if spec.bias else 0
+    return matrices + biases
+
+
+def _norm_params(spec: ModelSpec) -> int:
+    return spec.d_model * (2 if spec.norm == "layernorm" else 1)
+
+
+def _ffn_params(spec: ModelSpec, moe: bool, active: bool) -> int:
+    if not moe:
+        return _mlp_params(spec, spec.d_ff)
+    routed = spec.top_k if active else spec.n_experts
+    return (spec.d_model * spec.n_experts  # router (always touched)
+            + routed * _mlp_params(spec, spec.d_ff_expert_)
+            + spec.n_shared_experts * _mlp_params(spec, spec.d_ff_shared_))
+
+
+def layer_params(spec: ModelSpec, layer_index: int | None = None) -> int:
+    """Parameters of one block: attention + FFN or MoE (router, all experts) + 2 norms.
+
+    ``layer_index=None`` means layer 0 for a dense model and the first MoE layer for an MoE model.
+    """
+    moe = _pick_layer(spec, layer_index)
+    return (_attention_matrices(spec) + _attention_other(spec) + 2 * _norm_params(spec)
+            + _ffn_params(spec, moe, active=False))
+
+
+def _layer_active_params(spec: ModelSpec, layer_index: int) -> int:
+    moe = is_moe_layer(spec, layer_index)
+    return (_attention_matrices(spec) + _attention_other(spec) + 2 * _norm_params(spec)
+            + _ffn_params(spec, moe, active=True))
+
+
+def embedding_params(spec: ModelSpec) -> int:
+    """Token embedding, plus the learned position table when position == "learned"."""
+    pos = spec.max_seq_len * spec.d_model if spec.position == "learned" else 0
+    return spec.vocab_size * spec.d_model + pos
+
+
+def head_params(spec: ModelSpec) -> int:
+    """Final norm + LM-head matrix (the matrix is 0 when tied to the embedding)."""
+    return _norm_params(spec) + (0 if spec.tied_embeddings else spec.vocab_size * spec.d_model)
+
+
+def total_params(spec: ModelSpec) -> int:
+    n_moe = spec.n_moe_layers
+    blocks = n_moe * layer_params(spec, _first(spec, True)) if n_moe else 0
+    if spec.n_layers - n_moe:
+        blocks += (spec.n_layers - n_moe) * layer_params(spec, _first(spec, False))
+    return embedding_params(spec) + blocks + head_params(spec)
+
+
+def active_params(spec: ModelSpec) -> int:
+    """Parameters touched per token: routed top_k + shared experts + router, embeddings included."""
+    blocks = sum(_layer_active_params(spec, i) for i in range(spec.n_layers))
+    return embedding_params(spec) + blocks + head_params(spec)
+
+
+def _first(spec: ModelSpec, moe: bool) -> int:
+    return next(i for i in range(spec.n_layers) if is_moe_layer(spec, i) == moe)
+
+
+# ---------------------------------------------------------------- GEMMs and FLOPs
+@dataclass(frozen=True)
+class Gemm:
+    """One forward matrix multiply (m x k) @ (k x n) on one TP rank."""
+
+    name: str
+    """"qkv", "attn_out", "fc1", "fc2", "gate", "up", "down", "router", "expert_*", "shared_*", MLA "q_down"...."""
+    m: int
+    """Rows of the activation (tokens)."""
+    n: int
+    """Output features on this TP rank."""
+    k: int
+    """Input features on this TP rank."""
+    count: int = 1
+    """Identical GEMMs (e.g. one per expert)."""
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k * self.count
+
+
+def _shard(x: int, tp: int) -> int:
+    return -(-x // tp)
+
+
+def _mlp_gemms(spec: ModelSpec, prefix: str, m: int, d_ff: int, tp: int, count: int = 1) -> list[Gemm]:
+    d, f = spec.d_model, _shard(d_ff, tp)
+    if spec.ffn == "swiglu":
+        names = ("gate", "up", "down")
+        return [Gemm(prefix + names[0], m, f, d, count), Gemm(prefix + names[1], m, f, d, count),
+                Gemm(prefix + names[2], m, d, f, count)]
+    return [Gemm(prefix + "fc1", m, f, d, count), Gemm(prefix + "fc2", m, d, f, count)]
+
+
+def _attention_gemms(spec: ModelSpec, m: int, tp: int) -> list[Gemm]:
+    d, nh = spec.d_model, spec.n_heads
+    if not spec.is_mla:
+        hd = spec.head_dim_
+        qkv = _shard(nh * hd, tp) + 2 * hd * _shard(spec.n_kv_heads, tp)
+        return [Gemm("qkv", m, qkv, d), Gemm("attn_out", m, d, _shard(nh * hd, tp))]
+    qk = spec.qk_nope_head_dim + spec.qk_rope_head_dim
+    heads = _shard(nh, tp)
+    if spec.q_lora_rank:
+        g = [Gemm("q_down", m, spec.q_lora_rank, d), Gemm("q_up", m, heads * qk, spec.q_lora_rank)]
+    else:
+        g = [Gemm("q", m, heads * qk, d)]
+    return g + [
+        Gemm("kv_down", m, spec.kv_lora_rank + spec.qk_rope_head_dim, d),
+        Gemm("kv_up", m, heads * (spec.qk_nope_head_dim + spec.v_head_dim), spec.kv_lora_rank),
+        Gemm("attn_out", m, d, heads * spec.v_head_dim),
+    ]
+
+
+def layer_gemms(spec: ModelSpec, tokens: int, tp: int = 1,
+                layer_index: int | None = None) -> tuple[Gemm, ...]:
+    """Forward GEMMs of one block for ``tokens`` tokens on one TP rank (see module docstring).
+
+    MoE layers (first approximation, dropless): the router, then each of n_experts runs
+    its FFN on ceil(tokens*top_k/n_experts) rows (count=n_experts), then the shared experts
+    on all tokens. Expert parallelism is not applied here.
+    """
+    moe = _pick_layer(spec, layer_index)
+    g = _attention_gemms(spec, tokens, tp)
+    if not moe:
+        return tuple(g + _mlp_gemms(spec, "", tokens, spec.d_ff, tp))
+    g.append(Gemm("router", tokens, spec.n_experts, spec.d_model))
+    rows = _shard(tokens * spec.top_k, spec.n_experts)
+    g += _mlp_gemms(spec, "expert_", rows, spec.d_ff_expert_, tp, count=spec.n_experts)
+    if spec.n_shared_experts:
+        g += _mlp_gemms(spec, "shared_", tokens, spec.n_shared_experts * spec.d_ff_shared_, tp)
+    return tuple(g)
+
+
+def attention_core_flops(spec: ModelSpec, batch: float, seq_len: int, tp: int = 1) -> float:
+    """Forward QK^T and scores x V FLOPs on one TP rank: 4*b*s^2*n_heads*head_dim/tp.
+
+    Counts the full s x s matrix (Megatron's MFU convention, as in its 96Bslh^2(1+s/6h)
+    formula), not the causal half that FlashAttention actually computes. MLA uses its
+    query/key dim for QK^T and v_head_dim for the second product.
+    """
+    if spec.is_mla:
+        per_head = spec.qk_nope_head_dim + spec.qk_rope_head_dim + spec.v_head_dim
+    else:
+        per_head = 2 * spec.head_dim_
+    return 2.0 * batch * seq_len * seq_len * spec.n_heads * per_head / tp
+
+
+def layer_elementwise_bytes(spec: ModelSpec, tokens: int, tp: int = 1, sp: bool = False,
+                            bytes_per_el: int = 2) -> float:
+    """HBM bytes read + written by one block's memory-bound forward ops (an estimate).
+
+    Per token, in elements: two norms (read d, write d), two residual adds (read 2d,
+    write d) -- split over tp only with sequence parallelism; RoPE on q and k (read +
+    write); the FFN activation (gelu: read f, write f; swiglu: read 2f, write f) on the
+    local f = d_ff/tp shard; for MoE layers the token dispatch and combine permutations
+    (4*top_k*d). Dropout is assumed off; GEMM epilogues (bias adds) and the fused
+    flash-attention kernel are left out. Counts the first MoE layer when layer_index is None.
+    """
+    d = spec.d_model
+    replicated = (2 * 2 * d + 2 * 3 * d) / (tp if sp else 1)
+    rope_dim = spec.qk_rope_head_dim if spec.is_mla else spec.head_dim_
+    kv_heads = 1 if spec.is_mla else spec.n_kv_heads
+    rope = 2 * (spec.n_heads + kv_heads) * rope_dim / tp
+    act = 3 if spec.ffn == "swiglu" else 2
+    if spec.is_moe and spec.n_moe_layers:
+        f_local = (spec.top_k * spec.d_ff_expert_ + spec.n_shared_experts * spec.d_ff_shared_) / tp
+        ffn = act * f_local + 4 * spec.top_k * d
+    else:
+        ffn = act * spec.d_ff / tp
+    return tokens * (replicated + rope + ffn) * bytes_per_el
+
+
+def head_gemm(spec: ModelSpec, tokens: int, tp: int = 1) -> Gemm:
+    """LM-head logits GEMM on one TP rank (vocabulary sharded by tp)."""
+    return Gemm("lm_head", tokens, _shard(spec.vocab_size, tp), spec.d_model)
+
+
+@dataclass(frozen=True)
+class PassFlops:
+    """FLOPs of one microbatch through a piece of the model."""
+
+    forward: float
+    backward_input: float
+    """Gradient w.r.t. activations (the zero-bubble "B")."""
+    backward_weight: float
+    """Gradient w.r.t. weights (the zero-bubble "W")."""
+
+    @property
+    def backward(self) -> float:
+        return self.backward_input + self.backward_weight
+
+
+def layer_flops(spec: ModelSpec, batch: int, seq_len: int, tp: int = 1,
+                layer_index: int | None = None) -> PassFlops:
+    """FLOPs of one block on one TP rank: F = G + A, B = G + 2A, W = G (G: GEMMs, A: attention core)."""
+    gemm = float(sum(g.flops for g in layer_gemms(spec, batch * seq_len, tp, layer_index)))
+    attn = attention_core_flops(spec, batch, seq_len, tp)
+    return PassFlops(gemm + attn, gemm + 2 * attn, gemm)
+
+
+def head_flops(spec: ModelSpec, batch: int, seq_len: int, tp: int = 1) -> PassFlops:
+    """LM-head logits on one TP rank (the final norm and loss are memory-bound, not counted)."""
+    f = float(head_gemm(spec, batch * seq_len, tp).flops)
+    return PassFlops(f, f, f)
+
+
+def _layer_matmul_weights(spec: ModelSpec, layer_index: int) -> int:
+    """Weights a token multiplies in one block (active experts only, no biases or norms)."""
+    if is_moe_layer(spec, layer_index):
+        ffn = (spec.d_model * spec.n_experts
+               + spec.ffn_matrices * spec.d_model * (spec.top_k * spec.d_ff_expert_
+                                                     + spec.n_shared_experts * spec.d_ff_shared_))
+    else:
+        ffn = spec.ffn_matrices * spec.d_model * spec.d_ff
+    return _attention_matrices(spec) + ffn
+
+
+def model_flops_per_step(spec: ModelSpec, tokens: int, seq_len: int) -> float:
+    """Model FLOPs of one optimizer step over ``tokens`` tokens (the MFU numerator).
+
+    3 x forward (forward + backward, no recompute) of every block and the LM head,
+    full s^2 attention; MoE layers count top_k routed + shared experts. Exact (no
+    rounding of expert rows). Equals the Megatron formula without recompute for GPT models.
+    """
+    weights = sum(_layer_matmul_weights(spec, i) for i in range(spec.n_layers))
+    weights += spec.vocab_size * spec.d_model  # LM head
+    attn = spec.n_layers * attention_core_flops(spec, tokens / seq_len, seq_len)
+    return 3.0 * (2.0 * tokens * weights + attn)
+
+
+def megatron_flops_per_step(spec: ModelSpec, batch: int, seq_len: int, recompute: bool) -> float:
+    """Narayanan et al. 2021 eq. 3: 96*B*s*l*h^2*(1 + s/(6h) + V/(16*l*h)) with full recompute.
+
+    Without recompute the blocks run 3 passes instead of 4 and the LM head is unchanged
+    (it is never recomputed): 72*B*s*l*h^2*(1 + s/(6h)) + 6*B*s*h*V. Uses l, h, V only
+    (assumes d_ff = 4h and MHA, as the paper does).
+    """
+    b, s, l, h, v = batch, seq_len, spec.n_layers, spec.d_model, spec.vocab_size
+    passes = 4 if recompute else 3
+    return 24.0 * passes * b * s * l * h * h * (1 + s / (6 * h)) + 6.0 * b * s * h * v

@@ -1,0 +1,193 @@
+"""ModelSpec: what is trained, validated on construction (the fields and their checks)."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from numbers import Integral, Real
+
+from parsim.errors import ConfigError
+
+FFN_KINDS = ("gelu", "swiglu")
+
+
+POSITION_KINDS = ("rope", "learned")
+
+
+NORM_KINDS = ("rmsnorm", "layernorm")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer (dense or mixture-of-experts). Validated on construction."""
+
+    name: str
+    """Human-readable name (preset name or the HF directory name)."""
+    n_layers: int
+    """Transformer blocks L."""
+    d_model: int
+    """Hidden size D."""
+    n_heads: int
+    """Query heads N."""
+    n_kv_heads: int
+    """Key/value heads K (== n_heads for MHA, fewer for GQA/MQA)."""
+    d_ff: int
+    """Hidden size F of a dense FFN (unused when every layer is MoE)."""
+    vocab_size: int
+    """Vocabulary V (embedding rows, LM-head outputs)."""
+    ffn: str = "gelu"
+    """"gelu" (2 matrices, GPT style) or "swiglu" (3 matrices gate/up/down; also stands for GeGLU)."""
+    head_dim: int | None = None
+    """Per-head dimension; default d_model // n_heads (MLA: qk_nope + qk_rope)."""
+    tied_embeddings: bool = False
+    """LM head shares the token-embedding matrix."""
+    position: str = "rope"
+    """"rope" (no weights) or "learned" (adds max_seq_len * d_model to the embedding)."""
+    max_seq_len: int = 4096
+    """Longest sequence (only sizes learned position tables; training seq_len is separate)."""
+    norm: str = "rmsnorm"
+    """"rmsnorm" (d params) or "layernorm" (2d params: scale and shift)."""
+    bias: bool = False
+    """Biases on every linear layer except the LM head (GPT-2/3, Megatron GPT)."""
+    n_experts: int = 0
+    """Routed experts per MoE layer; 0 = dense model."""
+    top_k: int = 1
+    """Routed experts each token goes to."""
+    n_shared_experts: int = 0
+    """Always-on shared experts per MoE layer (DeepSeek, Qwen-MoE)."""
+    d_ff_expert: int | None = None
+    """Hidden size of one routed expert; default d_ff."""
+    moe_every: int = 1
+    """Layer i >= first_dense_layers is MoE when (i - first_dense_layers) % moe_every == 0."""
+    first_dense_layers: int = 0
+    """Leading dense layers before the first MoE layer (DeepSeek first_k_dense_replace)."""
+    capacity_factor: float = 1.25
+    """Expert capacity factor (token dropping); kept for the cost model, not used in counts."""
+    # --- additions beyond the shared brief (all neutral by default) ---
+    qkv_bias: bool = False
+    """Biases on q/k/v only (Qwen2 style); bias=True already implies them."""
+    qk_norm: bool = False
+    """RMSNorm over head_dim on q and k (Qwen3 style): 2*head_dim params per layer."""
+    d_ff_shared: int | None = None
+    """Hidden size of one shared expert; default d_ff_expert (Qwen2-MoE uses a separate size)."""
+    q_lora_rank: int = 0
+    """MLA: rank of the query down-projection (0 = plain query projection)."""
+    kv_lora_rank: int = 0
+    """MLA: rank of the joint key/value down-projection; > 0 turns MLA on (DeepSeek-V2/V3)."""
+    qk_nope_head_dim: int = 0
+    """MLA: per-head query/key dimension without rotary embedding."""
+    qk_rope_head_dim: int = 0
+    """MLA: per-head query/key dimension with rotary embedding (the key part is shared by heads)."""
+    v_head_dim: int = 0
+    """MLA: per-head value dimension."""
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    # ---- derived ----
+    @property
+    def head_dim_(self) -> int:
+        """Effective head dimension (query/key dimension for MLA)."""
+        if self.head_dim is not None:
+            return self.head_dim
+        if self.is_mla:
+            return self.qk_nope_head_dim + self.qk_rope_head_dim
+        return self.d_model // self.n_heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def d_ff_expert_(self) -> int:
+        return self.d_ff_expert if self.d_ff_expert is not None else self.d_ff
+
+    @property
+    def d_ff_shared_(self) -> int:
+        return self.d_ff_shared if self.d_ff_shared is not None else self.d_ff_expert_
+
+    @property
+    def n_moe_layers(self) -> int:
+        return sum(is_moe_layer(self, i) for i in range(self.n_layers))
+
+    @property
+    def n_dense_layers(self) -> int:
+        return self.n_layers - self.n_moe_layers
+
+    @property
+    def ffn_matrices(self) -> int:
+        """Weight matrices per FFN: 2 (gelu) or 3 (swiglu)."""
+        return 3 if self.ffn == "swiglu" else 2
+
+
+# ---------------------------------------------------------------- validation
+_POS_INT = ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size",
+            "max_seq_len", "top_k", "moe_every")
+
+
+_OPT_POS_INT = ("head_dim", "d_ff_expert", "d_ff_shared")
+
+
+_NONNEG_INT = ("n_experts", "n_shared_experts", "first_dense_layers", "q_lora_rank",
+               "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+
+
+_BOOL = ("tied_embeddings", "bias", "qkv_bias", "qk_norm")
+
+
+_CHOICES = {"ffn": FFN_KINDS, "position": POSITION_KINDS, "norm": NORM_KINDS}
+
+
+FIELD_NAMES = tuple(f.name for f in dataclasses.fields(ModelSpec))
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, Integral) and not isinstance(v, bool)
+
+
+def _validate(s: ModelSpec) -> None:
+    def bad(key: str, problem: str) -> ConfigError:
+        return ConfigError(None, f"model.{key}", problem)
+
+    if not isinstance(s.name, str) or not s.name:
+        raise bad("name", f"expected a non-empty string, got {s.name!r}")
+    for key in _POS_INT + _OPT_POS_INT + _NONNEG_INT:
+        v = getattr(s, key)
+        if v is None and key in _OPT_POS_INT:
+            continue
+        if not _is_int(v):
+            raise bad(key, f"expected an integer, got {v!r}")
+        if v < 0 or (v == 0 and key not in _NONNEG_INT):
+            raise bad(key, f"must be {'>= 0' if key in _NONNEG_INT else 'positive'}, got {v}")
+    for key in _BOOL:
+        if not isinstance(getattr(s, key), bool):
+            raise bad(key, f"expected true or false, got {getattr(s, key)!r}")
+    for key, allowed in _CHOICES.items():
+        if getattr(s, key) not in allowed:
+            raise bad(key, f"{getattr(s, key)!r} is not one of {', '.join(allowed)}")
+    cf = s.capacity_factor
+    if not isinstance(cf, Real) or isinstance(cf, bool) or not cf > 0:
+        raise bad("capacity_factor", f"expected a positive number, got {cf!r}")
+    if s.n_heads % s.n_kv_heads:
+        raise bad("n_kv_heads", f"n_heads={s.n_heads} is not divisible by n_kv_heads={s.n_kv_heads}")
+    if s.head_dim is None and not s.is_mla and s.d_model % s.n_heads:
+        raise bad("n_heads", f"d_model={s.d_model} is not divisible by n_heads={s.n_heads} (give head_dim)")
+    if s.is_mla:
+        for key in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            if getattr(s, key) <= 0:
+                raise bad(key, "must be positive when kv_lora_rank > 0 (MLA)")
+    if s.is_moe and s.top_k > s.n_experts:
+        raise bad("top_k", f"top_k={s.top_k} exceeds n_experts={s.n_experts}")
+    if s.first_dense_layers > s.n_layers:
+        raise bad("first_dense_layers", f"{s.first_dense_layers} exceeds n_layers={s.n_layers}")
+
+
+# ---------------------------------------------------------------- parameter counts
+def is_moe_layer(spec: ModelSpec, layer_index: int) -> bool:
+    """True when block ``layer_index`` (0-based) has an MoE FFN."""
+    if not spec.is_moe or layer_index < spec.first_dense_layers:
+        return False
+    return (layer_index - spec.first_dense_layers) % spec.moe_every == 0

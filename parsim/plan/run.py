@@ -1,0 +1,339 @@
+"""What-if capacity planning: "what should I run on N GPUs?"
+
+Enumerate legal configurations (parsim.plan.prescreen), pre-screen all of them
+analytically with the simulator's own per-stage costs and memory rules, then confirm
+the best ``confirm`` of them with the event simulation (parsim.simulate) through
+parsim.plan.sweep (process pool or dask; resumable results file) and rank them by the
+objective. Every pruned family keeps the reason it was pruned; the winner gets an
+explanation against the runner-up (bubble, exposed communication, memory headroom).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass, field
+
+from parsim.plan.prescreen import Estimate, prescreen
+from parsim.plan.space import Candidate, PlanSpec, enumerate_candidates, make_scenario
+from parsim.plan.sweep import Progress, run_sweep
+from parsim.results.result import json_safe
+from parsim.units import fmt_bytes, fmt_seconds
+
+OBJECTIVES = ("time", "mfu", "cost")
+
+
+@dataclass
+class PlanResult:
+    """Everything ``parsim plan`` reports."""
+
+    spec: PlanSpec
+    objective: str
+    rows: list[dict]
+    """Confirmed configurations that fit, best first (the --json list)."""
+    families: list[dict]
+    """Per (tp, pp, cp) family: status, best pre-screen time or why it was rejected."""
+    explanation: list[str]
+    """Why the winner wins (sentences)."""
+    n_candidates: int = 0
+    n_fit: int = 0
+    n_simulated: int = 0
+    timings_s: dict = field(default_factory=dict)
+
+
+def spec_digest(spec: PlanSpec) -> str:
+    """Short hash of everything but the search space: results files are keyed with it."""
+    d = {"model": asdict(spec.model), "hw": spec.hardware.name, "gb": spec.global_batch,
+         "seq": spec.seq_len, "prec": spec.precision, "opt": spec.optimizer, "overlap": asdict(spec.overlap)}
+    return hashlib.sha1(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+def score(metrics: dict, objective: str) -> float:
+    """Lower is better: step time, -MFU, or GPU-seconds per token."""
+    if objective == "mfu":
+        return -metrics["mfu"]
+    if objective == "cost":
+        return metrics["world_size"] / max(metrics["tokens_per_s"], 1e-9)
+    return metrics["step_time_s"]
+
+
+def _estimate_score(e: Estimate, objective: str, spec: PlanSpec) -> float:
+    if objective == "cost":
+        return e.step_time_s * e.cand.world
+    if objective == "mfu":
+        return e.step_time_s * e.cand.world  # MFU is inversely proportional to T * world
+    return e.step_time_s
+
+
+def simulate_candidate(payload: tuple[PlanSpec, Candidate]) -> dict:
+    """Sweep job: the event simulation of one candidate -> its metrics (JSON-safe)."""
+    from parsim.simulate import simulate
+    spec, cand = payload
+    res = simulate(make_scenario(spec, cand))
+    return {"candidate": asdict(cand), "metrics": json_safe(res.to_json())}
+
+
+def run_plan(spec: PlanSpec, objective: str = "time", top: int = 10, confirm: int | None = None, *,
+             executor: str = "local", workers: int | None = None, scheduler: str | None = None,
+             results: str | None = None, progress: bool | None = None) -> PlanResult:
+    t0 = time.perf_counter()
+    cands, rejected = enumerate_candidates(spec)
+    t1 = time.perf_counter()
+    bar = Progress(len(cands), "pre-screen", progress)
+    est, rej2 = prescreen(spec, cands, bar)
+    bar.close()
+    t2 = time.perf_counter()
+    for reason, fams in rej2.items():
+        rejected.setdefault(reason, []).extend(fams)
+    fit = sorted((e for e in est if e.fits), key=lambda e: (_estimate_score(e, objective, spec), e.peak_memory_bytes))
+    n_confirm = confirm if confirm is not None else max(2 * top, 8)
+    chosen = fit[:n_confirm]
+    digest = spec_digest(spec)
+    jobs = [(f"{digest}:{e.cand.key()}", (spec, e.cand)) for e in chosen]
+    recs = run_sweep(jobs, simulate_candidate, results=results, executor=executor, workers=workers,
+                     scheduler=scheduler, progress=progress, label="simulating")
+    t3 = time.perf_counter()
+    by_key = {e.cand.key(): e for e in chosen}
+    rows = []
+    for key, _ in jobs:
+        rec = recs.get(key, {})
+        if "metrics" not in rec:
+            continue
+        mx = rec["metrics"]
+        if not mx.get("fits_in_memory"):
+            continue
+        e = by_key[key.split(":", 1)[1]]
+        rows.append(_row(e, mx))
+    rows.sort(key=lambda r: (score(r, objective), r["peak_memory_bytes"]))
+    for i, r in enumerate(rows):
+        r["rank"] = i + 1
+    families = _families(est, rejected, rows, objective, spec)
+    res = PlanResult(spec, objective, rows[:top], families, _explain(rows, est, spec),
+                     n_candidates=len(cands) + sum(n for v in rejected.values() for _, n in v),
+                     n_fit=len(fit), n_simulated=len(jobs))
+    res.timings_s = {"enumerate": t1 - t0, "prescreen": t2 - t1, "simulate": t3 - t2, "total": t3 - t0,
+                     "prescreened": len(est)}
+    return res
+
+
+def _row(e: Estimate, mx: dict) -> dict:
+    c = e.cand
+    row = {"rank": 0, "key": c.key(), "parallel": c.parallel_dict(), "schedule": c.schedule,
+           "recompute": c.recompute, "microbatch_size": c.microbatch_size}
+    row.update({k: v for k, v in mx.items() if k not in row})
+    row["prescreen_step_time_s"] = e.step_time_s
+    row["prescreen_peak_memory_bytes"] = e.peak_memory_bytes
+    row["memory_headroom_bytes"] = mx["memory_capacity_bytes"] - mx["peak_memory_bytes"]
+    row["gpu_hours_per_million_tokens"] = mx["world_size"] / 3600 / max(mx["tokens_per_s"], 1e-9) * 1e6
+    return row
+
+
+def _families(est: list[Estimate], rejected: dict, rows: list[dict], objective: str, spec: PlanSpec) -> list[dict]:
+    fams: dict[str, dict] = {}
+    for reason, items in rejected.items():
+        for fam, n in items:
+            f = fams.setdefault(fam, {"family": fam, "candidates": 0, "fit": 0, "reasons": {}})
+            f["candidates"] += n
+            f["reasons"][reason] = f["reasons"].get(reason, 0) + n
+    best: dict[str, Estimate] = {}
+    worst_mem: dict[str, Estimate] = {}
+    for e in est:
+        fam = e.cand.family()
+        f = fams.setdefault(fam, {"family": fam, "candidates": 0, "fit": 0, "reasons": {}})
+        f["candidates"] += 1
+        if e.fits:
+            f["fit"] += 1
+            if fam not in best or _estimate_score(e, objective, spec) < _estimate_score(best[fam], objective, spec):
+                best[fam] = e
+        elif fam not in worst_mem or e.peak_memory_bytes < worst_mem[fam].peak_memory_bytes:
+            worst_mem[fam] = e
+    winner = rows[0] if rows else None
+    win_fam = None
+    if winner:
+        p = winner["parallel"]
+        win_fam = f"tp{p['tp']} pp{p['pp']} cp{p['cp']}" + (f" ep{p['ep']}" if p["ep"] > 1 else "")
+    cap = spec.hardware.device.usable_memory_bytes
+    sim_best: dict[str, dict] = {}
+    for r in rows:
+        p = r["parallel"]
+        fam = f"tp{p['tp']} pp{p['pp']} cp{p['cp']}" + (f" ep{p['ep']}" if p["ep"] > 1 else "")
+        sim_best.setdefault(fam, r)  # rows are best first
+    out = []
+    for fam, f in fams.items():
+        if fam == win_fam:
+            f["status"] = "winner"
+            f["why"] = f"{winner['key']}: {fmt_seconds(winner['step_time_s'])} per step (simulated)"
+        elif fam in sim_best:
+            r = sim_best[fam]
+            f["status"] = "slower"
+            f["best_prescreen_step_time_s"] = r["prescreen_step_time_s"]
+            f["sort_s"] = r["step_time_s"]
+            f["why"] = (f"best {r['key']}: {fmt_seconds(r['step_time_s'])} simulated "
+                        f"({r['step_time_s'] / winner['step_time_s'] - 1:+.1%} vs the winner)")
+        elif fam in best:
+            e = best[fam]
+            f["status"] = "slower"
+            f["best_prescreen_step_time_s"] = e.step_time_s
+            f["sort_s"] = 1e9 + e.step_time_s  # after the simulated ones
+            ref = winner["prescreen_step_time_s"] if winner else e.step_time_s
+            f["why"] = (f"best {e.cand.key()}: {fmt_seconds(e.step_time_s)} pre-screened "
+                        f"({e.step_time_s / ref - 1:+.1%} vs the winner's pre-screen; not simulated)")
+        elif fam in worst_mem:
+            e = worst_mem[fam]
+            f["status"] = "out of memory"
+            f["why"] = (f"does not fit: smallest peak {fmt_bytes(e.peak_memory_bytes)} > {fmt_bytes(cap)} usable "
+                        f"({e.cand.key()})")
+        else:
+            f["status"] = "illegal"
+            f["why"] = "; ".join(f"{r} ({n})" for r, n in sorted(f["reasons"].items(), key=lambda kv: -kv[1])[:2])
+        out.append(f)
+    order = {"winner": 0, "slower": 1, "out of memory": 2, "illegal": 3}
+    out.sort(key=lambda f: (order[f["status"]], f.get("sort_s", 0.0), f["family"]))
+    return out
+
+
+def _explain(rows: list[dict], est: list[Estimate], spec: PlanSpec) -> list[str]:
+    if not rows:
+        return ["No configuration fits in memory; see the rejected families."]
+    w = rows[0]
+    T = w["step_time_s"]
+    b = w["breakdown_s"]
+    axes = ", ".join(f"{k} {fmt_seconds(v)}" for k, v in w["exposed_comm_by_axis_s"].items() if v > 0) or "none"
+    lines = [
+        f"Winner {w['key']}: {fmt_seconds(T)} per step, {w['tokens_per_s']:,.0f} tokens/s, MFU {w['mfu']:.1%}.",
+        f"Bubble {w['bubble_fraction']:.1%} of the step (pure pipeline bubble {fmt_seconds(b['bubble'])}); "
+        f"exposed communication {fmt_seconds(w['exposed_comm_s'])} ({w['exposed_comm_s'] / T:.1%}: {axes}); "
+        f"compute {fmt_seconds(b['compute'])}, recompute {fmt_seconds(b['recompute'])}.",
+        f"Memory: peak {fmt_bytes(w['peak_memory_bytes'])} of {fmt_bytes(w['memory_capacity_bytes'])} usable, "
+        f"headroom {fmt_bytes(w['memory_headroom_bytes'])}.",
+    ]
+    if len(rows) > 1:
+        r = rows[1]
+        diffs = []
+        for label, k in (("bubble", "bubble"), ("compute", "compute"), ("recompute", "recompute"),
+                         ("dp comm", "dp_comm"), ("pp comm", "pp_comm"), ("tp comm", "tp_comm"),
+                         ("cp comm", "cp_comm"), ("optimizer", "optimizer")):
+            d = r["breakdown_s"][k] - b[k]
+            if abs(d) > 1e-3 * T:
+                diffs.append((abs(d), f"{label} {'+' if d > 0 else '-'}{fmt_seconds(abs(d))}"))
+        diffs.sort(reverse=True)
+        lines.append(f"Runner-up {r['key']} is {r['step_time_s'] / T - 1:+.1%} slower; its step differs by "
+                     + (", ".join(t for _, t in diffs[:3]) or "little") + ".")
+    return lines
+
+
+# ---------------------------------------------------------------------------- output
+
+COLUMNS = ("rank", "dp", "tp", "pp", "cp", "ep", "vpp", "zero", "mbs", "schedule", "recompute",
+           "step_time_s", "tokens_per_s", "mfu", "bubble_fraction", "exposed_comm_s", "peak_memory_GiB",
+           "headroom_GiB", "fits_in_memory")
+
+
+def flat_row(r: dict) -> dict:
+    p = r["parallel"]
+    return {"rank": r["rank"], **{k: p[k] for k in ("dp", "tp", "pp", "cp", "ep", "vpp", "zero")},
+            "mbs": r["microbatch_size"], "schedule": r["schedule"], "recompute": r["recompute"],
+            "step_time_s": round(r["step_time_s"], 4), "tokens_per_s": round(r["tokens_per_s"]),
+            "mfu": round(r["mfu"], 4), "bubble_fraction": round(r["bubble_fraction"], 4),
+            "exposed_comm_s": round(r["exposed_comm_s"], 4),
+            "peak_memory_GiB": round(r["peak_memory_bytes"] / 2**30, 2),
+            "headroom_GiB": round(r["memory_headroom_bytes"] / 2**30, 2), "fits_in_memory": r["fits_in_memory"]}
+
+
+def to_csv(res: PlanResult) -> str:
+    lines = [",".join(COLUMNS)]
+    for r in res.rows:
+        fr = flat_row(r)
+        lines.append(",".join(str(fr[c]) for c in COLUMNS))
+    return "\n".join(lines) + "\n"
+
+
+def to_json(res: PlanResult) -> list[dict]:
+    return json_safe(res.rows)
+
+
+def _header(res: PlanResult) -> str:
+    s = res.spec
+    return (f"{s.model.name} on {s.gpus} x {s.hardware.name}, global batch {s.global_batch} x seq {s.seq_len} "
+            f"= {s.global_batch * s.seq_len:,} tokens per step; objective: {res.objective}")
+
+
+def to_table(res: PlanResult) -> str:
+    t = res.timings_s
+    head = [_header(res),
+            f"{res.n_candidates} configurations enumerated, {t.get('prescreened', 0)} pre-screened in "
+            f"{t.get('prescreen', 0):.1f} s, {res.n_fit} fit in memory, top {res.n_simulated} confirmed by "
+            f"simulation in {t.get('simulate', 0):.1f} s", ""]
+    heads = ["#", "dp", "tp", "pp", "cp", "ep", "vpp", "zero", "mbs", "schedule", "recompute", "step(s)",
+             "tokens/s", "MFU", "bubble", "exp.comm(s)", "peak(GiB)", "free(GiB)"]
+    widths = [3, 5, 3, 3, 3, 3, 3, 4, 3, 16, 9, 8, 10, 6, 6, 11, 9, 9]
+    lines = ["  ".join(f"{h:>{w}}" for h, w in zip(heads, widths))]
+    for r in res.rows:
+        fr = flat_row(r)
+        lines.append("  ".join(f"{str(fr[c]):>{w}}" for c, w in zip(COLUMNS[:-1], widths)))
+    fam = ["", "families (tp, pp, cp):"]
+    for f in res.families[:25]:
+        fam.append(f"  {f['family']:<16} {f['status']:<14} {f['why']}")
+    if len(res.families) > 25:
+        fam.append(f"  ... {len(res.families) - 25} more (see --format md)")
+    return "\n".join(head + lines + ["", *res.explanation] + fam)
+
+
+def to_markdown(res: PlanResult, command: str | None = None) -> str:
+    t = res.timings_s
+    out = [f"# parsim plan: {res.spec.model.name} on {res.spec.gpus} x {res.spec.hardware.name}", "",
+           _header(res) + ".", ""]
+    if command:
+        out += ["Generated by:", "", "```bash", command, "```", ""]
+    out += [f"{res.n_candidates} configurations enumerated; {t.get('prescreened', 0)} pre-screened analytically "
+            f"in {t.get('prescreen', 0):.1f} s; {res.n_fit} fit in memory; the best {res.n_simulated} were "
+            f"confirmed by the event simulation ({t.get('simulate', 0):.1f} s). Overlap settings: "
+            f"{asdict(res.spec.overlap)}.", "", "## Ranked configurations (simulated)", "",
+            "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for r in res.rows:
+        fr = flat_row(r)
+        out.append("| " + " | ".join(str(fr[c]) for c in COLUMNS) + " |")
+    out += ["", "## Why the winner wins", ""] + [f"- {s}" for s in res.explanation]
+    out += ["", "## Families (tp, pp, cp) and why the others lost or were rejected", "",
+            "| family | candidates | fit | status | why |", "|---|---|---|---|---|"]
+    for f in res.families:
+        out.append(f"| {f['family']} | {f['candidates']} | {f['fit']} | {f['status']} | {f['why']} |")
+    return "\n".join(out) + "\n"
+
+
+def scenario_toml(spec: PlanSpec, row: dict) -> str:
+    """A scenario file reproducing a plan row (``parsim simulate`` it)."""
+    p = row["parallel"]
+    model = f'preset = "{spec.model_ref}"' if "/" not in spec.model_ref and not spec.model_ref.endswith(".json") \
+        else f'hf_config = "{spec.model_ref}"'
+    ov = asdict(spec.overlap)
+    return f"""name = "{spec.model.name}-plan-{row['key']}"
+hardware = "{spec.hardware.name}"
+gpus = {row['world_size']}
+
+[model]
+{model}
+
+[training]
+global_batch = {spec.global_batch}
+seq_len = {spec.seq_len}
+microbatch_size = {row['microbatch_size']}
+precision = "{spec.precision}"
+optimizer = "{spec.optimizer}"
+recompute = "{row['recompute']}"
+
+[parallel]
+dp = {p['dp']}
+tp = {p['tp']}
+pp = {p['pp']}
+cp = {p['cp']}
+ep = {p['ep']}
+vpp = {p['vpp']}
+zero = {p['zero']}
+sequence_parallel = {str(p['sequence_parallel']).lower()}
+
+[schedule]
+name = "{row['schedule']}"
+
+[overlap]
+""" + "\n".join(f"{k} = {str(v).lower()}" for k, v in ov.items()) + "\n"
