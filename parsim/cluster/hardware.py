@@ -16,6 +16,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
 
+from parsim.cluster.precision import GEMM_PRECISIONS, PRECISION_TABLE
+from parsim.cluster.precision import precision as precision_row
 from parsim.errors import ConfigError
 from parsim.units import GB, TB, TFLOP, US, GiB, to_si
 
@@ -36,21 +38,12 @@ def find_calibrated(name: str) -> Path | None:
     """The calibrated profile ``name`` (user's first, then bundled), or None."""
     return next((d / f"{name}.toml" for d in calibrated_dirs() if (d / f"{name}.toml").is_file()), None)
 
-PRECISIONS = ("bf16", "fp16", "fp32", "tf32", "fp8")
-_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32",
-            "float": "fp32", "float8": "fp8"}
-# Bytes per element of the GEMM inputs (A, B) and of its output C. fp8 GEMMs write
-# bf16 outputs (as Transformer Engine does); tf32 reads and writes fp32 tensors.
-_IN_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "tf32": 4, "fp8": 1}
-_OUT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "tf32": 4, "fp8": 2}
+PRECISIONS = GEMM_PRECISIONS
 
 
 def canonical_precision(precision: str) -> str:
     """``"bfloat16"`` -> ``"bf16"`` etc.; unknown names raise ValueError."""
-    p = _ALIASES.get(str(precision).lower(), str(precision).lower())
-    if p not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r} (known: {', '.join(PRECISIONS)})")
-    return p
+    return precision_row(str(precision).lower()).name
 
 
 @dataclass(frozen=True)
@@ -118,7 +111,8 @@ class Device:
     def gemm_bytes(self, m: int, n: int, k: int, precision: str = "bf16") -> float:
         """HBM bytes of one ``(m x k) @ (k x n)`` GEMM: read A and B once, write C once."""
         p = canonical_precision(precision)
-        return (m * k + k * n) * _IN_BYTES[p] + m * n * _OUT_BYTES[p]
+        row = PRECISION_TABLE[p]
+        return (m * k + k * n) * row.gemm_in_bytes + m * n * row.gemm_out_bytes
 
     def gemm_time(self, m: int, n: int, k: int, precision: str = "bf16", count: int = 1) -> float:
         """Seconds for ``count`` GEMMs of shape ``(m x k) @ (k x n)`` (2mnk FLOP each).

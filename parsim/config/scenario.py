@@ -4,12 +4,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from parsim.cluster.hardware import HardwareProfile
+from parsim.cluster.precision import TRAINING_PRECISIONS
 from parsim.config.moe import MoEConfig
 from parsim.config.parallel import ParallelConfig
 from parsim.errors import ConfigError
 from parsim.model import ModelSpec
 
-PRECISIONS = ("bf16", "fp16", "fp32", "fp8")
+PRECISIONS = TRAINING_PRECISIONS
 
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "muon", "adafactor")

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from parsim.cluster.precision import PRECISION_TABLE
 from parsim.model import ModelSpec
 
 # Optimizer state bytes per parameter beyond weights and gradients (K in ZeRO's
@@ -43,7 +44,6 @@ OPTIMIZER_STATE_BYTES_MIXED: dict[str, int] = {
 OPTIMIZER_STATE_BYTES_FP32: dict[str, int] = {
     "sgd": 0, "momentum": 4, "adam": 8, "adamw": 8, "muon": 4, "adafactor": 1,
 }
-PRECISION_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
 
 
 @dataclass(frozen=True)
@@ -64,11 +64,8 @@ class ModelStates:
 
 def state_bytes_per_param(optimizer: str, precision: str) -> tuple[int, int, int]:
     """(weight, gradient, optimizer) bytes per parameter."""
-    w = PRECISION_BYTES[precision]
+    w = PRECISION_TABLE[precision].weight_bytes  # fp8 training keeps bf16 weights/grads (Transformer Engine)
     table = OPTIMIZER_STATE_BYTES_FP32 if precision == "fp32" else OPTIMIZER_STATE_BYTES_MIXED
-    # fp8 training keeps bf16 weights/grads for the update path (Transformer Engine).
-    if precision == "fp8":
-        w = 2
     return w, w, table[optimizer]
 
 

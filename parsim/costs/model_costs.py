@@ -25,9 +25,9 @@ from parsim.cluster.collectives import (
     group_path,
     parameter_server_time,
 )
+from parsim.cluster.precision import PRECISION_TABLE
 from parsim.config.scenario import Scenario
 from parsim.costs.memory import (
-    PRECISION_BYTES,
     ActivationOptions,
     layer_activation_bytes,
     layer_recompute_transient_bytes,
@@ -110,7 +110,7 @@ class ModelCosts:
         self.prec = sc.training.precision
         self.act_opts = ActivationOptions(sc.training.recompute, sc.training.flash_attention,
                                           sc.parallel.sequence_parallel, sc.dropout,
-                                          bytes_per_element=_activation_element_bytes(self.prec))
+                                          bytes_per_element=PRECISION_TABLE[self.prec].activation_bytes)
         par = sc.parallel
         self.pipeline_ranks = par.pipeline_ranks()
         self.tp_group = par.group_ranks("tp", 0)
@@ -212,8 +212,8 @@ class ModelCosts:
         f_gemm, i_gemm, w_gemm = f_gemm / clock, i_gemm / clock, w_gemm / clock
         f_attn, i_attn = f_attn / clock + self._launch(1), i_attn / clock + self._launch(2)
         elem = dev.memory_time(layer_elementwise_bytes(m, tokens, par.tp, par.sequence_parallel,
-                                                       _activation_element_bytes(prec)))
-        act_bytes = tokens * m.d_model * PRECISION_BYTES.get(prec, 2)
+                                                       PRECISION_TABLE[prec].activation_bytes))
+        act_bytes = tokens * m.d_model * PRECISION_TABLE[prec].wire_bytes
         tp_fwd = self._tp_layer_comm(act_bytes, f_gemm)
         tp_bwd = self._tp_layer_comm(act_bytes, i_gemm)
         cp_fwd = self._cp_exchange(f_attn)
@@ -283,7 +283,7 @@ class ModelCosts:
         _, _, tokens = self._tokens()
         q = m.n_heads * m.head_dim_ / par.tp
         kv = m.n_kv_heads * m.head_dim_ / (par.tp if m.n_kv_heads >= par.tp else 1)
-        return self.dev.memory_time(2.0 * tokens * (2 * q + 2 * kv) * PRECISION_BYTES.get(self.prec, 2))
+        return self.dev.memory_time(2.0 * tokens * (2 * q + 2 * kv) * PRECISION_TABLE[self.prec].activation_bytes)
 
     def _launch(self, passes: int) -> float:
         """Kernel launch gaps of one block per pass: ~12 kernels in a fused forward (2 norms,
@@ -338,7 +338,7 @@ class ModelCosts:
             w = w + Parts(compute=dev.memory_time(3 * st.params * grad_bytes))
         st.parts = {Op.F: f, Op.I: i, Op.W: w, Op.B: i + w}
         st.flops = {Op.F: ff, Op.I: fi, Op.W: fw, Op.B: fi + fw}
-        st.p2p_bytes = tokens * m.d_model * PRECISION_BYTES.get(prec, 2) / (par.tp if par.sequence_parallel else 1)
+        st.p2p_bytes = tokens * m.d_model * PRECISION_TABLE[prec].wire_bytes / (par.tp if par.sequence_parallel else 1)
 
     def _selective_recompute_time(self, n_layers: int) -> float:
         sc, par = self.sc, self.sc.parallel
@@ -451,7 +451,7 @@ class ModelCosts:
         # experts: ZeRO shards them over the ranks that hold the same experts (dp*cp/ep)
         me = model_state_bytes(ne, len(self.edp_group), par.zero, tr.optimizer, tr.precision)
         extra = self.weight_versions(rank) - 1  # PipeDream / 2BW stashed weight versions (16-bit copies)
-        stash = extra * n * PRECISION_BYTES.get(tr.precision, 2)
+        stash = extra * n * PRECISION_TABLE[tr.precision].weight_bytes
         return {"params": ms.params + me.params + stash, "grads": ms.grads + me.grads,
                 "optimizer": ms.optimizer + me.optimizer}
 
@@ -478,12 +478,7 @@ def scores_pass_bytes(batch_heads: int, s_q: int, s_k: int, precision: str, drop
     scale-mask-softmax reads and writes them, dropout reads them and writes them with a
     1-byte mask, the PV batched GEMM reads them. Calibration takes the same off."""
     per_pass = 2 + (2.5 if dropout else 0.0) + 1
-    return per_pass * batch_heads * s_q * s_k * PRECISION_BYTES.get(precision, 2)
-
-
-def _activation_element_bytes(precision: str) -> int:
-    """Bytes of one activation element: 4 in fp32 training, else 16-bit (fp8 GEMMs keep bf16 activations)."""
-    return 4 if precision == "fp32" else 2
+    return per_pass * batch_heads * s_q * s_k * PRECISION_TABLE[precision].activation_bytes
 
 
 def _expert_params(m: ModelSpec, li: int) -> float:

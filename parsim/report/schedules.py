@@ -85,8 +85,8 @@ def table5(published_json: Path) -> list[str]:
     """Markdown rows: Qi et al. Table 5 bubble rates vs parsim's, from their profiled costs."""
     import json
 
-    from parsim.simulate import simulate
     from parsim.scenario import scenario_from_dict
+    from parsim.simulate import simulate
     out = ["| case | 1F1B-I paper / parsim | ZB-H1 paper / parsim | ZB-H2 paper / parsim (span) |",
            "|---|---:|---:|---:|"]
     worst = 0.0
