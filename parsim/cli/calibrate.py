@@ -1,6 +1,7 @@
 """`parsim calibrate [--backend gloo|nccl]`: run microbenchmarks, fit, write a calibrated profile.
 
-Writes ``hardware_profiles/calibrated/<name>.toml`` (every fitted number with its source,
+Writes ``hardware_profiles/calibrated/<name>.toml`` under the working directory, or under
+``--out-dir`` -- never into the installed package (every fitted number with its source,
 a ``[calibration]`` table with the fit quality) and ``<name>.csv`` beside it: the
 measured rows, each with the fitted model's prediction and relative error.
 """
@@ -21,7 +22,8 @@ def register(sub) -> None:
     p.add_argument("--ranks", type=int, default=2, help="processes (ranks) to run at once (default 2)")
     p.add_argument("--base", default=None, help="profile to start from (default cpu-gloo for gloo, dgx-h100 for nccl)")
     p.add_argument("--name", default=None, help="name of the calibrated profile (default: the base's name)")
-    p.add_argument("--out-dir", default=str(CALIBRATED_DIR), help="where to write <name>.toml and <name>.csv")
+    p.add_argument("--out-dir", default=str(CALIBRATED_DIR), help="where to write <name>.toml and <name>.csv (default: %(default)s under the working "
+                        "directory; parsim finds profiles there by name)")
     p.add_argument("--precision", default=None, help="GEMM precision to benchmark (fp32 on gloo, bf16 on nccl)")
     p.add_argument("--quick", action="store_true", help="fewer shapes and sizes (tests)")
     p.add_argument("--passes", type=int, default=0,
