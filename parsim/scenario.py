@@ -125,7 +125,7 @@ def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Sc
         raise ConfigError(file, "model", "missing [model] table (preset = \"...\" or explicit fields)")
     model = model_from_table(doc["model"], file)
     training = _training(doc.get("training", {}), file)
-    parallel = _parallel(doc.get("parallel", {}), file)
+    parallel = _parallel(doc.get("parallel", {}), file, gpus)
     schedule = _schedule(doc.get("schedule", {}), file)
     overlap = _simple(OverlapConfig, doc.get("overlap", {}), file, "overlap.")
     parallel = _schedule_shape(parallel, schedule, file)
@@ -162,21 +162,33 @@ def _schedule_shape(par: ParallelConfig, schedule: ScheduleConfig, file: str) ->
 
 
 def _layers(model: ModelSpec, par: ParallelConfig, schedule: ScheduleConfig, file: str) -> tuple[int, ...]:
-    """Transformer blocks per stage: explicit, or even (per chain for two-copy schedules)."""
+    """Transformer blocks per stage: explicit, or even (per chain for two-copy schedules),
+    with the first/last chunk stated or the embedding/loss counted (partition_layers)."""
     from parsim.schedule.semantics import traits
     t = traits(schedule.name)
     n = par.n_stages
+    per_chain = n // t.n_chains
+    stated = ([k for k in ("first_stage_layers", "last_stage_layers") if getattr(schedule, k) is not None]
+              + [k for k in ("account_for_embedding", "account_for_loss") if getattr(schedule, k)])
+    if stated and (schedule.layers_per_stage is not None or schedule.partition == "balanced"):
+        other = "layers_per_stage" if schedule.layers_per_stage is not None else 'partition = "balanced"'
+        raise ConfigError(file, f"schedule.{stated[0]}", f"shapes the even split; {other} already decides it "
+                                                         "(give one of them)")
     if schedule.layers_per_stage is not None:
         lps = schedule.layers_per_stage
-        per_chain = n // t.n_chains
-        if len(lps) not in (n, per_chain) or any(k < 1 for k in lps) or sum(lps) != model.n_layers * (len(lps) // per_chain):
+        ends = {0, per_chain - 1}  # a chain's first/last chunk may hold only the embedding / the loss
+        copies = [lps[i:i + per_chain] for i in range(0, len(lps), per_chain)]  # each holds the whole model
+        if (len(lps) not in (n, per_chain) or any(sum(c) != model.n_layers for c in copies)
+                or any(k < (0 if s % per_chain in ends else 1) for s, k in enumerate(lps))):
             raise ConfigError(file, "schedule.layers_per_stage",
-                              f"needs {per_chain} positive counts summing to n_layers={model.n_layers}, got {list(lps)}")
+                              f"needs {per_chain} (or pp*vpp = {n}) counts in model order summing to "
+                              f"n_layers={model.n_layers} per model copy, positive except on the first and "
+                              f"last chunk, got {list(lps)}")
         return tuple(lps) * (n // len(lps))
-    if t.n_chains > 1:
-        return partition_layers(model.n_layers, n // t.n_chains, file=file) * t.n_chains
     interleaved = par.vpp > 1 and t.stages_per_rank is None
-    return partition_layers(model.n_layers, n, file=file, interleaved=interleaved)
+    return partition_layers(model.n_layers, per_chain, file=file, interleaved=interleaved,
+                            first=schedule.first_stage_layers, last=schedule.last_stage_layers,
+                            embedding=schedule.account_for_embedding, loss=schedule.account_for_loss) * t.n_chains
 
 
 def _simulation(t: dict, file: str) -> SimulationConfig:
@@ -213,12 +225,18 @@ def _training(t: dict, file: str) -> TrainingConfig:
     return tc
 
 
-def _parallel(t: dict, file: str) -> ParallelConfig:
+def _parallel(t: dict, file: str, gpus: int) -> ParallelConfig:
     p = "parallel."
     _check_keys(t, {f.name for f in fields(ParallelConfig)}, file, p)
     kw = {}
-    for axis in ("dp", "tp", "pp", "cp", "ep", "vpp"):
+    for axis in ("tp", "pp", "cp", "ep", "vpp", "dp"):
         kw[axis] = _typed(t, axis, int, file, p, 1)
+    if "dp" not in t:  # inferred: the GPUs left over (ep is carved out of dp*cp, it does not count here)
+        model_parallel = kw["tp"] * kw["pp"] * kw["cp"]
+        if gpus % model_parallel:
+            raise ConfigError(file, p + "dp", f"not given, and gpus={gpus} is not divisible by tp*pp*cp = "
+                                              f"{kw['tp']}*{kw['pp']}*{kw['cp']} = {model_parallel}")
+        kw["dp"] = gpus // model_parallel
     zero = t.get("zero", 0)
     if isinstance(zero, bool) or not isinstance(zero, int):
         raise ConfigError(file, p + "zero", f"expected an integer 0..3, got {zero!r}")
@@ -245,7 +263,19 @@ def _schedule(t: dict, file: str) -> ScheduleConfig:
         n_microbatches=_typed(t, "n_microbatches", int, file, p, None),
         partition=_choice(_typed(t, "partition", str, file, p, "even"), ("even", "balanced"), file, p + "partition"),
         layers_per_stage=tuple(lps) if lps is not None else None,
+        first_stage_layers=_count(t, "first_stage_layers", file, p),
+        last_stage_layers=_count(t, "last_stage_layers", file, p),
+        account_for_embedding=_typed(t, "account_for_embedding", bool, file, p, False),
+        account_for_loss=_typed(t, "account_for_loss", bool, file, p, False),
     )
+
+
+def _count(t: dict, key: str, file: str, prefix: str) -> int | None:
+    """A layer count that may be 0 (a chunk holding only the embedding or the loss)."""
+    v = t.get(key)
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+        raise ConfigError(file, prefix + key, f"expected a non-negative integer, got {v!r}")
+    return v
 
 
 def _per_stage(t: dict, key: str, file: str, n_stages: int) -> tuple[float, ...] | None:

@@ -118,3 +118,50 @@ def test_bad_profile_number(tmp_path):
     (tmp_path / "myhw.toml").write_text(bad)
     r = _bad(tmp_path, BASE.replace('"dgx-a100-80g"', f'"{tmp_path / "myhw.toml"}"'))
     assert r.returncode == 2 and "memory_tbyte_per_s" in r.stderr and "myhw.toml" in r.stderr
+
+
+LLAMA405 = """
+hardware = "dgx-h100"
+gpus = 256
+[model]
+preset = "llama3-405b"
+[training]
+global_batch = 32
+seq_len = 8192
+recompute = "full"
+[parallel]
+tp = 8
+pp = 16
+vpp = 2
+[schedule]
+name = "Interleaved1F1B"
+"""
+
+
+def test_uneven_stages_and_inferred_dp_from_the_command_line(tmp_path):
+    # 126 layers over pp 16 x vpp 2 = 32 chunks: refused evenly, with what would work said
+    r = _bad(tmp_path, LLAMA405)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "parallel.vpp" in lines[0]
+    assert "first_stage_layers = 3, last_stage_layers = 3" in lines[0]
+    r = _bad(tmp_path, LLAMA405, "--json", "--set", "schedule.first_stage_layers=3",
+             "--set", "schedule.last_stage_layers=3")
+    assert r.returncode == 0, r.stderr
+    mx = json.loads(r.stdout)
+    assert mx["layers_per_stage"] == [3] + [4] * 30 + [3]  # (126 - 6) / 30 = 4
+    assert mx["parallel"]["dp"] == 2 and mx["world_size"] == 256  # 256 / (tp 8 * pp 16)
+    r = _bad(tmp_path, LLAMA405, "--set", "schedule.first_stage_layers=2", "--set", "schedule.last_stage_layers=2")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1
+    assert "schedule.first_stage_layers" in lines[0] and "e.g. 3 and 3" in lines[0]
+
+
+def test_inferred_dp_that_does_not_divide_is_one_line(tmp_path):
+    r = _bad(tmp_path, LLAMA405, "--set", "parallel.pp=3", "--set", "parallel.vpp=1")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr
+    assert "bad.toml: parallel.dp:" in lines[0] and "= 24" in lines[0]
+    r = _bad(tmp_path, LLAMA405, "--json", "--set", "parallel.dp=2", "--set", "schedule.account_for_embedding=true",
+             "--set", "schedule.account_for_loss=true")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["layers_per_stage"] == [3] + [4] * 30 + [3]  # (126 + 2) / 32 = 4, ends one fewer

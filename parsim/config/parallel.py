@@ -100,18 +100,98 @@ def check_parallel(par: ParallelConfig, gpus: int, file: str | None) -> None:
         raise ConfigError(file, "parallel.order", f"must be a permutation of {list(AXES)}, got {list(par.order)}")
 
 
-def partition_layers(n_layers: int, n_stages: int, *, file: str | None = None,
-                     interleaved: bool = False) -> tuple[int, ...]:
-    """Transformer blocks per stage, as even as possible (earlier stages get the extra).
+def partition_layers(n_layers: int, n_stages: int, *, file: str | None = None, interleaved: bool = False,
+                     first: int | None = None, last: int | None = None,
+                     embedding: bool = False, loss: bool = False) -> tuple[int, ...]:
+    """Transformer blocks per stage (model order: stage 0 holds the embedding, the last the loss).
 
-    Interleaved schedules need an exact split (Megatron's rule): every virtual stage
-    carries the same number of layers.
+    * ``first`` / ``last`` given (``[schedule] first_stage_layers`` / ``last_stage_layers``):
+      the first / last model chunk holds that many blocks and every other stage the same
+      share of the rest, which must divide exactly (Megatron's uneven-pipeline rule, applied
+      per model chunk). 0 is allowed there: a chunk holding only the embedding or the loss,
+      as the Llama 3 paper runs.
+    * ``embedding`` / ``loss`` (``account_for_embedding`` / ``account_for_loss``): the
+      embedding / the loss counts as one more layer in the split, then the first / last
+      stage builds one block fewer (Megatron's --account-for-*-in-pipeline-split;
+      torchtitan's input/output weight 1).
+    * Otherwise as even as possible, earlier stages getting the extra; interleaved
+      schedules need an exact split (Megatron's rule: every virtual stage carries the same
+      number of layers, embedding and loss slots counted).
     """
-    if n_stages > n_layers:
+    if first is not None or last is not None:
+        if embedding or loss:
+            raise ConfigError(file, "schedule.account_for_embedding" if embedding else "schedule.account_for_loss",
+                              "counts the embedding/loss in an even split; first_stage_layers/last_stage_layers "
+                              "already state the split (Megatron refuses both together too)")
+        return _uneven(n_layers, n_stages, first, last, file)
+    slots = n_layers + embedding + loss  # the embedding / loss each take one layer's slot
+    if n_stages > slots:
         raise ConfigError(file, "parallel.pp",
                           f"{n_stages} stages (pp*vpp) but only {n_layers} layers")
-    if interleaved and n_layers % n_stages:
+    if interleaved and slots % n_stages:
+        counted = "".join([" + embedding"] * embedding + [" + loss"] * loss)
         raise ConfigError(file, "parallel.vpp",
-                          f"interleaving needs n_layers={n_layers} divisible by pp*vpp={n_stages}")
-    base, extra = divmod(n_layers, n_stages)
-    return tuple(base + (1 if s < extra else 0) for s in range(n_stages))
+                          f"interleaving needs n_layers{counted}={slots} divisible by pp*vpp={n_stages} "
+                          f"(Megatron's rule){_what_would(n_layers, n_stages)}")
+    base, extra = divmod(slots, n_stages)
+    out = [base + (1 if s < extra else 0) for s in range(n_stages)]
+    out[0] -= embedding
+    out[-1] -= loss
+    return tuple(out)
+
+
+def _uneven(n: int, S: int, first: int | None, last: int | None, file: str | None) -> tuple[int, ...]:
+    """First / last chunk stated; the other stages share the rest exactly."""
+    key = "schedule.first_stage_layers" if first is not None else "schedule.last_stage_layers"
+    if S < 2:
+        raise ConfigError(file, key, "needs at least two pipeline stages (pp*vpp >= 2)")
+    given = (first or 0) + (last or 0)
+    middle = S - (first is not None) - (last is not None)
+    rest = n - given
+    if middle == 0:
+        if rest:
+            raise ConfigError(file, key, f"two stages hold all n_layers={n}: first_stage_layers + "
+                                         f"last_stage_layers must be {n}, got {given}")
+        return (first, last)  # type: ignore[return-value]
+    if rest < middle or rest % middle:
+        raise ConfigError(file, key, f"n_layers={n} minus {given} leaves {rest} layers, which do not split "
+                                     f"evenly over the other {middle} stages{_fix_hint(n, middle, first, last)}")
+    q = rest // middle
+    return ((q if first is None else first),) + (q,) * (S - 2) + ((q if last is None else last),)
+
+
+def _fix_hint(n: int, middle: int, first: int | None, last: int | None) -> str:
+    """The nearest stated layers that would divide (one line, to be appended)."""
+    both = first is not None and last is not None
+    given = (first or 0) + (last or 0)
+    best = None
+    for q in range(1, n // middle + 1):
+        total = n - q * middle  # what first (+ last) must then hold
+        if total >= 0 and (best is None or abs(total - given) < abs(best[1] - given)):
+            best = (q, total)
+    if best is None:
+        return ""
+    q, total = best
+    if both:
+        f = max(0, min(total, first + (total - given) // 2))  # spread the change over both ends
+        return f"; {total} in first and last together would ({q} per other stage), e.g. {f} and {total - f}"
+    name = "first_stage_layers" if first is not None else "last_stage_layers"
+    return f"; {name} = {total} would ({q} per other stage)"
+
+
+def _what_would(n: int, S: int) -> str:
+    """For a refused interleaved split: first/last chunk sizes that make the rest divide."""
+    if S < 3:
+        return ""
+    best = None
+    for q in range(1, n // (S - 2) + 1):
+        total = n - q * (S - 2)
+        f, l = (total + 1) // 2, total // 2
+        slowest = max(f, q)
+        if total >= 0 and (best is None or slowest < best[0]):
+            best = (slowest, f, l, q)
+    if best is None:
+        return ""
+    _, f, l, q = best
+    return (f"; [schedule] first_stage_layers = {f}, last_stage_layers = {l} "
+            f"would leave {q} per other stage, or give layers_per_stage")

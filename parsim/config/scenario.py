@@ -56,7 +56,22 @@ class ScheduleConfig:
     """Layers -> stages: "even" (as equal as possible) | "balanced" (dynamic programming over
     per-layer times, embedding and LM head included, under the memory limit; parsim/partition.py)."""
     layers_per_stage: tuple[int, ...] | None = None
-    """Explicit transformer blocks per stage (n_stages entries summing to n_layers); overrides partition."""
+    """Explicit transformer blocks per stage, in model order (stage s = the s-th model chunk:
+    pp*vpp entries summing to n_layers, or one chain's entries for two-copy schedules);
+    overrides partition. Interleaved: stage s runs on rank s % pp; V-shaped: s < pp on rank
+    s, then back (rank 2pp-1-s). 0 is allowed on a chain's first/last stage only."""
+    first_stage_layers: int | None = None
+    """Blocks in the first model chunk (stage 0: the first virtual stage of rank 0); the
+    other stages share the rest exactly. None: an even share."""
+    last_stage_layers: int | None = None
+    """Blocks in the last model chunk (the last stage: on the last rank when interleaved,
+    on rank 0 when V-shaped). None: an even share."""
+    account_for_embedding: bool = False
+    """The embedding counts as one layer in the even split (the first chunk builds one block
+    fewer; Megatron's --account-for-embedding-in-pipeline-split)."""
+    account_for_loss: bool = False
+    """The LM head and loss count as one layer in the even split (the last chunk builds one
+    block fewer; Megatron's --account-for-loss-in-pipeline-split)."""
 
 
 @dataclass(frozen=True)
