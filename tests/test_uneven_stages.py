@@ -13,10 +13,11 @@ from parsim import simulate
 from parsim.config.parallel import partition_layers
 from parsim.errors import ConfigError
 from parsim.scenario import load_scenario, scenario_from_dict
-from parsim.schedule import BUILDERS
+from parsim.schedule import BUILDERS, traits
 
-V_SHAPED = {"ZBV", "DualPipeV"}
-TWO_CHAINS = {"DualPipe", "Chimera"}
+# families by their declared shape (schedules registered later fall into theirs)
+TWO_CHAINS = {n for n in BUILDERS if traits(n).n_chains == 2}
+V_SHAPED = {n for n in BUILDERS if traits(n).stages_per_rank == 2} - TWO_CHAINS
 
 
 def _doc(model, gpus, parallel, schedule, global_batch=16, seq_len=8192, hardware="dgx-h100", recompute="full"):
@@ -189,6 +190,10 @@ def test_scenario_refusals(keys, key):
     with pytest.raises(ConfigError) as e:
         _tiny("1F1B", keys)
     assert e.value.key == key and e.value.file == "t.toml"
+
+
+def test_families():
+    assert TWO_CHAINS >= {"DualPipe", "Chimera"} and V_SHAPED >= {"ZBV", "DualPipeV"}
 
 
 def test_two_chain_list_must_hold_the_model_in_each_copy():
