@@ -337,8 +337,9 @@ def test_hf_import_errors_name_file_and_key(tmp_path):
     with pytest.raises(ConfigError) as e:
         model_from_hf_config(p)
     assert str(p) in str(e.value) and "num_hidden_layers" in str(e.value)
-    p.write_text(json.dumps({**cfg, "model_type": "bloom"}))
-    with pytest.raises(ConfigError, match="unsupported 'bloom'"):
+    # an unknown model_type with no known class in architectures (Kimi-K2's kimi_k2 has one)
+    p.write_text(json.dumps({**cfg, "model_type": "mamba", "architectures": ["MambaForCausalLM"]}))
+    with pytest.raises(ConfigError, match="unsupported 'mamba'"):
         model_from_hf_config(p)
     with pytest.raises(ConfigError, match="cannot read"):
         model_from_hf_config(tmp_path / "missing.json")

@@ -8,6 +8,7 @@ from parsim.model.shapes import (
                                  PassFlops,
                                  active_params,
                                  attention_core_flops,
+                                 causal_pairs,
                                  embedding_params,
                                  head_flops,
                                  head_gemm,
@@ -21,16 +22,19 @@ from parsim.model.shapes import (
                                  total_params,
 )
 from parsim.model.spec import (
+                                 ATTENTION_KINDS,
                                  FFN_KINDS,
                                  FIELD_NAMES,
                                  NORM_KINDS,
                                  POSITION_KINDS,
                                  ModelSpec,
+                                 attention_kind,
                                  is_moe_layer,
 )
 
 __all__ = [
-    "ModelSpec", "FFN_KINDS", "FIELD_NAMES", "NORM_KINDS", "POSITION_KINDS", "is_moe_layer",
+    "ModelSpec", "FFN_KINDS", "FIELD_NAMES", "NORM_KINDS", "POSITION_KINDS", "ATTENTION_KINDS", "is_moe_layer",
+    "attention_kind", "causal_pairs",
     "Gemm", "PassFlops", "PRESETS", "get_preset", "model_from_table", "model_from_hf_config", "HF_MODEL_TYPES",
     "layer_params", "embedding_params", "head_params", "total_params", "active_params", "layer_gemms",
     "attention_core_flops", "layer_elementwise_bytes", "head_gemm", "layer_flops", "head_flops",

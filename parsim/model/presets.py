@@ -10,7 +10,7 @@ import dataclasses
 from pathlib import Path
 
 from parsim.errors import ConfigError
-from parsim.model.hf import model_from_hf_config
+from parsim.model.hf import WRAPPED_NOTE, dsa_note, model_from_hf_config
 from parsim.model.spec import FIELD_NAMES, ModelSpec
 
 
@@ -40,6 +40,31 @@ def _llama(name: str, n_layers: int, d_model: int, n_heads: int, n_kv_heads: int
     """Llama family: SwiGLU, RMSNorm, RoPE, no biases, untied head."""
     return ModelSpec(name, n_layers, d_model, n_heads, n_kv_heads, d_ff, vocab_size,
                      ffn="swiglu", max_seq_len=max_seq_len)
+
+
+def _opt(name: str, n_layers: int, d_model: int, n_heads: int) -> ModelSpec:
+    """OPT: Zhang et al. 2022 (arXiv:2205.01068) Table 1 (layers, heads, d_model; FFN 4 x d_model,
+    2048-token context) with facebook/opt-* config.json's vocabulary (50272) and the HF class's
+    layout: learned positions with 2 offset rows, LayerNorm, biases, ReLU FFN, head tied."""
+    return ModelSpec(name, n_layers, d_model, n_heads, n_heads, 4 * d_model, 50272, ffn="gelu",
+                     tied_embeddings=True, position="learned", max_seq_len=2048, position_offset=2,
+                     norm="layernorm", bias=True)
+
+
+def _gpt_oss(name: str, n_layers: int, n_experts: int) -> ModelSpec:
+    """GPT-OSS: openai/gpt-oss-{20b,120b} config.json (shipped in tests/data/hf): d 2880, 64 query
+    heads x 64, 8 KV heads, 201088 vocabulary, top-4 experts of width 2880 with biases, a learned
+    sink per head, layers alternating a 128-token sliding window (even) and full attention (odd)."""
+    types = tuple("sliding" if i % 2 == 0 else "full" for i in range(n_layers))
+    return ModelSpec(name, n_layers, 2880, 64, 8, 2880, 201088, ffn="swiglu", head_dim=64,
+                     max_seq_len=131072, bias=True, n_experts=n_experts, top_k=4, d_ff_expert=2880,
+                     layer_types=types, sliding_window=128, attention_sinks=True)
+
+
+_DEEPSEEK_V3 = ModelSpec("deepseek-v3", 61, 7168, 128, 128, 18432, 129280, ffn="swiglu", max_seq_len=163840,
+                         n_experts=256, top_k=8, n_shared_experts=1, d_ff_expert=2048, first_dense_layers=3,
+                         q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+                         v_head_dim=128)
 
 
 _LIST: list[ModelSpec] = [
@@ -81,10 +106,28 @@ _LIST: list[ModelSpec] = [
     # DeepSeek-V3: deepseek-ai/DeepSeek-V3 config.json; tech report arXiv:2412.19437
     # (671B total / 37B active, excluding the 14B multi-token-prediction module).
     # MLA attention; layers 0-2 dense (d_ff 18432), 58 MoE layers of 256 routed + 1 shared expert.
-    ModelSpec("deepseek-v3", 61, 7168, 128, 128, 18432, 129280, ffn="swiglu", max_seq_len=163840,
-              n_experts=256, top_k=8, n_shared_experts=1, d_ff_expert=2048, first_dense_layers=3,
+    _DEEPSEEK_V3,
+    # DeepSeek-V3.2: deepseek-ai/DeepSeek-V3.2 config.json (shipped): DeepSeek-V3's shapes plus the
+    # lightning indexer of DeepSeek Sparse Attention, which is not modelled (see not_modelled).
+    dataclasses.replace(_DEEPSEEK_V3, name="deepseek-v3.2", not_modelled=(dsa_note(64, 128, 2048),)),
+    # Kimi K2: moonshotai/Kimi-K2-Instruct config.json (shipped; model_type kimi_k2, class
+    # DeepseekV3ForCausalLM): DeepSeek-V3 layout with 64 heads, 384 experts, one dense layer,
+    # 163840 vocabulary. Model card: 1T total / 32B activated.
+    ModelSpec("kimi-k2", 61, 7168, 64, 64, 18432, 163840, ffn="swiglu", max_seq_len=131072,
+              n_experts=384, top_k=8, n_shared_experts=1, d_ff_expert=2048, first_dense_layers=1,
               q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
               v_head_dim=128),
+    # GPT-OSS (OpenAI model card, arXiv:2508.10925: 20.9B / 3.6B active, 116.8B / 5.1B active).
+    _gpt_oss("gpt-oss-20b", 24, 32),
+    _gpt_oss("gpt-oss-120b", 36, 128),
+    # Llama 4 Scout, the text model: meta-llama/Llama-4-Scout-17B-16E-Instruct config.json's
+    # text_config (shipped): 48 MoE layers of 16 routed experts (top-1) + 1 shared expert, width
+    # 8192; 40 heads x 128, 8 KV heads; chunked attention (8192) on the RoPE layers, full
+    # attention on every 4th (NoPE) layer. Meta: 109B total / 17B active with the vision encoder.
+    ModelSpec("llama4-scout", 48, 5120, 40, 8, 16384, 202048, ffn="swiglu", head_dim=128,
+              max_seq_len=10485760, n_experts=16, top_k=1, n_shared_experts=1, d_ff_expert=8192,
+              layer_types=tuple("full" if (i + 1) % 4 == 0 else "chunked" for i in range(48)),
+              attention_chunk=8192, not_modelled=(WRAPPED_NOTE,)),
     # Qwen3 MoE: Qwen/Qwen3-30B-A3B and Qwen/Qwen3-235B-A22B config.json; Qwen3 tech report
     # (arXiv:2505.09388) Table 2: 30.5B/3.3B and 235B/22B; q/k RMSNorm, head_dim 128, no shared experts.
     ModelSpec("qwen3-30b-a3b", 48, 2048, 32, 4, 6144, 151936, ffn="swiglu", head_dim=128,
@@ -116,6 +159,27 @@ _LIST: list[ModelSpec] = [
     ModelSpec("glam-8b-64e", 32, 4096, 32, 32, 16384, 256000, ffn="gelu", head_dim=128,
               tied_embeddings=True, max_seq_len=1024, n_experts=64, top_k=2, moe_every=2,
               first_dense_layers=1, capacity_factor=2.0),
+]
+
+_LIST += [
+    # GPT-2 small: openai-community/gpt2 config.json (shipped): 12 layers, d 768, 12 heads,
+    # 1024 positions, vocabulary 50257; 124M parameters.
+    _gpt("gpt2", 12, 768, 12, vocab_size=50257, max_seq_len=1024),
+    # GPT-NeoX-20B: EleutherAI/gpt-neox-20b config.json (shipped) and Black et al. 2022
+    # (arXiv:2204.06745): 44 layers, d 6144, 64 heads, FFN 24576, rotary on 25% of each head,
+    # parallel attention + MLP, untied, vocabulary padded to 50432. Model card: 20,554,567,680.
+    ModelSpec("gpt-neox-20b", 44, 6144, 64, 64, 24576, 50432, ffn="gelu", max_seq_len=2048,
+              norm="layernorm", bias=True, parallel_residual=True),
+    # OPT: Zhang et al. 2022 Table 1; facebook/opt-66b config.json shipped (OPT-175B's weights
+    # and config are not on the Hub: its row is the paper's).
+    _opt("opt-30b", 48, 7168, 56),
+    _opt("opt-66b", 64, 9216, 72),
+    _opt("opt-175b", 96, 12288, 96),
+    # BLOOM: BigScience 2022 (arXiv:2211.05100) Table 3 and the bigscience/bloom model card:
+    # 70 layers, d 14336, 112 heads, vocabulary 250880 (padded), ALiBi, LayerNorm after the
+    # embedding, tied head, 2048-token training sequences; 176,247,271,424 parameters.
+    ModelSpec("bloom-176b", 70, 14336, 112, 112, 4 * 14336, 250880, ffn="gelu", tied_embeddings=True,
+              position="alibi", max_seq_len=2048, norm="layernorm", bias=True, embedding_norm=True),
 ]
 
 PRESETS: dict[str, ModelSpec] = {m.name: m for m in _LIST}

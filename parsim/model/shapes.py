@@ -3,16 +3,18 @@
 Conventions
 -----------
 - Parameter counts are exact integers of the weights a framework would allocate
-  (matrices, biases, norm scales/shifts). Not counted: RoPE/ALiBi (no weights), the
-  DeepSeek-V3 multi-token-prediction module, router bias buffers, Qwen2-MoE's
-  one-column shared-expert gate.
+  (matrices, biases, norm scales/shifts, GPT-OSS attention sinks). Not counted: RoPE/ALiBi
+  (no weights), the DeepSeek-V3 multi-token-prediction module, router bias buffers,
+  Qwen2-MoE's one-column shared-expert gate, and whatever a spec lists in not_modelled.
 - GEMM shapes are per microbatch on ONE tensor-parallel rank with Megatron sharding:
   column-parallel layers (qkv, fc1, gate, up, MLA up-projections) shard their output
   features n by tp; row-parallel layers (attn_out, fc2, down) shard their input
   features k by tp. Shards round up (ceil) when tp does not divide; the router and
   MLA down-projections are replicated on every TP rank (as in Megatron-Core).
 - Attention-core FLOPs count the full s x s score matrix (no causal halving), which is
-  the convention of Megatron's MFU formula and of published TFLOP/s numbers.
+  the convention of Megatron's MFU formula and of published TFLOP/s numbers. Sliding-window
+  and chunked layers count their exact causal query-key pairs P in the same convention,
+  2P - s (a full layer has P = s(s+1)/2, hence s^2): see attention_core_flops.
 
 The spec itself is ``parsim.model.spec``; presets ``parsim.model.presets``; the Hugging
 Face importer ``parsim.model.hf``. ``parsim.model`` re-exports all four.
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from parsim.model.spec import ModelSpec, is_moe_layer
+from parsim.model.spec import ModelSpec, attention_kind, is_moe_layer
 
 
 def _pick_layer(spec: ModelSpec, layer_index: int | None) -> bool:
@@ -58,6 +60,8 @@ def _attention_other(spec: ModelSpec) -> int:
         n += spec.d_model  # output projection bias
     if spec.qk_norm:
         n += 2 * spec.head_dim_
+    if spec.attention_sinks:
+        n += spec.n_heads  # one sink logit per query head
     return n
 
 
@@ -75,7 +79,8 @@ def _ffn_params(spec: ModelSpec, moe: bool, active: bool) -> int:
     if not moe:
         return _mlp_params(spec, spec.d_ff)
     routed = spec.top_k if active else spec.n_experts
-    return (spec.d_model * spec.n_experts  # router (always touched)
+    router = spec.n_experts * (spec.d_model + (1 if spec.bias else 0))  # the router is a linear layer too
+    return (router  # always touched
             + routed * _mlp_params(spec, spec.d_ff_expert_)
             + spec.n_shared_experts * _mlp_params(spec, spec.d_ff_shared_))
 
@@ -97,9 +102,11 @@ def _layer_active_params(spec: ModelSpec, layer_index: int) -> int:
 
 
 def embedding_params(spec: ModelSpec) -> int:
-    """Token embedding, plus the learned position table when position == "learned"."""
-    pos = spec.max_seq_len * spec.d_model if spec.position == "learned" else 0
-    return spec.vocab_size * spec.d_model + pos
+    """Token embedding, plus the learned position table when position == "learned" and the
+    embedding norm (BLOOM) when embedding_norm."""
+    pos = (spec.max_seq_len + spec.position_offset) * spec.d_model if spec.position == "learned" else 0
+    norm = _norm_params(spec) if spec.embedding_norm else 0
+    return spec.vocab_size * spec.d_model + pos + norm
 
 
 def head_params(spec: ModelSpec) -> int:
@@ -198,18 +205,46 @@ def layer_gemms(spec: ModelSpec, tokens: int, tp: int = 1,
     return tuple(g)
 
 
-def attention_core_flops(spec: ModelSpec, batch: float, seq_len: int, tp: int = 1) -> float:
+def causal_pairs(spec: ModelSpec, seq_len: int, layer_index: int | None = None) -> int:
+    """Query-key pairs a causal mask keeps in block ``layer_index`` for one sequence (exact).
+
+    Full: s(s+1)/2. Sliding window w: query i sees min(i+1, w) keys, so w(w+1)/2 + (s-w)w
+    when s > w. Chunked c: each chunk of length n is causal within itself, n(n+1)/2, over
+    s // c full chunks and one of s % c. A window or chunk of s or more is a full layer.
+    """
+    s, kind = seq_len, attention_kind(spec, layer_index)
+    if kind == "sliding" and spec.sliding_window < s:
+        w = spec.sliding_window
+        return w * (w + 1) // 2 + (s - w) * w
+    if kind == "chunked" and spec.attention_chunk < s:
+        full, rest = divmod(s, spec.attention_chunk)
+        c = spec.attention_chunk
+        return full * c * (c + 1) // 2 + rest * (rest + 1) // 2
+    return s * (s + 1) // 2
+
+
+def attention_core_flops(spec: ModelSpec, batch: float, seq_len: int, tp: int = 1,
+                         layer_index: int | None = None) -> float:
     """Forward QK^T and scores x V FLOPs on one TP rank: 4*b*s^2*n_heads*head_dim/tp.
 
     Counts the full s x s matrix (Megatron's MFU convention, as in its 96Bslh^2(1+s/6h)
     formula), not the causal half that FlashAttention actually computes. MLA uses its
     query/key dim for QK^T and v_head_dim for the second product.
+
+    ``layer_index`` picks the block's attention (spec.layer_types); None counts a full layer,
+    as before. A sliding-window or chunked block counts its exact causal pairs P
+    (causal_pairs) in the same convention as a full block, 2P - s score entries: a full
+    block's P = s(s+1)/2 gives s^2, a window of one key gives s, and a window or chunk of
+    s or more gives s^2 again, so the count never jumps at the boundary.
     """
     if spec.is_mla:
         per_head = spec.qk_nope_head_dim + spec.qk_rope_head_dim + spec.v_head_dim
     else:
         per_head = 2 * spec.head_dim_
-    return 2.0 * batch * seq_len * seq_len * spec.n_heads * per_head / tp
+    if attention_kind(spec, layer_index) == "full":  # the expression every existing number came from
+        return 2.0 * batch * seq_len * seq_len * spec.n_heads * per_head / tp
+    entries = 2 * causal_pairs(spec, seq_len, layer_index) - seq_len
+    return 2.0 * batch * entries * spec.n_heads * per_head / tp
 
 
 def layer_elementwise_bytes(spec: ModelSpec, tokens: int, tp: int = 1, sp: bool = False,
@@ -259,9 +294,12 @@ class PassFlops:
 
 def layer_flops(spec: ModelSpec, batch: int, seq_len: int, tp: int = 1,
                 layer_index: int | None = None) -> PassFlops:
-    """FLOPs of one block on one TP rank: F = G + A, B = G + 2A, W = G (G: GEMMs, A: attention core)."""
+    """FLOPs of one block on one TP rank: F = G + A, B = G + 2A, W = G (G: GEMMs, A: attention core).
+
+    The attention core is that of block ``layer_index`` (a full block when None).
+    """
     gemm = float(sum(g.flops for g in layer_gemms(spec, batch * seq_len, tp, layer_index)))
-    attn = attention_core_flops(spec, batch, seq_len, tp)
+    attn = attention_core_flops(spec, batch, seq_len, tp, layer_index)
     return PassFlops(gemm + attn, gemm + 2 * attn, gemm)
 
 
@@ -286,12 +324,17 @@ def model_flops_per_step(spec: ModelSpec, tokens: int, seq_len: int) -> float:
     """Model FLOPs of one optimizer step over ``tokens`` tokens (the MFU numerator).
 
     3 x forward (forward + backward, no recompute) of every block and the LM head,
-    full s^2 attention; MoE layers count top_k routed + shared experts. Exact (no
+    full s^2 attention (sliding-window and chunked blocks: their own count, see
+    attention_core_flops); MoE layers count top_k routed + shared experts. Exact (no
     rounding of expert rows). Equals the Megatron formula without recompute for GPT models.
     """
     weights = sum(_layer_matmul_weights(spec, i) for i in range(spec.n_layers))
     weights += spec.vocab_size * spec.d_model  # LM head
-    attn = spec.n_layers * attention_core_flops(spec, tokens / seq_len, seq_len)
+    b = tokens / seq_len
+    if spec.layer_types is None:  # every block full: the product every existing number came from
+        attn = spec.n_layers * attention_core_flops(spec, b, seq_len)
+    else:
+        attn = sum(attention_core_flops(spec, b, seq_len, layer_index=i) for i in range(spec.n_layers))
     return 3.0 * (2.0 * tokens * weights + attn)
 
 

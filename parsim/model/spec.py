@@ -10,7 +10,10 @@ from parsim.errors import ConfigError
 FFN_KINDS = ("gelu", "swiglu")
 
 
-POSITION_KINDS = ("rope", "learned")
+POSITION_KINDS = ("rope", "learned", "alibi")
+
+
+ATTENTION_KINDS = ("full", "sliding", "chunked")
 
 
 NORM_KINDS = ("rmsnorm", "layernorm")
@@ -41,7 +44,8 @@ class ModelSpec:
     tied_embeddings: bool = False
     """LM head shares the token-embedding matrix."""
     position: str = "rope"
-    """"rope" (no weights) or "learned" (adds max_seq_len * d_model to the embedding)."""
+    """"rope" or "alibi" (no weights; ALiBi is BLOOM's), or "learned" (adds
+    (max_seq_len + position_offset) * d_model to the embedding)."""
     max_seq_len: int = 4096
     """Longest sequence (only sizes learned position tables; training seq_len is separate)."""
     norm: str = "rmsnorm"
@@ -79,8 +83,35 @@ class ModelSpec:
     """MLA: per-head query/key dimension with rotary embedding (the key part is shared by heads)."""
     v_head_dim: int = 0
     """MLA: per-head value dimension."""
+    # --- per-layer attention and the families beyond Llama (all neutral by default) ---
+    layer_types: tuple[str, ...] | None = None
+    """Attention of each block, one entry per layer: "full"; "sliding" (a query sees the
+    sliding_window most recent keys, itself included: GPT-OSS, Mistral-style); "chunked"
+    (a query sees the keys of its own attention_chunk-token chunk: Llama 4). None = all full."""
+    sliding_window: int = 0
+    """Keys a query of a "sliding" layer sees (tokens, itself included); 0 when no layer slides."""
+    attention_chunk: int = 0
+    """Chunk length of "chunked" layers (tokens); 0 when no layer is chunked."""
+    attention_sinks: bool = False
+    """A learned sink logit per query head in each block's softmax (GPT-OSS): n_heads
+    parameters per block, no GEMM."""
+    embedding_norm: bool = False
+    """A norm right after the token embedding (BLOOM's word_embeddings_layernorm)."""
+    position_offset: int = 0
+    """Rows of a learned position table beyond max_seq_len (OPT keeps 2 for its padding offset)."""
+    parallel_residual: bool = False
+    """Attention and MLP read the same block input and add into one residual (GPT-NeoX, GPT-J).
+    Weights, GEMM shapes and FLOPs are those of the sequential block; recorded for the cost model."""
+    not_modelled: tuple[str, ...] = ()
+    """Parts of the source architecture that the counts and FLOPs leave out, one line each
+    (e.g. DeepSeek-V3.2's lightning indexer), so that reports can say so."""
 
     def __post_init__(self) -> None:
+        # TOML and JSON give lists: store tuples so the spec stays hashable and comparable
+        for key in ("layer_types", "not_modelled"):
+            v = getattr(self, key)
+            if isinstance(v, list):
+                object.__setattr__(self, key, tuple(v))
         _validate(self)
 
     # ---- derived ----
@@ -132,10 +163,12 @@ _OPT_POS_INT = ("head_dim", "d_ff_expert", "d_ff_shared")
 
 
 _NONNEG_INT = ("n_experts", "n_shared_experts", "first_dense_layers", "q_lora_rank",
-               "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+               "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+               "sliding_window", "attention_chunk", "position_offset")
 
 
-_BOOL = ("tied_embeddings", "bias", "qkv_bias", "qk_norm")
+_BOOL = ("tied_embeddings", "bias", "qkv_bias", "qk_norm", "attention_sinks", "embedding_norm",
+         "parallel_residual")
 
 
 _CHOICES = {"ffn": FFN_KINDS, "position": POSITION_KINDS, "norm": NORM_KINDS}
@@ -183,9 +216,35 @@ def _validate(s: ModelSpec) -> None:
         raise bad("top_k", f"top_k={s.top_k} exceeds n_experts={s.n_experts}")
     if s.first_dense_layers > s.n_layers:
         raise bad("first_dense_layers", f"{s.first_dense_layers} exceeds n_layers={s.n_layers}")
+    _validate_attention(s, bad)
+    if not isinstance(s.not_modelled, tuple) or not all(isinstance(x, str) and x for x in s.not_modelled):
+        raise bad("not_modelled", f"expected a list of non-empty strings, got {s.not_modelled!r}")
+
+
+def _validate_attention(s: ModelSpec, bad) -> None:
+    if s.layer_types is None:
+        return
+    if not isinstance(s.layer_types, tuple) or len(s.layer_types) != s.n_layers:
+        raise bad("layer_types", f"expected a list of {s.n_layers} entries (one per layer), got {s.layer_types!r}")
+    for i, kind in enumerate(s.layer_types):
+        if kind not in ATTENTION_KINDS:
+            raise bad("layer_types", f"entry {i} is {kind!r}, not one of {', '.join(ATTENTION_KINDS)}")
+    if "sliding" in s.layer_types and s.sliding_window <= 0:
+        raise bad("sliding_window", "must be positive when a layer is \"sliding\"")
+    if "chunked" in s.layer_types and s.attention_chunk <= 0:
+        raise bad("attention_chunk", "must be positive when a layer is \"chunked\"")
 
 
 # ---------------------------------------------------------------- parameter counts
+def attention_kind(spec: ModelSpec, layer_index: int | None) -> str:
+    """"full", "sliding" or "chunked" for block ``layer_index``; None stands for a full layer."""
+    if layer_index is None or spec.layer_types is None:
+        return "full"
+    if not 0 <= layer_index < spec.n_layers:
+        raise ValueError(f"layer_index {layer_index} out of range 0..{spec.n_layers - 1}")
+    return spec.layer_types[layer_index]
+
+
 def is_moe_layer(spec: ModelSpec, layer_index: int) -> bool:
     """True when block ``layer_index`` (0-based) has an MoE FFN."""
     if not spec.is_moe or layer_index < spec.first_dense_layers:
