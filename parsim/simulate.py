@@ -6,8 +6,10 @@ from parsim.costs.model_costs import ModelCosts
 from parsim.errors import ScheduleError
 from parsim.results.result import Result
 from parsim.schedule import build, lower
+from parsim.schedule.coverage import check_runs
 from parsim.schedule.grid import format_grid
 from parsim.schedule.ir import Schedule
+from parsim.sim import engine, fullsim
 from parsim.sim.engine import simulate_schedule
 
 
@@ -28,9 +30,10 @@ def simulate(sc: Scenario, costs: ModelCosts | None = None, schedule: Schedule |
     sched = schedule if schedule is not None else schedule_for(sc)
     costs = costs or ModelCosts(sc)
     if sc.simulation.mode == "full" and sc.costs is None:
-        from parsim.sim.fullsim import simulate_full
-        raw = simulate_full(sc, sched, costs)
+        check_runs(sched, fullsim.COVERAGE)  # before anything starts: one line if it cannot
+        raw = fullsim.simulate_full(sc, sched, costs)
     else:
+        check_runs(sched, engine.COVERAGE)
         raw = simulate_schedule(sched, costs)
     _check_complete(sched, raw)
     return Result.from_raw(sc, sched, costs, raw)

@@ -185,7 +185,7 @@ def test_registry_names_and_lookup():
 @pytest.mark.parametrize(
     "args, words",
     [
-        (("PipeDreamFlush", 4, 8), ["unknown schedule", "GPipe", "1F1B", "ZBH2"]),
+        (("NoSuchPipe", 4, 8), ["unknown schedule", "GPipe", "1F1B", "ZBH2"]),
         (("Interleaved1F1B", 4, 8, 1), ["vpp >= 2"]),
         (("Interleaved1F1B", 4, 6, 2), ["multiple of pp=4"]),
         (("1F1B", 4, 8, 2), ["vpp must be 1"]),

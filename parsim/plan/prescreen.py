@@ -29,9 +29,10 @@ from parsim.config.scenario import Scenario
 from parsim.costs.model_costs import ModelCosts
 from parsim.errors import ConfigError
 from parsim.model import is_moe_layer
-from parsim.plan.space import Candidate, PlanSpec, _norm, _schedule, make_scenario
+from parsim.plan.space import Candidate, PlanSpec, _schedule, make_scenario
 from parsim.schedule import dry_run
 from parsim.schedule.ir import Op
+from parsim.schedule.semantics import bubble_time
 
 
 @dataclass
@@ -203,18 +204,11 @@ def rank_peaks(costs: ModelCosts, sched_key: tuple) -> list[float]:
 # ---------------------------------------------------------------------------- time
 
 def _bubble(name: str, p: int, v: int, tf: float, ti: float, tw: float, m: int, sched_key) -> float:
-    tb = ti + tw
-    key = _norm(name)
     if p == 1:
         return 0.0
-    if key in ("gpipe", "1f1b", "interleaved1f1b"):
-        return (p - 1) * (tf + tb)
-    if key == "1f1biw":
-        return (p - 1) * (tf + ti)
-    if key == "zbh1":  # over the makespan, the staggered start alone costs (p-1) t_F
-        return (p - 1) * max(tf, tf + ti - tw)
-    if key == "zbh2":
-        return (p - 1) * max(tf, tf + ti - 2 * tw)
+    closed = bubble_time(name, p, tf, ti, tw)  # the family's closed form (parsim.schedule.semantics)
+    if closed is not None:
+        return closed
     # any other family: dry-run its order; the bubble is homogeneous in the durations, so
     # one run per (order, t_I/t_F, t_W/t_F) to two digits serves every candidate
     if tf <= 0:

@@ -23,6 +23,7 @@ from parsim.errors import ConfigError, ScheduleError
 from parsim.model import ModelSpec
 from parsim.schedule import BUILDERS, build
 from parsim.schedule.ir import Schedule
+from parsim.schedule.semantics import closed_form, traits
 
 PLAN_FILE = "parsim plan"
 
@@ -145,36 +146,25 @@ def schedule_vpps(name: str) -> tuple[bool, bool]:
 
 def unsupported(name: str) -> str | None:
     """Why the planner cannot pre-screen a registered schedule (None: it can)."""
-    try:
-        from parsim.schedule.semantics import traits
-        t = traits(name)
-    except Exception:  # no traits registry: the order alone decides
-        t = None
-    if t is not None:
-        for attr, why in (("stages_per_rank", "a fixed V/bidirectional stage placement"),
-                          ("remat", "re-materialisation semantics"), ("weight_versions", "weight stashing"),
-                          ("asynchronous", "asynchronous (no flush) semantics"),
-                          ("overlap_f_b", "composite overlapped F&B actions")):
-            if getattr(t, attr, None):
-                return f"{name} has {why}, which the planner's pre-screen does not model yet"
-        if getattr(t, "n_chains", 1) != 1:
-            return f"{name} runs two model copies, which the planner's pre-screen does not model yet"
+    t = traits(name)
+    for attr, why in (("stages_per_rank", "a fixed V/bidirectional stage placement"),
+                      ("remat", "re-materialisation semantics"), ("weight_versions", "weight stashing"),
+                      ("asynchronous", "asynchronous (no flush) semantics"),
+                      ("overlap_f_b", "composite overlapped F&B actions")):
+        if getattr(t, attr):
+            return f"{name} has {why}, which the planner's pre-screen does not model yet"
+    if t.n_chains != 1:
+        return f"{name} runs two model copies, which the planner's pre-screen does not model yet"
     if not any(schedule_vpps(name)):
         return f"{name} places stages other than stage s on rank s % pp"
     return None
 
 
-CLOSED_FORM = ("gpipe", "1f1b", "interleaved1f1b", "1f1biw", "zbh1", "zbh2")
-
-
-def _norm(name: str) -> str:
-    return name.lower().replace("-", "").replace("_", "").replace(" ", "")
-
-
 def default_schedules() -> tuple[str, ...]:
     """Registered schedules with a closed-form bubble the pre-screen models (read from the
-    registry at run time). Other supported ones are dry-run when asked for by name."""
-    return tuple(n for n in BUILDERS if unsupported(n) is None and _norm(n) in CLOSED_FORM)
+    registry at run time; closed forms: parsim.schedule.semantics). Other supported ones
+    are dry-run when asked for by name."""
+    return tuple(n for n in BUILDERS if unsupported(n) is None and closed_form(n) is not None)
 
 
 def enumerate_candidates(spec: PlanSpec) -> tuple[list[Candidate], dict[str, list]]:

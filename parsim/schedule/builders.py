@@ -3,8 +3,8 @@
 Every builder returns F, B (or I and W) actions only; :func:`parsim.schedule.passes.lower`
 adds the communication. Stage s lives on rank s (non-interleaved) or s % pp
 (interleaved). ``BUILDERS`` maps scenario names to callables ``(pp, m, vpp) -> Schedule``;
-:func:`build` looks names up case-insensitively (ignoring ``-``, ``_`` and spaces) and
-turns impossible combinations into one-line :class:`ScheduleError`.
+:func:`build` looks names up case-insensitively (ignoring ``-``, ``_`` and spaces; aliases
+resolved: ``parsim.schedule.semantics`` owns names) and turns impossible combinations into one-line :class:`ScheduleError`.
 
 To add a schedule: write ``def my_schedule(pp, m) -> Schedule`` here or elsewhere and
 ``register("MySchedule", single_chunk(my_schedule))`` (or a callable taking vpp); give it
@@ -20,6 +20,7 @@ from functools import lru_cache
 
 from parsim.errors import ScheduleError
 from parsim.schedule.ir import Action, Op, Schedule, act, action_table, no_gc
+from parsim.schedule.semantics import ALIASES, canonical_key, name_key
 
 Builder = Callable[..., Schedule]
 
@@ -169,15 +170,13 @@ BUILDERS: dict[str, Builder] = {}
 """Scenario schedule name -> callable ``(pp, m, vpp=1) -> Schedule``."""
 
 
-def _key(name: str) -> str:
-    return "".join(ch for ch in name.lower() if ch not in "-_ ")
-
-
 def register(name: str, builder: Builder) -> Builder:
     """Add ``builder`` (called as ``builder(pp, m, vpp)``) under ``name``."""
-    clash = [k for k in BUILDERS if _key(k) == _key(name) and k != name]
+    clash = [k for k in BUILDERS if name_key(k) == name_key(name) and k != name]
     if clash:
         raise ValueError(f"schedule name {name!r} clashes with {clash[0]!r}")
+    if name_key(name) in ALIASES:
+        raise ValueError(f"schedule name {name!r} is an alias of {ALIASES[name_key(name)]!r}")
     BUILDERS[name] = builder
     return builder
 
@@ -213,9 +212,11 @@ def two_chunks(fn: Callable[[int, int], Schedule], label: str, shape: str = "") 
 
 
 def lookup(name: str) -> tuple[str, Builder]:
-    """(canonical name, builder) for a case-insensitive name; ScheduleError if unknown."""
+    """(canonical name, builder) for a name in any spelling or alias
+    (``parsim.schedule.semantics``); ScheduleError if unknown."""
+    key = canonical_key(name)
     for known, fn in BUILDERS.items():
-        if _key(known) == _key(name):
+        if name_key(known) == key:
             return known, fn
     raise ScheduleError(f"unknown schedule {name!r}; known: {', '.join(BUILDERS)}")
 

@@ -21,8 +21,14 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, fields, replace
 
 from parsim.errors import ScheduleError
+from parsim.schedule.coverage import Coverage, check_runs
 from parsim.schedule.grid import format_grid
 from parsim.schedule.ir import Action, Op, Schedule
+
+
+COVERAGE = Coverage("dry run")
+"""Every op (a composite OVERLAP_F_B as the fast engine runs it) and every trait: the dry
+run times the order only; weights and memory are not its business."""
 
 
 @dataclass(frozen=True)
@@ -309,6 +315,7 @@ def dry_run(schedule: Schedule, durations: Durations | None = None, **overrides)
     if unknown:
         raise TypeError(f"unknown duration(s): {', '.join(sorted(unknown))}")
     d = replace(durations or Durations(), **overrides)
+    check_runs(schedule, COVERAGE)
     return _Runner(schedule, d).run()
 
 

@@ -138,7 +138,7 @@ def _same_shape(schedule: Schedule, rows: tuple) -> Schedule:
                             schedule.stage_to_rank, rows, schedule.n_chains)
 
 
-def _last_backward(row, n_stages: int | None = None) -> dict[int, int]:
+def last_backward(row, n_stages: int | None = None) -> dict[int, int]:
     """Stage -> index of its last B or W (a composite counts for its B part).
 
     Scans from the end; stops once ``n_stages`` stages (the rank's, when known) are found.
@@ -197,7 +197,7 @@ def add_grad_reduction(schedule: Schedule, reduce: bool = True, step: bool = Tru
     for r in schedule.stage_to_rank:
         per_rank[r] += 1
     for r, row in enumerate(schedule.actions):
-        last = _last_backward(row, per_rank[r])
+        last = last_backward(row, per_rank[r])
         order = sorted(last.items(), key=lambda kv: kv[1])
         at: dict[int, list[Action]] = {}
         for s, k in order:
@@ -288,7 +288,7 @@ def _check_rank_order(schedule: Schedule, r: int, lowered: bool) -> None:
     """Same-rank prerequisites, duplicates, ZeRO-3 windows, reduction placement."""
     row = schedule.actions[r]
     managed = {a.stage for a in row if a.op is Op.UNSHARD}
-    last_bwd = _last_backward(row)
+    last_bwd = last_backward(row)
     reduced = {a.stage for a in row if a.op is Op.REDUCE_GRAD}
     seen: set[tuple] = set()  # (stage, op, microbatch) of the actions issued so far
     gathered: set[int] = set()

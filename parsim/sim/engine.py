@@ -31,8 +31,12 @@ from typing import Protocol
 
 import simpy
 
+from parsim.schedule.coverage import Coverage
 from parsim.schedule.ir import Action, Op, Schedule
 
+COVERAGE = Coverage("fast engine")
+"""Every op and every schedule trait (weight versions, re-materialisation and chains reach
+it through the cost table and ``Schedule.prev_stage``/``next_stage``)."""
 COMPUTE_OPS = frozenset({Op.F, Op.B, Op.I, Op.W, Op.STEP, Op.OVERLAP_F_B})
 BACKWARD_OPS = frozenset({Op.B, Op.I})
 
@@ -227,7 +231,7 @@ def _rank_process(rank, actions, costs, link_of, box, out, nbr, s2r):
                 pending = unshard_done.get(part.stage)
                 if pending is not None and pending > start:
                     start = pending
-            t = _run_overlap(rank, a, start, costs, spans_append, mem_append)
+            t = _run_overlap(rank, a, start, costs, spans_append, mem_append)[1]
             continue
         info = compute_info.get((stage, op))
         if info is None:
@@ -276,8 +280,8 @@ def _rank_process(rank, actions, costs, link_of, box, out, nbr, s2r):
             spans_append((rank, "dp", "PARAM_GATHER", stage, -1, s0, dp_free, c.then_comm_bytes))
 
 
-def _run_overlap(rank, a, start, costs, spans_append, mem_append) -> float:
-    """Record a composite OVERLAP_F_B starting at ``start``; return its end."""
+def _run_overlap(rank, a, start, costs, spans_append, mem_append) -> tuple[float, float]:
+    """Record a composite OVERLAP_F_B starting at ``start``; return (end of its F part, its end)."""
     f, b = a.sub
     cf, cb, dur = _overlap_cost(costs, f, b)
     total = cf.duration_s + cb.duration_s
@@ -290,4 +294,4 @@ def _run_overlap(rank, a, start, costs, spans_append, mem_append) -> float:
     released = cf.transient_bytes + cb.free_bytes + cb.transient_bytes
     if released:
         mem_append((rank, end, -released, cf.mem_kind))
-    return end
+    return mid, end

@@ -1,20 +1,32 @@
 """Full-fidelity mode: every replica of the job in true time order, on a shared network.
 
-The default engine simulates one replica with per-rank local clocks and costs the
+The default (fast) engine simulates one replica with per-rank local clocks and costs the
 collectives that cross replicas analytically. Here every (dp, cp) replica's pipeline
 runs as SimPy processes in global time, and all traffic is flows on the cluster
 :class:`~parsim.sim.network.Topology` under max-min fair sharing
-(:class:`~parsim.sim.network.FlowNetwork`):
+(:class:`~parsim.sim.network.FlowNetwork`). The semantics of every action are the fast
+engine's (``parsim.sim.engine``); only where the time of communication comes from differs:
 
 * a process drives one pipeline rank of one replica: its tp GPUs run in lockstep
-  (the TP collectives inside F/B synchronise them; they stay in the op costs), but every
+  (the TP collectives inside F/B synchronise them; they stay in the op costs, with
+  ``overlap.tp_comm`` / ``overlap.ep_comm`` applied there, as in fast mode), but every
   one of those GPUs sends its own flows on its own NVLink port / NIC;
 * SEND_F/SEND_B: one flow per TP rank to the same TP rank of the neighbouring stage;
-* DP collectives (REDUCE_GRAD, UNSHARD, the ZeRO parameter all-gather) wait until every
-  member of the DP group has issued them, then run as a ring: one flow per ring edge per
-  TP rank carrying the ring's bytes per rank (2(n-1)/n S for all-reduce), plus the ring's
-  latency steps. With ``overlap.grad_reduce`` the gradient reduction of a stage is issued
-  in buckets (one per layer) while its last backward runs, as DDP does.
+* ``OVERLAP_F_B``: as the fast engine (both parts' inputs, one duration, two spans);
+* DP collectives (REDUCE_GRAD, UNSHARD, the ZeRO-1/2 parameter all-gather) wait until
+  every member of the group has issued them, then run the algorithm fast mode's
+  selection picks, as flows (:mod:`parsim.sim.collective_flows`): one group per TP rank,
+  the groups of fast mode's concurrency model. REDUCE_GRAD reduces the dense gradients
+  over the dp group (or through a parameter server, ``parallel.dp_comm``) and the expert
+  gradients over the expert-data-parallel group, as fast mode does;
+* ``overlap.grad_reduce``: a stage's reduction is n equal pieces (n = its layers; bytes
+  and latency term split alike, fast mode's t/n per piece), piece b ready once the
+  b-th n-th of the backward before the REDUCE_GRAD has run (DDP's buckets). With a fused
+  B that is exactly fast mode's max(t - B(n-1)/n, t/n); with a split backward the pieces
+  hide under the last W only (a layer's gradient is final after its last W), where fast
+  mode's closed form lets them hide under a whole B;
+* ``overlap.param_gather``: the ZeRO-1/2 gather runs under the next step's forward: a
+  zero-length span carrying its bytes, as in fast mode; otherwise it runs after STEP.
 
 Only replica 0's spans are recorded (the Result reads one pipeline); the step still
 ends when every replica's last collective is done, since replica 0 waits on them.
@@ -23,17 +35,21 @@ from __future__ import annotations
 
 import simpy
 
-from parsim.cluster.collectives import HOPS, bytes_sent_per_rank
+from parsim.schedule.coverage import Coverage
 from parsim.schedule.ir import Op, Schedule
-from parsim.sim.engine import BACKWARD_OPS, RawTimeline, _needs
+from parsim.schedule.passes import last_backward
+from parsim.sim.collective_flows import plan_collective, plan_parameter_server
+from parsim.sim.engine import RawTimeline, _needs, _run_overlap
 from parsim.sim.network import FlowNetwork, Topology
+
+COVERAGE = Coverage("full engine")
+"""Every op, every schedule trait (weights and memory semantics come from the cost table)."""
 
 
 class _Job:
     def __init__(self, sc, schedule: Schedule, costs):
         self.sc, self.sched, self.costs = sc, schedule, costs
-        par = sc.parallel
-        self.par = par
+        self.par = par = sc.parallel
         self.env = simpy.Environment()
         self.topo = Topology(sc.hardware, par.world_size)
         self.net = FlowNetwork(self.env, self.topo.capacity)
@@ -44,11 +60,19 @@ class _Job:
         self.nbr = ([schedule.prev_stage(s) for s in range(n)], [schedule.next_stage(s) for s in range(n)])
 
     def gpus(self, rep: int, rank: int) -> list[int]:
-        """Global GPU ids of the TP group of pipeline rank ``rank`` in replica ``rep``."""
+        """Global GPU ids of the TP group of pipeline rank ``rank`` in replica ``rep`` (= d * cp + c)."""
         par = self.par
         d, c = divmod(rep, par.cp)
         base = d * par.stride("dp") + rank * par.stride("pp") + c * par.stride("cp")
         return par.group_ranks("tp", base)
+
+    def replicas(self, group: str, rep: int) -> list[int]:
+        """Replicas in ``rep``'s data-parallel group: "dp" (same cp index) or "edp" (the
+        replicas holding the same experts: dp*cp/ep of them, as ``expert_dp_ranks``)."""
+        par = self.par
+        if group == "edp":
+            return [j for j in range(par.dp * par.cp) if j % par.ep == rep % par.ep]
+        return [d * par.cp + rep % par.cp for d in range(par.dp)]
 
     def box(self, key: tuple) -> simpy.Event:
         ev = self.arrival.get(key)
@@ -56,32 +80,40 @@ class _Job:
             ev = self.arrival[key] = self.env.event()
         return ev
 
-    def flows(self, pairs: list[tuple[int, int]], nbytes: float, extra_latency: float = 0.0):
+    def flows(self, triples, scale: float = 1.0):
+        """Start flows (src GPU, dst GPU, bytes x scale); (all-arrived event, largest path latency)."""
         evs, lat = [], 0.0
-        for a, b in pairs:
+        for a, b, nbytes in triples:
             links, la = self.topo.route(a, b)
             lat = max(lat, la)
-            evs.append(self.net.transfer(links, nbytes))
-        return self.env.all_of(evs), lat + extra_latency
+            evs.append(self.net.transfer(links, nbytes * scale))
+        return self.env.all_of(evs), lat
 
-    def collective(self, key: tuple, rep: int, rank: int, kind: str, nbytes: float):
-        """Process: join the DP-group collective ``key``; returns when it completes."""
-        par = self.par
-        members, done = self.barriers.setdefault(key, ([], self.env.event()))
+    def collective(self, key: tuple, rep: int, rank: int, part: tuple, scale: float):
+        """Process: join ``rep``'s group of the collective ``key``; returns when it completes."""
+        group, kind, nbytes = part
+        reps = self.replicas(group, rep)
+        members, done = self.barriers.setdefault(key + (reps[0],), ([], self.env.event()))
         members.append(rep)
-        if len(members) == par.dp:
-            self.env.process(self._run_ring(kind, nbytes, rank, rep % par.cp, done))
+        if len(members) == len(reps):
+            self.env.process(self._run(kind, nbytes, scale, rank, reps, done))
         yield done
 
-    def _run_ring(self, kind, nbytes, rank, c, done):
-        par = self.par
-        n = par.dp
-        ring = [self.gpus(d * par.cp + c, rank) for d in range(n)]
-        pairs = [(ring[j][i], ring[(j + 1) % n][i]) for j in range(n) for i in range(par.tp)]
-        per_rank = bytes_sent_per_rank(kind, nbytes, n)
-        ev, lat = self.flows(pairs, per_rank)
-        yield ev
-        yield self.env.timeout(HOPS[kind](n) * lat)
+    def _run(self, kind, nbytes, scale, rank, reps, done):
+        """The collective's phases for every TP rank's group at once (fast mode's concurrent groups)."""
+        hw = self.sc.hardware
+        plans = []
+        for i in range(self.par.tp):
+            ranks = [self.gpus(j, rank)[i] for j in reps]
+            plans.append(plan_parameter_server(hw, nbytes, ranks) if kind == "parameter_server"
+                         else plan_collective(hw, kind, nbytes, ranks))
+        for k in range(len(plans[0].phases)):
+            phases = [p.phases[k] for p in plans]
+            ev, _ = self.flows([f for ph in phases for f in ph.flows], scale)
+            yield ev
+            lat = max(ph.latency_s for ph in phases) * scale
+            if lat > 0:
+                yield self.env.timeout(lat)
         done.succeed()
 
 
@@ -96,49 +128,72 @@ def simulate_full(sc, schedule: Schedule, costs) -> RawTimeline:
     return job.out
 
 
-def _last_backward(actions) -> dict[int, int]:
-    last = {}
-    for k, a in enumerate(actions):
-        if a.op in BACKWARD_OPS:
-            last[a.stage] = k
-    return last
+def _dp_parts(job: _Job, stage: int, op: Op, nbytes: float) -> list[tuple[str, str, float]]:
+    """(group, kind, bytes) of the collectives a DP action runs, one after the other (fast
+    mode's ``ModelCosts._dp_ops``: nothing without dp; dense and expert gradients apart)."""
+    par = job.par
+    if par.dp <= 1 or nbytes <= 0:
+        return []
+    if op is not Op.REDUCE_GRAD:  # UNSHARD, PARAM_GATHER: the stage's parameters over dp
+        return [("dp", "all_gather", nbytes)]
+    kind = "all_reduce" if par.zero == 0 else "reduce_scatter"
+    st = job.costs.stages[stage] if hasattr(job.costs, "stages") else None
+    expert = nbytes * st.expert_params / st.params if st is not None and st.params > 0 else 0.0
+    dense = "parameter_server" if par.dp_comm == "parameter_server" else kind
+    parts = [("dp", dense, nbytes - expert), ("edp" if par.ep > 1 else "dp", kind, expert)]
+    return [p for p in parts if p[2] > 0 and len(job.replicas(p[0], 0)) > 1]
+
+
+def _n_layers(costs, stage: int) -> int:
+    return max(1, len(costs.stages[stage].layers)) if hasattr(costs, "stages") else 1
 
 
 def _rank(job: _Job, rep: int, rank: int, actions):
     env, costs, sc = job.env, job.costs, job.sc
-    par = sc.parallel
     rec = rep == 0
     spans, mem = job.out.spans, job.out.mem_events
-    s2r = job.sched.stage_to_rank
-    nbr = job.nbr
+    keep, keep_mem = (spans.append, mem.append) if rec else (_drop, _drop)
+    nbr, s2r = job.nbr, job.sched.stage_to_rank
     me = job.gpus(rep, rank)
     dp_tail = [env.event().succeed()]  # the dp stream: one collective at a time, in order
     pending: dict[tuple, simpy.Event] = {}
     seq: dict[tuple, int] = {}
-    last_bwd = _last_backward(actions)
-    bucketed = sc.overlap.grad_reduce and par.dp > 1
+    # step index -> the stage whose REDUCE_GRAD the lowering put right after that step
+    anchor = {k: s for s, k in last_backward(actions).items()}
+    bucketed = sc.overlap.grad_reduce
 
-    def dp_op(op_name, stage, kind, nbytes, ready=None, buckets=1):
+    def dp_op(op_name, stage, op, nbytes, window=None, run=True):
+        """Queue a DP collective on the dp stream (``run=False``: a zero-length span with
+        its bytes); ``window`` = (start, duration) of the backward its buckets hide under."""
         k = (stage, op_name)
         seq[k] = seq.get(k, 0) + 1
+        parts = _dp_parts(job, stage, op, nbytes) if run else []
+        n = _n_layers(costs, stage) if window is not None else 1
         prev, ev = dp_tail[0], env.event()
         dp_tail[0] = ev
 
-        def run():
+        def go():
             yield prev
-            start = env.now
-            for b in range(buckets):
-                if ready is not None:
-                    at = ready[0] + (b + 1) * ready[1] / buckets
+            start = None
+            for b in range(n):
+                if window is not None:
+                    at = window[0] + (b + 1) * window[1] / n
                     if at > env.now:
                         yield env.timeout(at - env.now)
-                yield env.process(job.collective((rank, stage, op_name, seq[k], b), rep, rank, kind,
-                                                 nbytes / buckets))
-            if rec:
-                spans.append((rank, "dp", op_name, stage, -1, start, env.now, nbytes))
+                start = env.now if start is None else start
+                for i, part in enumerate(parts):
+                    yield env.process(job.collective((rank, stage, op_name, seq[k], b, i), rep, rank, part, 1 / n))
+            keep((rank, "dp", op_name, stage, -1, start, env.now, nbytes))
             ev.succeed()
-        env.process(run())
+        env.process(go())
         return ev
+
+    def reduce_under(stage: int, start: float, duration: float) -> None:
+        """overlap.grad_reduce: the stage's bucketed reduction, under the backward just started."""
+        g = costs.op_cost(stage, Op.REDUCE_GRAD)
+        if g.bytes > 0 and (stage, "REDUCE_GRAD") not in pending:
+            pending[(stage, "REDUCE_GRAD")] = dp_op("REDUCE_GRAD", stage, Op.REDUCE_GRAD, g.bytes,
+                                                    window=(start, duration))
 
     for idx, a in enumerate(actions):
         op = a.op
@@ -149,58 +204,71 @@ def _rank(job: _Job, rep: int, rank: int, actions):
             dst_stage = nbr[1][a.stage] if fwd else nbr[0][a.stage]
             nbytes = costs.p2p_bytes(a.stage, op)
             peer = job.gpus(rep, s2r[dst_stage])
-            ev, lat = job.flows(list(zip(me, peer)), nbytes)
+            ev, lat = job.flows([(x, y, nbytes) for x, y in zip(me, peer)])
             key = (rep, dst_stage, "F" if fwd else "B", a.microbatch)
             env.process(_deliver(job, ev, lat, key, rec, (rank, "p2p", op.value, a.stage, a.microbatch,
                                                            env.now, nbytes)))
             continue
+        if op is Op.OVERLAP_F_B:
+            for part in a.sub:
+                yield from _wait_inputs(job, rep, rank, part, pending)
+            start = env.now
+            mid, end = _run_overlap(rank, a, start, costs, keep, keep_mem)
+            if bucketed and idx in anchor:
+                reduce_under(anchor[idx], mid, end - mid)  # under the B part
+            if end > start:
+                yield env.timeout(end - start)
+            continue
         c = costs.op_cost(a.stage, op)
         if op is Op.REDUCE_GRAD:
             if (a.stage, "REDUCE_GRAD") not in pending:
-                kind = "all_reduce" if par.zero == 0 else "reduce_scatter"
-                pending[(a.stage, "REDUCE_GRAD")] = dp_op("REDUCE_GRAD", a.stage, kind, c.bytes)
+                pending[(a.stage, "REDUCE_GRAD")] = dp_op("REDUCE_GRAD", a.stage, op, c.bytes)
             continue
         if op is Op.UNSHARD:
-            pending[(a.stage, "UNSHARD")] = dp_op("UNSHARD", a.stage, "all_gather", c.bytes)
-            if rec and c.stash_bytes:
-                mem.append((rank, env.now, c.stash_bytes, c.mem_kind))
+            pending[(a.stage, "UNSHARD")] = dp_op("UNSHARD", a.stage, op, c.bytes)
+            if c.stash_bytes:
+                keep_mem((rank, env.now, c.stash_bytes, c.mem_kind))
             continue
         if op is Op.RESHARD:
-            if rec and c.free_bytes:
-                mem.append((rank, env.now, -c.free_bytes, c.mem_kind))
+            if c.free_bytes:
+                keep_mem((rank, env.now, -c.free_bytes, c.mem_kind))
             continue
-        key = _needs(a, nbr, s2r, rank)
-        if key is not None:
-            yield job.box((rep,) + key)
+        yield from _wait_inputs(job, rep, rank, a, pending)
         if op is Op.STEP and (a.stage, "REDUCE_GRAD") in pending:
             yield pending.pop((a.stage, "REDUCE_GRAD"))
-        un = pending.pop((a.stage, "UNSHARD"), None)
-        if un is not None:
-            yield un
         start = env.now
-        if bucketed and op in BACKWARD_OPS and last_bwd.get(a.stage) == idx:
-            g = costs.op_cost(a.stage, Op.REDUCE_GRAD)
-            if g.bytes > 0:
-                n_layers = max(1, len(costs.stages[a.stage].layers)) if hasattr(costs, "stages") else 1
-                kind = "all_reduce" if par.zero == 0 else "reduce_scatter"
-                pending[(a.stage, "REDUCE_GRAD")] = dp_op("REDUCE_GRAD", a.stage, kind, g.bytes,
-                                                          ready=(start, c.duration_s), buckets=n_layers)
-        if rec and (c.stash_bytes or c.transient_bytes):
-            mem.append((rank, start, c.stash_bytes + c.transient_bytes, c.mem_kind))
+        if bucketed and idx in anchor:
+            reduce_under(anchor[idx], start, c.duration_s)
+        if c.stash_bytes or c.transient_bytes:
+            keep_mem((rank, start, c.stash_bytes + c.transient_bytes, c.mem_kind))
         if c.duration_s > 0:
             yield env.timeout(c.duration_s)
-        if rec:
-            spans.append((rank, "compute", op.value, a.stage, -1 if a.microbatch is None else a.microbatch,
-                          start, env.now, c.bytes))
-            released = c.free_bytes + c.transient_bytes
-            if released:
-                mem.append((rank, env.now, -released, c.mem_kind))
-        if c.then_comm_bytes > 0 and par.dp > 1:
-            ev = dp_op("PARAM_GATHER", a.stage, "all_gather", c.then_comm_bytes)
-            if c.then_comm_s > 0:
-                pending[(a.stage, "PARAM_GATHER")] = ev
+        keep((rank, "compute", op.value, a.stage, -1 if a.microbatch is None else a.microbatch,
+              start, env.now, c.bytes))
+        released = c.free_bytes + c.transient_bytes
+        if released:
+            keep_mem((rank, env.now, -released, c.mem_kind))
+        if c.then_comm_bytes > 0 or c.then_comm_s > 0:
+            # ZeRO-1/2 gather of the updated shards: under the next step's forward with
+            # overlap.param_gather (a zero-length span with its bytes, as fast mode), else now
+            pending[(a.stage, "PARAM_GATHER")] = dp_op("PARAM_GATHER", a.stage, Op.UNSHARD, c.then_comm_bytes,
+                                                       run=not sc.overlap.param_gather)
     for ev in list(pending.values()):
         yield ev
+
+
+def _wait_inputs(job: _Job, rep: int, rank: int, a, pending):
+    """Wait for the remote input a compute action consumes and for its stage's pending UNSHARD."""
+    key = _needs(a, job.nbr, job.sched.stage_to_rank, rank)
+    if key is not None:
+        yield job.box((rep,) + key)
+    un = pending.pop((a.stage, "UNSHARD"), None)
+    if un is not None:
+        yield un
+
+
+def _drop(_row) -> None:
+    """Replicas other than 0 record nothing."""
 
 
 def _deliver(job: _Job, ev, lat, key, rec, row):
