@@ -342,6 +342,11 @@ def _set(key, value):
     ("Llama-4-Scout-17B-16E-Instruct", lambda c: c.__setitem__("text_config", [1]), "text_config"),
     ("Qwen3-VL-30B-A3B-Instruct", lambda c: c["text_config"].__setitem__("attn_output_gate", True),
      "text_config.attn_output_gate"),
+    ("Qwen3-VL-30B-A3B-Instruct", lambda c: c["text_config"].__setitem__("model_type", ["qwen3"]),
+     "text_config.model_type"),
+    ("Kimi-K2-Instruct", _set("architectures", "DeepseekV3ForCausalLM"), "architectures"),
+    ("Llama-4-Scout-17B-16E-Instruct", lambda c: c["text_config"].__setitem__("no_rope_layer_interval", 0),
+     "text_config.no_rope_layer_interval"),
 ])
 def test_unsupported_values_name_file_and_key(tmp_path, directory, edit, key):
     p = _edited(tmp_path, directory, edit)

@@ -70,10 +70,14 @@ def dsa_note(index_heads: int, index_head_dim: int, index_topk: int) -> str:
 def _model_type(data: dict, file: str, prefix: str = "") -> str | None:
     """The family of one config object: its model_type, else a known class in architectures."""
     mt = data.get("model_type")
+    if mt is not None and not isinstance(mt, str):
+        raise ConfigError(file, f"{prefix}model_type", f"expected a string, got {mt!r}")
     mt = _TEXT_TYPES.get(mt, mt)
     if mt in SUPPORTED:
         return mt
     archs = data.get("architectures") or []
+    if not isinstance(archs, list):
+        raise ConfigError(file, f"{prefix}architectures", f"expected a list of class names, got {archs!r}")
     known = next((_ARCH[a] for a in archs if isinstance(a, str) and a in _ARCH), None)
     if known is not None or mt is None:
         return known
@@ -103,8 +107,10 @@ def _attention_layout(c: HFKeys, n_layers: int) -> dict:
     if kinds is None and c.model_type == "gpt_oss":  # GptOssConfig's default: sliding on even layers
         kinds = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n_layers)]
     if kinds is None and c.model_type == "llama4":  # Llama4TextConfig: chunked where RoPE is on
-        rope = c.int_list("no_rope_layers") or [int((i + 1) % c.int("no_rope_layer_interval", 4) != 0)
-                                                for i in range(n_layers)]
+        every = c.int("no_rope_layer_interval", 4)
+        if every <= 0:
+            raise c.error("no_rope_layer_interval", f"must be positive, got {every}")
+        rope = c.int_list("no_rope_layers") or [int((i + 1) % every != 0) for i in range(n_layers)]
         kinds = ["chunked_attention" if r else "full_attention" for r in rope]
     if kinds is None:
         return {}
