@@ -6,6 +6,14 @@ The compute model is small so calibration can refit it: GEMMs (a shape model wit
 roofline floor, see :meth:`Device.gemm_time`), streaming kernels at
 ``memory_bandwidth * memory_efficiency``, fused attention at ``peak * attention_efficiency``.
 Kernel launch overhead (``kernel_launch_s``) is *not* added here; the cost layer adds it.
+
+Kernel models (``parsim.cluster.kernels`` for GEMMs: tiles, waves, K roll-off, MAMF-calibrated
+main loop, HBM floor; ``parsim.cluster.attention_kernels`` for FlashAttention-2/3/4 by sequence
+length, head dim, causal mask, GQA, forward/backward) use the optional device facts
+(``sm_count``, per-clock rates, ``gemm_tiles``, ``mamf_*``, ``attention_kernel``):
+:meth:`Device.kernel_gemm_time` and :meth:`Device.attention_kernel_time`. ``gemm_time`` keeps
+the shape model unless the profile sets ``device.gemm_model = "kernel"`` (the switch the cost
+model's wiring step flips), so existing predictions do not move.
 """
 from __future__ import annotations
 
@@ -16,6 +24,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
 
+from parsim.cluster import attention_kernels, kernels
+from parsim.cluster.kernels import KernelFacts, format_tile, parse_shape, parse_tile
 from parsim.cluster.precision import GEMM_PRECISIONS, PRECISION_TABLE
 from parsim.cluster.precision import precision as precision_row
 from parsim.errors import ConfigError
@@ -81,6 +91,12 @@ class Device:
     The cost layer divides compute-bound time by it. Optional key ``device.sustained_fraction``
     (default 1), fitted once per GPU type by benchmarks/fidelity.py --fit on half the
     published rows, the error reported on the other half; never a per-case factor."""
+    kernels: KernelFacts | None = field(default=None, hash=False)
+    """Facts the kernel models need (SM count, per-clock rates, GEMM tiles, MAMF, attention
+    kernel); ``None`` when the profile gives none (``kernel_*`` methods then refuse)."""
+    gemm_model: str = "shape"
+    """Which model :meth:`gemm_time` uses: ``"shape"`` (the two-knob shape model above, the
+    default) or ``"kernel"`` (:mod:`parsim.cluster.kernels`). Optional key ``device.gemm_model``."""
 
     def peak(self, precision: str) -> float:
         """Dense peak FLOP/s at ``precision``; ValueError naming the known ones otherwise."""
@@ -134,10 +150,39 @@ class Device:
             raise ValueError(f"gemm_time: m={m}, n={n}, k={k}, count={count} must be >= 0")
         if m == 0 or n == 0 or k == 0 or count == 0:
             return 0.0
+        if self.gemm_model == "kernel":
+            return self.kernel_gemm_time(m, n, k, precision, count)
         rate = self.peak(precision) * self.gemm_efficiency * self.gemm_shape_factor(m, n, k)
         compute = 2.0 * m * n * k / rate
         memory = self.gemm_bytes(m, n, k, precision) / self.effective_memory_bandwidth
         return count * max(compute, memory)
+
+    def _kernel_facts(self, what: str) -> KernelFacts:
+        if self.kernels is None:
+            raise ValueError(f"{self.name}: the profile gives no kernel facts (device.sm_count ...) for {what}")
+        return self.kernels
+
+    def kernel_gemm_time(self, m: int, n: int, k: int, precision: str = "bf16", count: int = 1) -> float:
+        """Seconds for ``count`` GEMMs ``(m x k) @ (k x n)`` by the kernel model
+        (:mod:`parsim.cluster.kernels`: tiles and waves over the SMs, K roll-off, split-K, the
+        main loop calibrated to this device's MAMF, the HBM roofline as a floor)."""
+        self._kernel_facts("a kernel GEMM")
+        return kernels.gemm_time(self, m, n, k, canonical_precision(precision), count)
+
+    def kernel_gemm_plan(self, m: int, n: int, k: int, precision: str = "bf16") -> dict:
+        """The kernel model's choice for one GEMM: ``time_s``, ``tile``, ``split_k``, ``waves``,
+        ``memory_bound``, ``mainloop_flops``."""
+        self._kernel_facts("a kernel GEMM")
+        return kernels.gemm_plan(self, m, n, k, canonical_precision(precision))
+
+    def attention_kernel_time(self, batch: int, seq_q: int, seq_k: int, heads: int, kv_heads: int,
+                              head_dim: int, causal: bool = False, backward: bool = False,
+                              precision: str = "bf16") -> float:
+        """Seconds of one fused-attention pass (forward, or backward with ``backward=True``) by
+        this device's attention kernel (:mod:`parsim.cluster.attention_kernels`)."""
+        self._kernel_facts("fused attention")
+        return attention_kernels.attention_time(self, batch, seq_q, seq_k, heads, kv_heads, head_dim,
+                                                causal, backward, canonical_precision(precision))
 
     def memory_time(self, nbytes: float) -> float:
         """Seconds for a memory-bound kernel that reads + writes ``nbytes`` in total."""
@@ -246,14 +291,21 @@ _SCHEMA: dict[str, dict[str, tuple[str, bool]]] = {
     "": {"name": ("str", _REQ), "description": ("str", _REQ)},
     "device": {
         "name": ("str", _REQ),
-        "bf16_tflops": ("pos", _REQ), "fp16_tflops": ("pos", _OPT), "fp32_tflops": ("pos", _OPT),
+        "bf16_tflops": ("pos", _OPT), "fp16_tflops": ("pos", _OPT), "fp32_tflops": ("pos", _OPT),
         "tf32_tflops": ("pos", _OPT), "fp8_tflops": ("pos", _OPT),
         "memory_gib": ("pos", _REQ), "memory_reserved_gib": ("nonneg", _REQ),
         "memory_tbyte_per_s": ("pos", _REQ),
         "gemm_efficiency": ("frac", _REQ), "gemm_half_dim": ("nonneg", _REQ),
         "memory_efficiency": ("frac", _REQ), "attention_efficiency": ("frac", _REQ),
         "kernel_launch_us": ("nonneg", _REQ), "sustained_fraction": ("frac", _OPT),
-        "unfused_attention_efficiency": ("frac", _OPT),
+        "unfused_attention_efficiency": ("frac", _OPT), "mxfp8_tflops": ("pos", _OPT),
+        # kernel-model facts (parsim.cluster.kernels, attention_kernels): all or none
+        "sm_count": ("int", _OPT), "tensor_flop_per_clock_per_sm": ("pos", _OPT),
+        "sfu_op_per_clock_per_sm": ("pos", _OPT), "smem_byte_per_clock_per_sm": ("pos", _OPT),
+        "gemm_tiles": ("tiles", _OPT), "mma_style": ("mma_style", _OPT), "gemm_stream_k": ("bool", _OPT),
+        "attention_kernel": ("attention_kernel", _OPT), "gemm_model": ("gemm_model", _OPT),
+        **{f"mamf_{p}_{what}": (kind, _OPT) for p in GEMM_PRECISIONS
+           for what, kind in (("tflops", "pos"), ("shape", "shape"))},
     },
     "node": {
         "gpus_per_node": ("int", _REQ),
@@ -274,7 +326,35 @@ _OPTIONAL_TABLES = {"calibration"}
 _TOP_TABLES = [t for t in _SCHEMA if t]
 
 
+KERNEL_FACT_KEYS = ("sm_count", "tensor_flop_per_clock_per_sm", "sfu_op_per_clock_per_sm",
+                    "smem_byte_per_clock_per_sm", "gemm_tiles")
+"""Device keys the kernel models need together (a profile gives all of them or none)."""
+GEMM_MODELS = ("shape", "kernel")
+
+
 def _check_value(file: str, key: str, kind: str, v: Any) -> Any:
+    if kind == "tiles":
+        if not isinstance(v, list) or not v:
+            raise ConfigError(file, key, f"must be a non-empty list of tiles like [\"128x256\"], got {v!r}")
+        try:
+            return tuple(parse_tile(t) for t in v)
+        except ValueError as exc:
+            raise ConfigError(file, key, str(exc)) from None
+    if kind == "shape":
+        try:
+            return parse_shape(v) if isinstance(v, str) else parse_shape("")
+        except ValueError as exc:
+            raise ConfigError(file, key, str(exc)) from None
+    if kind == "bool":
+        if not isinstance(v, bool):
+            raise ConfigError(file, key, f"must be true or false, got {v!r}")
+        return v
+    if kind in ("attention_kernel", "gemm_model", "mma_style"):
+        known = {"attention_kernel": tuple(attention_kernels.KERNELS), "gemm_model": GEMM_MODELS,
+                 "mma_style": kernels.MMA_STYLES}[kind]
+        if v not in known:
+            raise ConfigError(file, key, f"must be one of {', '.join(known)}, got {v!r}")
+        return v
     if kind == "str":
         if not isinstance(v, str) or not v.strip():
             raise ConfigError(file, key, f"must be a non-empty string, got {v!r}")
@@ -328,6 +408,39 @@ def _validate(data: Mapping[str, Any], file: str) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _kernel_facts(d: dict[str, Any], peaks: dict[str, float], file: str) -> KernelFacts | None:
+    """The kernel-model facts of a ``[device]`` table (all of KERNEL_FACT_KEYS, or none)."""
+    given = [k for k in KERNEL_FACT_KEYS if k in d]
+    for p in PRECISIONS:
+        if f"mamf_{p}_shape" in d and f"mamf_{p}_tflops" not in d:
+            raise ConfigError(file, f"device.mamf_{p}_shape", f"needs device.mamf_{p}_tflops beside it")
+        if f"mamf_{p}_tflops" in d and p not in peaks:
+            raise ConfigError(file, f"device.mamf_{p}_tflops", f"needs device.{p}_tflops (the peak) beside it")
+    if not given:
+        for k in d:
+            if (k.startswith("mamf_") or k in ("attention_kernel", "mma_style", "gemm_stream_k")
+                    or (k == "gemm_model" and d[k] == "kernel")):
+                raise ConfigError(file, f"device.{k}" if k != "gemm_model" else "device.gemm_model",
+                                  f"needs the kernel facts ({', '.join('device.' + x for x in KERNEL_FACT_KEYS)})")
+        return None
+    missing = [k for k in KERNEL_FACT_KEYS if k not in d]
+    if missing:
+        raise ConfigError(file, f"device.{missing[0]}",
+                          f"missing: the kernel facts come together ({', '.join(KERNEL_FACT_KEYS)})")
+    if not any(p in peaks for p in kernels.BASE_PRECISIONS):
+        raise ConfigError(file, "device.bf16_tflops", "the kernel models need a bf16 or fp16 peak")
+    mamf = {p: (to_si(f"mamf_{p}_tflops", d[f"mamf_{p}_tflops"]), d.get(f"mamf_{p}_shape"))
+            for p in PRECISIONS if f"mamf_{p}_tflops" in d}
+    for p, (flops, _) in mamf.items():
+        if flops > peaks[p]:
+            raise ConfigError(file, f"device.mamf_{p}_tflops", f"must not exceed device.{p}_tflops ({peaks[p] / TFLOP:g})")
+    return KernelFacts(sm_count=d["sm_count"], tensor_flop_per_clock_per_sm=d["tensor_flop_per_clock_per_sm"],
+                       sfu_op_per_clock_per_sm=d["sfu_op_per_clock_per_sm"],
+                       smem_byte_per_clock_per_sm=d["smem_byte_per_clock_per_sm"],
+                       gemm_tiles=d["gemm_tiles"], mma_style=d.get("mma_style", "warp"),
+                       stream_k=d.get("gemm_stream_k", False), mamf=mamf, attention_kernel=d.get("attention_kernel"))
+
+
 def parse_profile(data: Mapping[str, Any], file: str = "<profile>") -> HardwareProfile:
     """Build a profile from an already-parsed TOML mapping (strict; errors name ``file``)."""
     t = _validate(data, file)
@@ -338,6 +451,8 @@ def parse_profile(data: Mapping[str, Any], file: str = "<profile>") -> HardwareP
     if nw["gpus_per_leaf"] % nd["gpus_per_node"]:
         raise ConfigError(file, "network.gpus_per_leaf",
                           f"must be a multiple of node.gpus_per_node ({nd['gpus_per_node']})")
+    if "bf16_tflops" not in d and "fp16_tflops" not in d:  # V100 has fp16 tensor cores, no bf16
+        raise ConfigError(file, "device.bf16_tflops", "missing (every profile gives bf16_tflops or fp16_tflops)")
     peaks = {p: to_si(f"{p}_tflops", d[f"{p}_tflops"]) for p in PRECISIONS if f"{p}_tflops" in d}
     device = Device(
         name=d["name"], peak_flops=peaks,
@@ -349,6 +464,7 @@ def parse_profile(data: Mapping[str, Any], file: str = "<profile>") -> HardwareP
         kernel_launch_s=to_si("kernel_launch_us", d["kernel_launch_us"]),
         sustained_fraction=d.get("sustained_fraction", 1.0),
         unfused_attention_efficiency=d.get("unfused_attention_efficiency"),
+        kernels=_kernel_facts(d, peaks, file), gemm_model=d.get("gemm_model", "shape"),
     )
 
     def tier(name: str, table: dict[str, Any], bw_key: str) -> LinkTier:
@@ -438,6 +554,7 @@ def profile_to_tables(profile: HardwareProfile) -> dict[str, dict[str, Any]]:
         dev["unfused_attention_efficiency"] = d.unfused_attention_efficiency
     if d.sustained_fraction != 1.0:
         dev["sustained_fraction"] = d.sustained_fraction
+    dev.update(_kernel_tables(d))
     node = {"gpus_per_node": profile.gpus_per_node,
             "nvlink_gbyte_per_s": nv.bandwidth / GB, "nvlink_latency_us": nv.latency_s / US,
             "nvlink_efficiency": nv.efficiency,
@@ -453,7 +570,31 @@ def profile_to_tables(profile: HardwareProfile) -> dict[str, dict[str, Any]]:
             "device": dev, "node": node, "network": net}
 
 
+def _kernel_tables(d: Device) -> dict[str, Any]:
+    """The kernel-model keys of ``d`` in TOML key space (empty without kernel facts)."""
+    out: dict[str, Any] = {}
+    kf = d.kernels
+    if kf is not None:
+        out.update({"sm_count": kf.sm_count, "tensor_flop_per_clock_per_sm": kf.tensor_flop_per_clock_per_sm,
+                    "sfu_op_per_clock_per_sm": kf.sfu_op_per_clock_per_sm,
+                    "smem_byte_per_clock_per_sm": kf.smem_byte_per_clock_per_sm,
+                    "gemm_tiles": [format_tile(t) for t in kf.gemm_tiles], "mma_style": kf.mma_style})
+        if kf.stream_k:
+            out["gemm_stream_k"] = True
+        if kf.attention_kernel:
+            out["attention_kernel"] = kf.attention_kernel
+        for p, (flops, shape) in kf.mamf.items():
+            out[f"mamf_{p}_tflops"] = flops / TFLOP
+            if shape is not None:
+                out[f"mamf_{p}_shape"] = "x".join(str(x) for x in shape)
+    if d.gemm_model != "shape":
+        out["gemm_model"] = d.gemm_model
+    return out
+
+
 def _toml_value(v: Any) -> str:
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     if isinstance(v, str):
         return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(v, bool):

@@ -16,7 +16,7 @@ class Precision:
     """What one training/compute precision stores, per element."""
 
     name: str
-    """The key users type: bf16 | fp16 | fp32 | tf32 | fp8."""
+    """The key users type: bf16 | fp16 | fp32 | tf32 | fp8 | mxfp8."""
     gemm_in_bytes: int
     """Bytes per element of a GEMM's inputs A and B."""
     gemm_out_bytes: int
@@ -37,6 +37,9 @@ PRECISION_TABLE: dict[str, Precision] = {p.name: p for p in (
     Precision("fp32", 4, 4, 4, 4, 4),
     Precision("tf32", 4, 4, 4, 4, 4),   # tensor-core GEMMs on fp32 tensors
     Precision("fp8", 1, 2, 2, 2, 1),
+    # OCP MX FP8 (Blackwell block-scaled GEMMs): fp8 elements plus one 8-bit scale per 32,
+    # which the kernel model counts (parsim.cluster.kernels.INPUT_BYTES); elsewhere as fp8
+    Precision("mxfp8", 1, 2, 2, 2, 1),
 )}
 GEMM_PRECISIONS = tuple(PRECISION_TABLE)
 """Precisions a device profile may give a peak for (``<p>_tflops``)."""

@@ -1,0 +1,276 @@
+"""GEMM time from the kernel's physics: shapes in, seconds out (no transformer knowledge here).
+
+A tensor-core GEMM ``C[m x n] = A[m x k] @ B[k x n]`` is cut into output tiles of the kernel's
+tile size; each tile is one thread block (CTA) that walks the K dimension; CTAs run in waves
+over the SMs (Anthony et al. 2024, "The Case for Co-Designing Model Architectures with
+Hardware", arXiv:2401.14489: tile quantization and wave quantization; one tile more than a
+full wave costs a whole extra wave). Per CTA:
+
+* main loop: ``2 * tm * tn * k_cta`` FLOP at the SM's share of the device's main-loop rate,
+  slowed when shared memory cannot feed the tensor cores: each operand element is written to
+  shared memory once and read once, ``2 * (tm + tn) * bytes`` per k, against
+  ``smem_byte_per_clock_per_sm`` (small tiles reuse less, so they starve first);
+* per tile, the epilogue: C staged through shared memory (written, then read by the store),
+  which a short K cannot amortise -- the K-dimension roll-off (on Hopper and Blackwell the
+  warp-specialized persistent kernels overlap it with the next tile); once, the pipeline fill
+  (the first K block, cold from HBM at the SM's share of its bandwidth; later tiles' loads
+  overlap the previous tile, and stores drain into L2);
+* ``k`` rounds up to the kernel's K block (128 bytes of A and B per row);
+* split-K when there are too few output tiles to fill the SMs (small m and n, long k): the
+  fp32 partial tiles are written and reduced through HBM; on Hopper and Blackwell, Stream-K
+  (``stream_k``) instead spreads all tiles' K blocks evenly over the SMs.
+
+The library picks the fastest (tile, split) it has (cuBLAS heuristics), so the model takes the
+minimum over the device's tile list; the HBM roofline (A, B read once, C written once) is a
+floor. The main-loop rate is not a free factor: it is calibrated so the model reproduces the
+device's measured maximum achievable matmul (MAMF, stas00/ml-engineering) at the shape it was
+measured at (``mamf_<precision>_shape``); other shapes then follow from the tiles and waves.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Mapping
+
+BASE_PRECISIONS = ("bf16", "fp16")
+"""The tensor-core rate ``tensor_flop_per_clock_per_sm`` is counted in (bf16, else fp16)."""
+INPUT_BYTES = {"bf16": 2.0, "fp16": 2.0, "tf32": 4.0, "fp32": 4.0, "fp8": 1.0,
+               "mxfp8": 1.0 + 1.0 / 32.0}
+"""Bytes per A/B element a kernel reads (MXFP8: one 8-bit scale per 32 elements, OCP MX spec)."""
+OUTPUT_BYTES = {"bf16": 2.0, "fp16": 2.0, "tf32": 4.0, "fp32": 4.0, "fp8": 2.0, "mxfp8": 2.0}
+"""Bytes per C element written (FP8 GEMMs write bf16, as torch._scaled_mm / Transformer Engine)."""
+K_BLOCK_BYTES = 128
+"""Bytes of one row of an A/B K-block (64 bf16, 128 fp8 elements): the 128-byte swizzled
+shared-memory row that Hopper TMA / Ampere ldg8 kernels load (cuBLAS names ``...x64_...`` for
+bf16); k rounds up to it."""
+SPLIT_K = (1, 2, 3, 4, 6, 8, 12, 16)
+"""Split-K factors a library tries when the output tiles do not fill the SMs."""
+PARTIAL_BYTES = 4.0
+"""fp32 partial-sum element of a split-K reduction."""
+MIN_SPLIT_K = 256
+"""Shortest K slice a split-K plan gives one CTA (shorter slices are all prologue)."""
+
+
+@dataclass(frozen=True)
+class KernelFacts:
+    """Per-device facts the kernel models need (profile keys under ``[device]``, each sourced)."""
+
+    sm_count: int
+    """Streaming multiprocessors (``multi_processor_count``); one CTA slot per SM per wave."""
+    tensor_flop_per_clock_per_sm: float
+    """Dense bf16 (fp16 where there is no bf16) tensor-core FLOP per SM per clock."""
+    sfu_op_per_clock_per_sm: float
+    """Special-function (exp2) results per SM per clock (CUDA guide throughput table: 16)."""
+    smem_byte_per_clock_per_sm: float
+    """Shared-memory bandwidth per SM per clock (32 banks x 4 bytes = 128)."""
+    gemm_tiles: tuple[tuple[int, int, int], ...]
+    """Output tiles (tm, tn, sms) the GEMM library has for this architecture; ``sms = 2`` is a
+    Blackwell CTA pair (2-SM UMMA) sharing one tm x tn tile, each SM loading half of A and B."""
+    mma_style: str = "warp"
+    """Who reads the MMA operands from shared memory (PTX ISA): ``"warp"`` (mma.sync, Volta and
+    Ampere: each warp its own slice of A and B, warp tiles of at most 64x64), ``"warpgroup"``
+    (wgmma, Hopper: a 64-row warpgroup reads its A rows and all of B) or ``"tile"`` (tcgen05,
+    Blackwell: the whole tile reads A and B once)."""
+    stream_k: bool = False
+    """The library balances the last partial wave by splitting K iterations across SMs
+    (Stream-K, Osama et al. 2023; CUTLASS 3 / cuBLAS on Hopper and Blackwell), so whole-wave
+    quantization does not apply; a split tile's partial sums go through an fp32 workspace."""
+    mamf: Mapping[str, tuple[float, tuple[int, int, int] | None]] = field(default_factory=dict, hash=False)
+    """Measured maximum achievable matmul by precision: (FLOP/s, (m, n, k) it was measured at)."""
+    attention_kernel: str | None = None
+    """Fused attention kernel of this architecture (``fa2``, ``fa3``, ``fa4``; see attention_kernels)."""
+
+    def key(self) -> tuple:
+        """Hashable identity (the mamf mapping included) for the calibration cache."""
+        return (self.sm_count, self.tensor_flop_per_clock_per_sm, self.sfu_op_per_clock_per_sm,
+                self.smem_byte_per_clock_per_sm, self.gemm_tiles, self.mma_style, self.stream_k,
+                tuple(sorted(self.mamf.items())), self.attention_kernel)
+
+
+def parse_tile(text: str) -> tuple[int, int, int]:
+    """``"128x256"`` -> (128, 256, 1); ``"256x256/2sm"`` (a CTA pair) -> (256, 256, 2)."""
+    body, _, pair = str(text).lower().partition("/")
+    parts = body.split("x")
+    if (len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts)
+            or pair not in ("", "1sm", "2sm") or (pair == "2sm" and int(parts[0]) % 2)):
+        raise ValueError(f"tile {text!r} must look like 128x256 or 256x256/2sm")
+    return int(parts[0]), int(parts[1]), 2 if pair == "2sm" else 1
+
+
+def format_tile(tile: tuple[int, int, int]) -> str:
+    """(256, 256, 2) -> ``"256x256/2sm"``; the inverse of :func:`parse_tile`."""
+    return f"{tile[0]}x{tile[1]}" + ("/2sm" if tile[2] == 2 else "")
+
+
+def parse_shape(text: str) -> tuple[int, int, int]:
+    """``"6912x16384x2048"`` (m x n x k, k the reduction) -> (6912, 16384, 2048)."""
+    parts = str(text).lower().split("x")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"shape {text!r} must look like MxNxK, e.g. 6144x17920x2816")
+    return int(parts[0]), int(parts[1]), int(parts[2])
+
+
+# ------------------------------------------------------------------ the device, as numbers
+@dataclass(frozen=True)
+class _Machine:
+    """What one precision's GEMM sees of a device (derived, hashable)."""
+
+    sm: int
+    flop_per_clock: float      # tensor FLOP per SM per clock at this precision
+    smem_per_clock: float
+    bandwidth: float           # achievable HBM bytes/s
+    in_bytes: float
+    out_bytes: float
+    tiles: tuple[tuple[int, int, int], ...]
+    mma_style: str
+    stream_k: bool
+
+
+def _machine(dev: Any, precision: str) -> _Machine:
+    kf: KernelFacts = dev.kernels
+    base = next(p for p in BASE_PRECISIONS if p in dev.peak_flops)
+    ratio = dev.peak(precision) / dev.peak_flops[base]  # same clock: per-clock rates scale as peaks
+    return _Machine(kf.sm_count, kf.tensor_flop_per_clock_per_sm * ratio, kf.smem_byte_per_clock_per_sm,
+                    dev.effective_memory_bandwidth, INPUT_BYTES[precision], OUTPUT_BYTES[precision],
+                    kf.gemm_tiles, kf.mma_style, kf.stream_k)
+
+
+MMA_STYLES = ("warp", "warpgroup", "tile")
+
+
+def operand_reads(style: str, tm: int, tn: int) -> float:
+    """A and B elements read from shared memory per k for one tm x tn tile (see ``mma_style``)."""
+    if style == "warp":  # 4 warps (2x2) up to 128x128, 64x64 warp tiles beyond (CUTLASS sm80)
+        wm, wn = min(64, tm // 2) or 1, min(64, tn // 2) or 1
+        return tm * (tn / wn) + tn * (tm / wm)
+    if style == "warpgroup":  # wgmma m64nNk16: A once, B once per 64 rows
+        return tm + tn * max(1.0, tm / 64)
+    return tm + tn
+
+
+def feed_fraction(mc: _Machine, tm: int, tn: int, sms: int = 1) -> float:
+    """Fraction of the tensor-core rate a (tm x tn) tile on ``sms`` SMs keeps when each SM's
+    shared memory must take the operands in (``tm + tn`` per k) and give them to the MMAs
+    (:func:`operand_reads`) at ``smem_per_clock`` while its tensor cores do ``2 tm tn / sms``
+    FLOP per k. Small tiles reuse each operand less, so they starve first."""
+    mma_clocks = 2.0 * tm * tn / sms / mc.flop_per_clock
+    smem_bytes = (tm + tn + operand_reads(mc.mma_style, tm, tn)) / sms * mc.in_bytes
+    return min(1.0, mma_clocks / (smem_bytes / mc.smem_per_clock))
+
+
+def _plan_time(mc: _Machine, rate: float, m: int, n: int, k: int, tile: tuple[int, int, int], split: int) -> float:
+    """Seconds for one GEMM with ``tile`` and ``split``-way split-K (0: Stream-K) at ``rate``."""
+    tm, tn, sms = tile
+    tiles = math.ceil(m / tm) * math.ceil(n / tn)
+    slots = mc.sm // sms
+    k_block = K_BLOCK_BYTES // int(mc.in_bytes)  # MXFP8's scales ride beside the 128-byte rows
+    clock = rate / (mc.sm * mc.flop_per_clock)  # the clock the main-loop rate implies
+    per_sm_rate = rate / mc.sm * feed_fraction(mc, tm, tn, sms)
+    block_time = 2.0 * tm * tn / sms * k_block / per_sm_rate   # one K block of one tile
+    per_sm_bw = mc.bandwidth / mc.sm
+    c_out = tm * tn / sms * mc.out_bytes
+    # the epilogue stages C through shared memory (written, then read by the store); warp-
+    # specialized persistent kernels (wgmma ping-pong, tcgen05 with its accumulator in tensor
+    # memory) run it beside the next tile's main loop, so only the last one shows
+    epilogue = 2.0 * c_out / mc.smem_per_clock / clock
+    hidden = mc.mma_style != "warp"
+    fill = (tm + tn) / sms * k_block * mc.in_bytes / per_sm_bw
+    if split == 0:  # Stream-K: every SM gets an equal share of all tiles' K blocks
+        blocks = tiles * math.ceil(k / k_block)
+        per_slot = math.ceil(blocks / slots)
+        # a tile cut between SMs passes its fp32 partial sums through the (L2-resident)
+        # workspace: out of one SM and into another, at shared-memory speed on each side
+        split_tile = per_slot % math.ceil(k / k_block) != 0 or blocks % slots != 0
+        fixup = 2.0 * tm * tn / sms * PARTIAL_BYTES / mc.smem_per_clock / clock if split_tile else 0.0
+        return per_slot * block_time + (1 if hidden else math.ceil(tiles / slots)) * epilogue + fill + fixup
+    waves = math.ceil(tiles * split / slots)
+    k_cta = math.ceil(math.ceil(k / split) / k_block) * k_block
+    reduce = 0.0
+    if split > 1:  # partials written, read back and the result written once, through HBM
+        reduce = (split * m * n * PARTIAL_BYTES + m * n * mc.out_bytes) / mc.bandwidth
+    return waves * k_cta // k_block * block_time + (1 if hidden else waves) * epilogue + fill + reduce
+
+
+def _best_time(mc: _Machine, rate: float, m: int, n: int, k: int) -> tuple[float, tuple[int, int, int], int]:
+    """(seconds, tile, split) of the fastest plan the library has for this shape."""
+    best: tuple[float, tuple[int, int, int], int] = (math.inf, mc.tiles[0], 1)
+    for tile in mc.tiles:
+        tiles = math.ceil(m / tile[0]) * math.ceil(n / tile[1])
+        for split in SPLIT_K:
+            if split > 1 and (tiles * (split - 1) >= mc.sm // tile[2] or math.ceil(k / split) < MIN_SPLIT_K):
+                break  # the previous split already filled the SMs, or K is too short to split
+            t = _plan_time(mc, rate, m, n, k, tile, split)
+            if t < best[0]:
+                best = (t, tile, split)
+        if mc.stream_k and tiles % (mc.sm // tile[2]):
+            t = _plan_time(mc, rate, m, n, k, tile, 0)
+            if t < best[0]:
+                best = (t, tile, 0)
+    return best
+
+
+def gemm_bytes(m: int, n: int, k: int, precision: str) -> float:
+    """HBM bytes of one GEMM moved once: A and B read, C written."""
+    return (m * k + k * n) * INPUT_BYTES[precision] + m * n * OUTPUT_BYTES[precision]
+
+
+@lru_cache(maxsize=256)
+def _mainloop_rate(machine: _Machine, peak: float, mamf: float, shape: tuple[int, int, int] | None) -> float:
+    """The device main-loop FLOP/s at which the model reproduces ``mamf`` at ``shape``.
+
+    The model's time at a shape falls as the rate rises (monotone), so bisection finds it. A
+    MAMF measured at an unknown shape is taken as the main-loop rate itself. Capped at peak.
+    """
+    if shape is None:
+        return min(mamf, peak)
+    m, n, k = shape
+    flops = 2.0 * m * n * k
+    lo, hi = mamf * 0.5, peak * 1.5
+    for _ in range(80):
+        mid = 0.5 * (lo + hi)
+        if flops / _best_time(machine, mid, m, n, k)[0] < mamf:
+            lo = mid
+        else:
+            hi = mid
+    return min(hi, peak)
+
+
+def mainloop_rate(dev: Any, precision: str) -> float:
+    """Main-loop FLOP/s of ``precision`` GEMMs on ``dev`` (calibrated to its MAMF).
+
+    Without a MAMF for this precision, the base precision's fraction of peak carries over (the
+    same kernels at a different element size); without any MAMF, ``gemm_efficiency * peak``.
+    """
+    p = precision
+    kf: KernelFacts = dev.kernels
+    peak = dev.peak(p)
+    if p in kf.mamf:
+        flops, shape = kf.mamf[p]
+        return _mainloop_rate(_machine(dev, p), peak, flops, shape)
+    ref = next((q for q in BASE_PRECISIONS if q in kf.mamf and q in dev.peak_flops), None)
+    if ref is None:
+        return peak * dev.gemm_efficiency
+    return peak * mainloop_rate(dev, ref) / dev.peak(ref)
+
+
+def gemm_plan(dev: Any, m: int, n: int, k: int, precision: str) -> dict[str, Any]:
+    """One GEMM on ``dev``: time (s), the chosen tile and split, waves, and whether the HBM
+    roofline bound it. ``dev`` is a :class:`parsim.cluster.hardware.Device` with ``kernels``."""
+    mc = _machine(dev, precision)
+    rate = mainloop_rate(dev, precision)
+    t, tile, split = _best_time(mc, rate, m, n, k)
+    floor = gemm_bytes(m, n, k, precision) / mc.bandwidth
+    tiles = math.ceil(m / tile[0]) * math.ceil(n / tile[1])
+    return {"time_s": max(t, floor), "tile": format_tile(tile), "split_k": split,
+            "stream_k": split == 0, "waves": math.ceil(tiles * max(split, 1) / (mc.sm // tile[2])),
+            "memory_bound": floor > t, "mainloop_flops": rate}
+
+
+def gemm_time(dev: Any, m: int, n: int, k: int, precision: str = "bf16", count: int = 1) -> float:
+    """Seconds for ``count`` GEMMs ``(m x k) @ (k x n)`` on ``dev`` by the kernel model."""
+    if min(m, n, k, count) < 0:
+        raise ValueError(f"gemm: m={m}, n={n}, k={k}, count={count} must be >= 0")
+    if m == 0 or n == 0 or k == 0 or count == 0:
+        return 0.0
+    return count * gemm_plan(dev, m, n, k, precision)["time_s"]
