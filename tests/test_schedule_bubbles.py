@@ -181,3 +181,52 @@ def test_dry_run_times_respect_every_dependency(name, vpp):
                     assert start >= up[1] + (0.75 if up[2] != r else 0)
             if op == "W":
                 assert start >= at[("I", s, m)][1]
+
+
+# ----------------------------------------------------------------------------- closed forms, names
+
+
+def _closed_form_builders():
+    from parsim.schedule import one_f_one_b_iw
+    return {"gpipe": (gpipe, 1), "1f1b": (one_f_one_b, 1), "1f1biw": (one_f_one_b_iw, 1),
+            "interleaved1f1b": (lambda p, m: interleaved_1f1b(p, m, 2), 2), "zbh1": (zero_bubble_h1, 1),
+            "zbh2": (zero_bubble_h2, 1)}
+
+
+@pytest.mark.parametrize("f, i, w", [(1, 1, 1), (2, 2, 1), (3, 2, 1), (2, 3, 2), (1, 2, 1), (1, 1, 3)])
+def test_closed_form_bubbles_equal_the_dry_run(f, i, w):
+    """parsim.schedule.semantics' closed forms (what the planner charges) against brute force,
+    wherever they claim to be exact: makespan - m v (t_F + t_I + t_W)."""
+    from parsim.schedule.semantics import CLOSED_FORMS, bubble_fraction, bubble_time
+    builders = _closed_form_builders()
+    assert set(builders) == set(CLOSED_FORMS)
+    for key, (fn, v) in builders.items():
+        for p in (2, 3, 4, 8):
+            start = CLOSED_FORMS[key].exact_from(p)
+            for m in sorted({start, start + 1, 2 * start + 1, 3 * p}):
+                if key == "interleaved1f1b" and m % p:
+                    continue
+                run = dry_run(fn(p, m), f=f, b=i + w, i=i, w=w, comm=0, unshard=0, reduce=0, step=0)
+                assert run.makespan - m * v * (f + i + w) == pytest.approx(bubble_time(key, p, f, i, w)), (key, p, m)
+                assert run.bubble_fraction == pytest.approx(bubble_fraction(key, p, m, v, f, i, w)), (key, p, m)
+
+
+def test_bubble_fraction_is_designs_formula_and_unknown_families_have_none():
+    from parsim.schedule.semantics import bubble_fraction, bubble_time, closed_form
+    assert bubble_fraction("GPipe", 4, 8) == pytest.approx(3 / 11)          # (p-1)/(m+p-1)
+    assert bubble_fraction("Interleaved1F1B", 4, 8, v=2) == pytest.approx(3 / 19)  # (p-1)/(mv+p-1)
+    assert bubble_time("1F1B", 1, 1.0, 1.0, 1.0) == 0.0
+    for name in ("ZBV", "DualPipe", "Chimera", "Naive"):
+        assert closed_form(name) is None and bubble_fraction(name, 4, 8) is None
+
+
+def test_names_and_aliases_resolve_in_one_place():
+    from parsim.schedule import register, single_chunk, traits
+    from parsim.schedule.semantics import ALIASES, canonical_key, name_key
+    assert name_key("ZB-V") == name_key("zb_v") == name_key("Zb V") == "zbv"
+    assert build("PipeDream-Flush", 4, 8).name == build("DAPPLE", 4, 8).name == "1F1B"
+    assert build("1F1B-RR", 4, 8).name == "PipeDream" and traits("1F1B-RR") == traits("PipeDream")
+    for alias, target in ALIASES.items():
+        assert canonical_key(alias) == name_key(target) and build(target, 2, 4).name == target
+    with pytest.raises(ValueError, match="alias"):
+        register("Pipedream_Flush", single_chunk(one_f_one_b))

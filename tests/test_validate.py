@@ -28,6 +28,9 @@ TWO_RANKS = {
     "GPipe": ["schedule.name=GPipe"],
     "1F1B": ["schedule.name=1F1B"],
     "ZBH1": ["schedule.name=ZBH1"],
+    "ZBH2": ["schedule.name=ZBH2"],
+    "Naive": ["schedule.name=Naive"],
+    "ZBV": ["schedule.name=ZBV"],  # two stages per rank in a V: the loss on rank 0, local hand-offs
     "Interleaved1F1B": ["schedule.name=Interleaved1F1B", "parallel.vpp=2"],
     # Llama structure: fused RMSNorm and SwiGLU, grouped-query attention (explicit and SDPA)
     "1F1B-llama": ["model.ffn=swiglu", "model.norm=rmsnorm", "model.n_kv_heads=2", "model.bias=false"],
@@ -68,6 +71,21 @@ def test_pipeline_and_dp_gradients_equal_single_process(parity_two, i, name):
     sc = prepare(TINY, TWO_RANKS[name], "gloo")
     res = check_parity(sc, out, [r["variants"][i] for r in ranks], variant=i)
     assert res["max_abs_diff"] < 1e-6
+
+
+def test_every_schedule_the_runtime_accepts_is_checked_for_parity():
+    """What RUNTIME_COVERAGE does not refuse, the runtime must run right: each registered
+    schedule is either one of the parity variants above or refused in one line."""
+    from parsim.errors import ScheduleError
+    from parsim.schedule import BUILDERS
+    checked = {o.split("=")[1] for v in TWO_RANKS.values() for o in v if o.startswith("schedule.name=")} | {"1F1B"}
+    for name in BUILDERS:
+        over = [f"schedule.name={name}"] + (["parallel.vpp=2"] if name == "Interleaved1F1B" else [])
+        if name in checked:
+            prepare(TINY, over, "gloo")  # accepted
+        else:
+            with pytest.raises(ScheduleError, match=f"schedule {name}: the torch runtime does not run"):
+                prepare(TINY, over, "gloo")
 
 
 def test_pp2_dp2_zero_gradients_equal_single_process(tmp_path):

@@ -93,13 +93,15 @@ def result(run: ValidationRun) -> dict:
     """The comparison over every launch so far (the ``parsim validate --json`` object)."""
     from parsim.validate.compare import compare, device_drift
 
-    job, sc = run.job, run.scenario
+    job = run.job
     c = compare(run.predicted, run.launches)
+    sched = run.predicted.schedule
+    loss_rank = sched.rank_of(sched.n_stages - 1)  # where the loss is computed (rank 0 in a V shape)
     c["device_drift"] = device_drift(c, job["profile"])
     c.update({"backend": job["backend"], "world": run.world, "warmup": job["warmup"], "cpu_count": os.cpu_count(),
               "nice": job["nice"], "recv": job["recv"], "launches": len(run.launches),
               "load_average_1min": run.load_average_1min,
-              "losses": run.launches[-1][sc.parallel.pp - 1]["steps"][-1]["losses"]})
+              "losses": run.launches[-1][loss_rank]["steps"][-1]["losses"]})
     return c
 
 
@@ -118,6 +120,9 @@ def run_validation(scenario: str, overrides=None, backend: str = "gloo", profile
 
 
 def cmd_validate(args) -> int:
+    from parsim.validate.scale import check_runnable
+
+    check_runnable(args.scenario, args.set)  # torch-free: refuse what the runtime cannot run, before any rank starts
     if not torch_available():
         print(INSTALL_HINT, file=sys.stderr)
         return 2

@@ -4,7 +4,8 @@ Every builder returns F, B (or I and W) actions only; :func:`parsim.schedule.pas
 adds the communication. Stage s lives on rank s (non-interleaved) or s % pp
 (interleaved). ``BUILDERS`` maps scenario names to callables ``(pp, m, vpp) -> Schedule``;
 :func:`build` looks names up case-insensitively (ignoring ``-``, ``_`` and spaces; aliases
-resolved: ``parsim.schedule.semantics`` owns names) and turns impossible combinations into one-line :class:`ScheduleError`.
+resolved: ``parsim.schedule.semantics`` owns names) and turns impossible combinations
+into one-line :class:`ScheduleError`.
 
 To add a schedule: write ``def my_schedule(pp, m) -> Schedule`` here or elsewhere and
 ``register("MySchedule", single_chunk(my_schedule))`` (or a callable taking vpp); give it

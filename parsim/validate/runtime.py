@@ -14,8 +14,10 @@ It walks exactly the per-rank action list the simulator times
 * ``UNSHARD`` (ZeRO-3) launches an asynchronous all-gather of the stage's parameter
   shards; compute of the stage waits for it; ``RESHARD`` only marks the end of the window.
 
-Every executed action becomes a span (rank, stream, op, stage, microbatch, start, end,
-bytes) timed with perf_counter on CPU and CUDA events on GPU.
+What it runs is declared in ``parsim.validate.scale.RUNTIME_COVERAGE`` (torch-free, so
+``parsim validate`` refuses anything else before a rank starts); :class:`RankRuntime`
+checks it again. Every executed action becomes a span (rank, stream, op, stage,
+microbatch, start, end, bytes) timed with perf_counter on CPU and CUDA events on GPU.
 """
 from __future__ import annotations
 
@@ -25,8 +27,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from parsim.schedule.coverage import check_runs
 from parsim.schedule.ir import Schedule
 from parsim.validate.model import Stage, WeightGradStore
+from parsim.validate.scale import RUNTIME_COVERAGE
 from parsim.validate.timing import Timer
 
 
@@ -119,6 +123,7 @@ class RankRuntime:
 
     def __init__(self, schedule: Schedule, stages: dict[int, Stage], layout: Layout, data, act_shape,
                  zero: int, opt_factory, fault: dict | None = None, keep_grads: bool = False):
+        check_runs(schedule, RUNTIME_COVERAGE)
         self.sched, self.stages, self.lay = schedule, stages, layout
         self.data, self.act_shape, self.zero = data, act_shape, zero
         self.actions = schedule.actions[layout.pp_rank]

@@ -14,9 +14,23 @@ from dataclasses import dataclass
 from parsim.cluster.hardware import find_calibrated, load_profile
 from parsim.config.parallel import partition_layers
 from parsim.config.scenario import Scenario
-from parsim.errors import ConfigError
+from parsim.errors import ConfigError, ScheduleError
 from parsim.model import ModelSpec, total_params
 from parsim.scenario import load_scenario
+from parsim.schedule.coverage import ALL_OPS, Coverage, Trait, check_runs
+from parsim.schedule.ir import Op
+from parsim.simulate import schedule_for
+
+RUNTIME_COVERAGE = Coverage(
+    "torch runtime",
+    ops=ALL_OPS - {Op.OVERLAP_F_B},
+    refuses=frozenset(Trait),
+)
+"""What ``parsim.validate.runtime`` executes (declared here, torch-free, so that a schedule
+is refused before any rank process starts): every op but the composite OVERLAP_F_B
+(DualPipe, DualPipeV); one chain of stages (not Chimera's or DualPipe's two); one
+weight version, a flush every step and the forward's activations kept for B (not
+PipeDream's or PipeDream-2BW's stashing, nor GPipeRemat's re-materialisation)."""
 
 
 @dataclass(frozen=True)
@@ -42,7 +56,8 @@ GPU_LIMITS = Limits(max_params=400e6, d_model=1024, max_head_dim=128, max_layers
 
 
 def check_supported(sc: Scenario) -> None:
-    """The runtime executes dense models with pipeline and data parallelism (tp = cp = ep = 1)."""
+    """The runtime executes dense models with pipeline and data parallelism (tp = cp = ep = 1)
+    and the schedules :data:`RUNTIME_COVERAGE` declares; anything else is one line, here."""
     par = sc.parallel
     for axis in ("tp", "cp", "ep"):
         if getattr(par, axis) != 1:
@@ -52,6 +67,15 @@ def check_supported(sc: Scenario) -> None:
         raise ConfigError(sc.file, "model", "the validation runtime builds dense (non-MoE, non-MLA) models only")
     if sc.costs is not None:
         raise ConfigError(sc.file, "costs", "a [costs] table replaces the cost model; validate needs the model")
+    try:
+        check_runs(schedule_for(sc), RUNTIME_COVERAGE)
+    except ScheduleError as e:
+        raise ScheduleError(f"{sc.file}: schedule.name: {e.problem}") from None
+
+
+def check_runnable(path: str, overrides: list[str] | None = None) -> None:
+    """Load ``path`` and refuse what the runtime cannot run: torch-free, before anything starts."""
+    check_supported(load_scenario(path, overrides))
 
 
 def scale_model(m: ModelSpec, n_stages: int, seq_len: int, lim: Limits) -> ModelSpec:
