@@ -32,6 +32,7 @@ tensor FLOP and SFU ops per clock, HBM bandwidth) comes from the profile.
 """
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -100,8 +101,8 @@ KERNELS: dict[str, AttentionKernel] = {
         # least squares (log TFLOP/s) over the 22 legible bars of Fig. 4 and the two stated maxima
         # (read as head dim 128, non-causal, 16k); forward and backward share cta_io and
         # diag_extra (fwd+bwd cannot tell them apart); max error 4.9%
-        forward=PassModel(mma_fraction=0.968, softmax_cost=1.291, cta_io=0.463, diag_extra=0.207),
-        backward=PassModel(mma_fraction=0.712, softmax_cost=1.946, cta_io=0.463, diag_extra=0.207),
+        forward=PassModel(mma_fraction=0.983, softmax_cost=1.358, cta_io=0.463, diag_extra=0.228),
+        backward=PassModel(mma_fraction=0.707, softmax_cost=1.847, cta_io=0.463, diag_extra=0.228),
         fwd_tiles=((64, 128, 128, 128), (128, 128, 64, 64), (256, 128, 64, 64)),
         bwd_tiles=((64, 128, 128), (128, 64, 128), (256, 64, 64)),
     ),
@@ -109,12 +110,12 @@ KERNELS: dict[str, AttentionKernel] = {
         name="FlashAttention-3",
         source="Shah et al. 2024, arXiv:2407.08608: Fig. 5 (forward) and Fig. 6 (backward), H100 80GB SXM5, BF16",
         # forward: least squares over the 24 bars of Fig. 5 (a-d), head dims 64 and 128, causal
-        # and not (max error 7.7%); head dim 256 (Fig. 5 e-f) held out. The matmul rate may pass
+        # and not (max error 7.5%); head dim 256 (Fig. 5 e-f) held out. The matmul rate may pass
         # the 989 TFLOP/s spec, which is counted at 1.83 GHz: H100 SXM boosts to 1.98 GHz
         # (stas00/ml-engineering, clock table), i.e. up to 1.08x. Backward: the 12 bars of Fig. 6
         # (non-causal; diag_extra taken from the forward), max error 3.1%.
-        forward=PassModel(mma_fraction=1.053, softmax_cost=0.982, cta_io=0.419, diag_extra=0.330),
-        backward=PassModel(mma_fraction=0.776, softmax_cost=1.632, cta_io=0.801, diag_extra=0.330),
+        forward=PassModel(mma_fraction=1.050, softmax_cost=0.981, cta_io=0.420, diag_extra=0.387),
+        backward=PassModel(mma_fraction=0.776, softmax_cost=1.632, cta_io=0.801, diag_extra=0.387),
         fwd_tiles=((64, 192, 128, 128), (128, 128, 176, 128), (256, 128, 80, 80)),
         bwd_tiles=((64, 128, 128), (128, 64, 128), (256, 64, 80)),
     ),
@@ -129,8 +130,8 @@ KERNELS: dict[str, AttentionKernel] = {
         # (the papers' benchmark shape); cta_io and diag_extra carried over from FA3. Backward:
         # mma_fraction solves the 1.88x ratio at 8k (the 1.95x at 32k is held out); the paper's
         # shared-memory bound (3328 SMEM vs 2560 MMA cycles per step) alone would allow 0.563.
-        forward=PassModel(mma_fraction=0.732, softmax_cost=0.0, cta_io=0.419, diag_extra=0.330),
-        backward=PassModel(mma_fraction=0.493, softmax_cost=0.0, cta_io=0.801, diag_extra=0.330),
+        forward=PassModel(mma_fraction=0.732, softmax_cost=0.0, cta_io=0.420, diag_extra=0.387),
+        backward=PassModel(mma_fraction=0.494, softmax_cost=0.0, cta_io=0.801, diag_extra=0.387),
         fwd_tiles=((128, 256, 128, 128), (256, 128, 128, 128)),
         bwd_tiles=((128, 128, 128), (256, 64, 128)),
     ),
@@ -141,19 +142,23 @@ KERNELS: dict[str, AttentionKernel] = {
 def makespan(groups: list[tuple[float, int]], slots: int) -> float:
     """Greedy longest-first makespan of ``count`` jobs of ``duration`` each over ``slots``.
 
-    ``groups`` is a list of (duration, count). Identical jobs are placed a whole round at a
-    time (each of ``slots`` slots takes one) while at least ``slots`` remain, then one by one
-    on the earliest-free slots: the hardware block scheduler gives a freed SM the next block.
+    ``groups`` is a list of (duration, count). Each job goes to the earliest-free slot (the
+    hardware block scheduler gives a freed SM the next block; FA3/FA4's persistent schedulers
+    hand out the longest blocks first). Identical jobs are placed a whole round at a time when
+    the slots' free times lie within one job of each other (then a round is exactly one job per
+    slot), else one at a time.
     """
     free = [0.0] * slots
+    heapq.heapify(free)
     for duration, count in sorted(groups, reverse=True):
-        rounds, rest = divmod(count, slots)
-        if rounds:
-            free = [f + rounds * duration for f in free]
-        if rest:
-            free.sort()
-            for i in range(rest):
-                free[i] += duration
+        while count:
+            if count >= slots and max(free) - free[0] <= duration:
+                rounds = count // slots
+                free = [f + rounds * duration for f in free]  # order kept: still a heap
+                count -= rounds * slots
+            else:
+                heapq.heapreplace(free, free[0] + duration)
+                count -= 1
     return max(free) if free else 0.0
 
 

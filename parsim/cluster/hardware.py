@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import math
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from parsim.cluster import attention_kernels, kernels
 from parsim.cluster.kernels import KernelFacts, format_tile, parse_shape, parse_tile
@@ -417,10 +418,10 @@ def _kernel_facts(d: dict[str, Any], peaks: dict[str, float], file: str) -> Kern
         if f"mamf_{p}_tflops" in d and p not in peaks:
             raise ConfigError(file, f"device.mamf_{p}_tflops", f"needs device.{p}_tflops (the peak) beside it")
     if not given:
-        for k in d:
+        for k, v in d.items():
             if (k.startswith("mamf_") or k in ("attention_kernel", "mma_style", "gemm_stream_k")
-                    or (k == "gemm_model" and d[k] == "kernel")):
-                raise ConfigError(file, f"device.{k}" if k != "gemm_model" else "device.gemm_model",
+                    or (k == "gemm_model" and v == "kernel")):
+                raise ConfigError(file, f"device.{k}",
                                   f"needs the kernel facts ({', '.join('device.' + x for x in KERNEL_FACT_KEYS)})")
         return None
     missing = [k for k in KERNEL_FACT_KEYS if k not in d]

@@ -29,9 +29,10 @@ measured at (``mamf_<precision>_shape``); other shapes then follow from the tile
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Mapping
+from typing import Any
 
 BASE_PRECISIONS = ("bf16", "fp16")
 """The tensor-core rate ``tensor_flop_per_clock_per_sm`` is counted in (bf16, else fp16)."""
@@ -48,8 +49,6 @@ SPLIT_K = (1, 2, 3, 4, 6, 8, 12, 16)
 """Split-K factors a library tries when the output tiles do not fill the SMs."""
 PARTIAL_BYTES = 4.0
 """fp32 partial-sum element of a split-K reduction."""
-MIN_SPLIT_K = 256
-"""Shortest K slice a split-K plan gives one CTA (shorter slices are all prologue)."""
 
 
 @dataclass(frozen=True)
@@ -80,12 +79,6 @@ class KernelFacts:
     """Measured maximum achievable matmul by precision: (FLOP/s, (m, n, k) it was measured at)."""
     attention_kernel: str | None = None
     """Fused attention kernel of this architecture (``fa2``, ``fa3``, ``fa4``; see attention_kernels)."""
-
-    def key(self) -> tuple:
-        """Hashable identity (the mamf mapping included) for the calibration cache."""
-        return (self.sm_count, self.tensor_flop_per_clock_per_sm, self.sfu_op_per_clock_per_sm,
-                self.smem_byte_per_clock_per_sm, self.gemm_tiles, self.mma_style, self.stream_k,
-                tuple(sorted(self.mamf.items())), self.attention_kernel)
 
 
 def parse_tile(text: str) -> tuple[int, int, int]:
@@ -180,9 +173,9 @@ def _plan_time(mc: _Machine, rate: float, m: int, n: int, k: int, tile: tuple[in
         blocks = tiles * math.ceil(k / k_block)
         per_slot = math.ceil(blocks / slots)
         # a tile cut between SMs passes its fp32 partial sums through the (L2-resident)
-        # workspace: out of one SM and into another, at shared-memory speed on each side
-        split_tile = per_slot % math.ceil(k / k_block) != 0 or blocks % slots != 0
-        fixup = 2.0 * tm * tn / sms * PARTIAL_BYTES / mc.smem_per_clock / clock if split_tile else 0.0
+        # workspace: out of one SM and into another, at shared-memory speed on each side (a
+        # constant, so the plan stays monotone; with whole waves the data-parallel plan wins)
+        fixup = 2.0 * tm * tn / sms * PARTIAL_BYTES / mc.smem_per_clock / clock
         return per_slot * block_time + (1 if hidden else math.ceil(tiles / slots)) * epilogue + fill + fixup
     waves = math.ceil(tiles * split / slots)
     k_cta = math.ceil(math.ceil(k / split) / k_block) * k_block
@@ -198,12 +191,12 @@ def _best_time(mc: _Machine, rate: float, m: int, n: int, k: int) -> tuple[float
     for tile in mc.tiles:
         tiles = math.ceil(m / tile[0]) * math.ceil(n / tile[1])
         for split in SPLIT_K:
-            if split > 1 and (tiles * (split - 1) >= mc.sm // tile[2] or math.ceil(k / split) < MIN_SPLIT_K):
-                break  # the previous split already filled the SMs, or K is too short to split
+            if split > 1 and tiles * (split - 1) >= mc.sm // tile[2]:
+                break  # the previous split already filled the SMs (fewer options as tiles grow: monotone)
             t = _plan_time(mc, rate, m, n, k, tile, split)
             if t < best[0]:
                 best = (t, tile, split)
-        if mc.stream_k and tiles % (mc.sm // tile[2]):
+        if mc.stream_k:
             t = _plan_time(mc, rate, m, n, k, tile, 0)
             if t < best[0]:
                 best = (t, tile, 0)

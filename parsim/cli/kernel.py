@@ -1,0 +1,156 @@
+"""`parsim kernel gemm|attention`: one kernel's predicted time, TFLOP/s and efficiency on a profile.
+
+``parsim kernel gemm M N K --hardware H [--precision P] [--json]`` uses the GEMM kernel model
+(:mod:`parsim.cluster.kernels`: tiles, waves, Stream-K, MAMF-calibrated main loop, HBM floor);
+``parsim kernel attention --seq S --heads N --kv-heads K --head-dim D [--causal] [--backward]
+[--batch B] --hardware H [--json]`` the profile's fused-attention kernel
+(:mod:`parsim.cluster.attention_kernels`). ``--json`` prints one object with ``time_s``,
+``tflops`` and ``efficiency`` (achieved / dense peak) plus what the model chose. Bad input is one
+line on stderr and exit code 2.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+from parsim.cli.common import EXIT_BAD_INPUT
+from parsim.errors import ConfigError
+
+WHERE = "parsim kernel"
+
+
+def _one_line_errors(parser) -> None:
+    """argparse's own errors (missing option, unknown flag) as one line, exit 2."""
+    def error(message: str) -> None:
+        print(f"parsim: error: {parser.prog}: {message}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+    parser.error = error
+
+
+def register(sub) -> None:
+    p = sub.add_parser("kernel", help="predict one GEMM or fused-attention kernel on a hardware profile")
+    _one_line_errors(p)
+    ks = p.add_subparsers(dest="kernel", required=True)
+
+    g = ks.add_parser("gemm", help="C[M x N] = A[M x K] @ B[K x N]: time, TFLOP/s, efficiency")
+    for dim in ("M", "N", "K"):
+        g.add_argument(dim, help=f"GEMM dimension {dim}")
+    g.add_argument("--count", default="1", help="GEMMs of this shape (default 1)")
+    _common(g, default_precision=None)
+    g.set_defaults(func=cmd_gemm)
+
+    a = ks.add_parser("attention", help="one fused-attention pass (FlashAttention-2/3/4 by profile)")
+    a.add_argument("--seq", required=True, help="query (and key) sequence length")
+    a.add_argument("--seq-k", default=None, help="key/value sequence length (default --seq)")
+    a.add_argument("--heads", required=True, help="query heads")
+    a.add_argument("--kv-heads", default=None, help="key/value heads (GQA; default --heads)")
+    a.add_argument("--head-dim", required=True, help="head dimension")
+    a.add_argument("--batch", default="1", help="sequences (default 1)")
+    a.add_argument("--causal", action="store_true", help="causal mask (FLOPs halved, as the FlashAttention papers count)")
+    a.add_argument("--backward", action="store_true", help="the backward pass (2.5x the forward FLOPs)")
+    _common(a, default_precision=None)
+    a.set_defaults(func=cmd_attention)
+    for q in (g, a):
+        _one_line_errors(q)
+
+
+def _common(p, default_precision: str | None) -> None:
+    p.add_argument("--hardware", required=True, help="profile name or path (e.g. dgx-h100)")
+    p.add_argument("--precision", default=default_precision,
+                   help="bf16 | fp16 | fp8 | mxfp8 | tf32 | fp32 (default bf16, fp16 where the GPU has no bf16)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _positive_int(name: str, text: str) -> int:
+    try:
+        v = int(str(text))
+    except ValueError:
+        v = 0
+    if v < 1 or str(v) != str(text).strip().lstrip("+"):
+        raise ConfigError(WHERE, name, f"must be a positive integer, got {text!r}")
+    return v
+
+
+def _device(args):
+    from parsim.cluster.hardware import canonical_precision, load_profile
+
+    hw = load_profile(args.hardware, source=WHERE)
+    dev = hw.device
+    if dev.kernels is None:
+        raise ConfigError(hw.source_path or WHERE, "device.sm_count",
+                          f"profile {hw.name} gives no kernel facts (sm_count, gemm_tiles, ...)")
+    precision = args.precision or ("bf16" if "bf16" in dev.peak_flops else "fp16")
+    try:
+        precision = canonical_precision(precision)
+        dev.peak(precision)
+    except ValueError as exc:
+        raise ConfigError(WHERE, "--precision", str(exc)) from None
+    return hw, dev, precision
+
+
+def _emit(args, out: dict, text: str) -> int:
+    print(json.dumps(out, indent=1) if args.json else text)
+    return 0
+
+
+def cmd_gemm(args) -> int:
+    m, n, k = (_positive_int(d, getattr(args, d)) for d in ("M", "N", "K"))
+    count = _positive_int("--count", args.count)
+    hw, dev, precision = _device(args)
+    plan = dev.kernel_gemm_plan(m, n, k, precision)
+    t = count * plan["time_s"]
+    flops = 2.0 * m * n * k * count
+    peak = dev.peak(precision)
+    out = {"time_s": t, "tflops": flops / t / 1e12, "efficiency": flops / t / peak,
+           "hardware": hw.name, "device": dev.name, "precision": precision, "m": m, "n": n, "k": k,
+           "count": count, "flops": flops, "peak_tflops": peak / 1e12,
+           "mainloop_tflops": plan["mainloop_flops"] / 1e12, "tile": plan["tile"], "split_k": plan["split_k"],
+           "stream_k": plan["stream_k"], "waves": plan["waves"], "memory_bound": plan["memory_bound"]}
+    how = ("HBM-bound" if plan["memory_bound"] else
+           f"tile {plan['tile']}, " + ("Stream-K" if plan["stream_k"] else f"{plan['waves']} wave(s)")
+           + (f", split-K {plan['split_k']}" if plan["split_k"] > 1 else ""))
+    text = (f"gemm {m}x{n}x{k} {precision} on {hw.name} ({dev.name}): {t * 1e6:.1f} us, "
+            f"{out['tflops']:.1f} TFLOP/s, {out['efficiency']:.1%} of {peak / 1e12:.0f} peak ({how})")
+    return _emit(args, out, text)
+
+
+def cmd_attention(args) -> int:
+    from parsim.cluster.attention_kernels import (
+        ATTENTION_PRECISIONS,
+        KERNELS,
+        attention_flops,
+    )
+
+    seq = _positive_int("--seq", args.seq)
+    seq_k = _positive_int("--seq-k", args.seq_k) if args.seq_k is not None else seq
+    heads = _positive_int("--heads", args.heads)
+    kv_heads = _positive_int("--kv-heads", args.kv_heads) if args.kv_heads is not None else heads
+    head_dim = _positive_int("--head-dim", args.head_dim)
+    batch = _positive_int("--batch", args.batch)
+    if heads % kv_heads:
+        raise ConfigError(WHERE, "--kv-heads", f"{kv_heads} does not divide --heads {heads}")
+    hw, dev, precision = _device(args)
+    name = dev.kernels.attention_kernel
+    if name is None:
+        raise ConfigError(hw.source_path or WHERE, "device.attention_kernel",
+                          f"{dev.name} has no fused attention kernel (FlashAttention-2/3/4 need sm80 or newer)")
+    if precision not in ATTENTION_PRECISIONS:
+        raise ConfigError(WHERE, "--precision", f"fused attention runs {', '.join(ATTENTION_PRECISIONS)}, got {precision}")
+    try:
+        t = dev.attention_kernel_time(batch, seq, seq_k, heads, kv_heads, head_dim, args.causal, args.backward,
+                                      precision)
+    except ValueError as exc:
+        raise ConfigError(WHERE, "--head-dim", str(exc)) from None
+    flops = attention_flops(batch, seq, seq_k, heads, head_dim, args.causal, args.backward)
+    peak = dev.peak(precision)
+    kernel = KERNELS[name]
+    out = {"time_s": t, "tflops": flops / t / 1e12, "efficiency": flops / t / peak,
+           "hardware": hw.name, "device": dev.name, "precision": precision, "kernel": kernel.name,
+           "batch": batch, "seq_q": seq, "seq_k": seq_k, "heads": heads, "kv_heads": kv_heads,
+           "head_dim": head_dim, "causal": args.causal, "backward": args.backward, "flops": flops,
+           "peak_tflops": peak / 1e12, "tile": list(kernel.tile(head_dim, args.causal, args.backward))}
+    pass_name = "backward" if args.backward else "forward"
+    text = (f"attention {pass_name} b={batch} s={seq}{'' if seq_k == seq else f'/{seq_k}'} h={heads}/{kv_heads} "
+            f"d={head_dim}{' causal' if args.causal else ''} {precision} on {hw.name} ({kernel.name}): "
+            f"{t * 1e6:.1f} us, {out['tflops']:.1f} TFLOP/s, {out['efficiency']:.1%} of {peak / 1e12:.0f} peak")
+    return _emit(args, out, text)
