@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from parsim.cluster import attention_kernels, kernels
-from parsim.cluster.kernels import KernelFacts, format_tile, parse_shape, parse_tile
+from parsim.cluster.kernels import KernelFacts, parse_shape, parse_tile
 from parsim.cluster.precision import GEMM_PRECISIONS, PRECISION_TABLE
 from parsim.cluster.precision import precision as precision_row
 from parsim.errors import ConfigError
@@ -327,9 +327,6 @@ _OPTIONAL_TABLES = {"calibration"}
 _TOP_TABLES = [t for t in _SCHEMA if t]
 
 
-KERNEL_FACT_KEYS = ("sm_count", "tensor_flop_per_clock_per_sm", "sfu_op_per_clock_per_sm",
-                    "smem_byte_per_clock_per_sm", "gemm_tiles")
-"""Device keys the kernel models need together (a profile gives all of them or none)."""
 GEMM_MODELS = ("shape", "kernel")
 
 
@@ -409,39 +406,6 @@ def _validate(data: Mapping[str, Any], file: str) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _kernel_facts(d: dict[str, Any], peaks: dict[str, float], file: str) -> KernelFacts | None:
-    """The kernel-model facts of a ``[device]`` table (all of KERNEL_FACT_KEYS, or none)."""
-    given = [k for k in KERNEL_FACT_KEYS if k in d]
-    for p in PRECISIONS:
-        if f"mamf_{p}_shape" in d and f"mamf_{p}_tflops" not in d:
-            raise ConfigError(file, f"device.mamf_{p}_shape", f"needs device.mamf_{p}_tflops beside it")
-        if f"mamf_{p}_tflops" in d and p not in peaks:
-            raise ConfigError(file, f"device.mamf_{p}_tflops", f"needs device.{p}_tflops (the peak) beside it")
-    if not given:
-        for k, v in d.items():
-            if (k.startswith("mamf_") or k in ("attention_kernel", "mma_style", "gemm_stream_k")
-                    or (k == "gemm_model" and v == "kernel")):
-                raise ConfigError(file, f"device.{k}",
-                                  f"needs the kernel facts ({', '.join('device.' + x for x in KERNEL_FACT_KEYS)})")
-        return None
-    missing = [k for k in KERNEL_FACT_KEYS if k not in d]
-    if missing:
-        raise ConfigError(file, f"device.{missing[0]}",
-                          f"missing: the kernel facts come together ({', '.join(KERNEL_FACT_KEYS)})")
-    if not any(p in peaks for p in kernels.BASE_PRECISIONS):
-        raise ConfigError(file, "device.bf16_tflops", "the kernel models need a bf16 or fp16 peak")
-    mamf = {p: (to_si(f"mamf_{p}_tflops", d[f"mamf_{p}_tflops"]), d.get(f"mamf_{p}_shape"))
-            for p in PRECISIONS if f"mamf_{p}_tflops" in d}
-    for p, (flops, _) in mamf.items():
-        if flops > peaks[p]:
-            raise ConfigError(file, f"device.mamf_{p}_tflops", f"must not exceed device.{p}_tflops ({peaks[p] / TFLOP:g})")
-    return KernelFacts(sm_count=d["sm_count"], tensor_flop_per_clock_per_sm=d["tensor_flop_per_clock_per_sm"],
-                       sfu_op_per_clock_per_sm=d["sfu_op_per_clock_per_sm"],
-                       smem_byte_per_clock_per_sm=d["smem_byte_per_clock_per_sm"],
-                       gemm_tiles=d["gemm_tiles"], mma_style=d.get("mma_style", "warp"),
-                       stream_k=d.get("gemm_stream_k", False), mamf=mamf, attention_kernel=d.get("attention_kernel"))
-
-
 def parse_profile(data: Mapping[str, Any], file: str = "<profile>") -> HardwareProfile:
     """Build a profile from an already-parsed TOML mapping (strict; errors name ``file``)."""
     t = _validate(data, file)
@@ -465,7 +429,7 @@ def parse_profile(data: Mapping[str, Any], file: str = "<profile>") -> HardwareP
         kernel_launch_s=to_si("kernel_launch_us", d["kernel_launch_us"]),
         sustained_fraction=d.get("sustained_fraction", 1.0),
         unfused_attention_efficiency=d.get("unfused_attention_efficiency"),
-        kernels=_kernel_facts(d, peaks, file), gemm_model=d.get("gemm_model", "shape"),
+        kernels=kernels.facts_from_table(d, peaks, PRECISIONS, file), gemm_model=d.get("gemm_model", "shape"),
     )
 
     def tier(name: str, table: dict[str, Any], bw_key: str) -> LinkTier:
@@ -555,7 +519,9 @@ def profile_to_tables(profile: HardwareProfile) -> dict[str, dict[str, Any]]:
         dev["unfused_attention_efficiency"] = d.unfused_attention_efficiency
     if d.sustained_fraction != 1.0:
         dev["sustained_fraction"] = d.sustained_fraction
-    dev.update(_kernel_tables(d))
+    dev.update(kernels.facts_to_table(d.kernels))
+    if d.gemm_model != "shape":
+        dev["gemm_model"] = d.gemm_model
     node = {"gpus_per_node": profile.gpus_per_node,
             "nvlink_gbyte_per_s": nv.bandwidth / GB, "nvlink_latency_us": nv.latency_s / US,
             "nvlink_efficiency": nv.efficiency,
@@ -569,28 +535,6 @@ def profile_to_tables(profile: HardwareProfile) -> dict[str, dict[str, Any]]:
            "gpus_per_leaf": profile.gpus_per_leaf, "switch_latency_us": profile.switch_latency_s / US}
     return {"": {"name": profile.name, "description": profile.description},
             "device": dev, "node": node, "network": net}
-
-
-def _kernel_tables(d: Device) -> dict[str, Any]:
-    """The kernel-model keys of ``d`` in TOML key space (empty without kernel facts)."""
-    out: dict[str, Any] = {}
-    kf = d.kernels
-    if kf is not None:
-        out.update({"sm_count": kf.sm_count, "tensor_flop_per_clock_per_sm": kf.tensor_flop_per_clock_per_sm,
-                    "sfu_op_per_clock_per_sm": kf.sfu_op_per_clock_per_sm,
-                    "smem_byte_per_clock_per_sm": kf.smem_byte_per_clock_per_sm,
-                    "gemm_tiles": [format_tile(t) for t in kf.gemm_tiles], "mma_style": kf.mma_style})
-        if kf.stream_k:
-            out["gemm_stream_k"] = True
-        if kf.attention_kernel:
-            out["attention_kernel"] = kf.attention_kernel
-        for p, (flops, shape) in kf.mamf.items():
-            out[f"mamf_{p}_tflops"] = flops / TFLOP
-            if shape is not None:
-                out[f"mamf_{p}_shape"] = "x".join(str(x) for x in shape)
-    if d.gemm_model != "shape":
-        out["gemm_model"] = d.gemm_model
-    return out
 
 
 def _toml_value(v: Any) -> str:

@@ -34,6 +34,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from parsim.errors import ConfigError
+from parsim.units import to_si
+
 BASE_PRECISIONS = ("bf16", "fp16")
 """The tensor-core rate ``tensor_flop_per_clock_per_sm`` is counted in (bf16, else fp16)."""
 INPUT_BYTES = {"bf16": 2.0, "fp16": 2.0, "tf32": 4.0, "fp32": 4.0, "fp8": 1.0,
@@ -267,3 +270,62 @@ def gemm_time(dev: Any, m: int, n: int, k: int, precision: str = "bf16", count: 
     if m == 0 or n == 0 or k == 0 or count == 0:
         return 0.0
     return count * gemm_plan(dev, m, n, k, precision)["time_s"]
+
+
+# ------------------------------------------------------------------ profile keys
+KERNEL_FACT_KEYS = ("sm_count", "tensor_flop_per_clock_per_sm", "sfu_op_per_clock_per_sm",
+                    "smem_byte_per_clock_per_sm", "gemm_tiles")
+"""Device keys the kernel models need together (a profile gives all of them or none)."""
+
+
+def facts_from_table(d: Mapping[str, Any], peaks: Mapping[str, float], precisions: tuple[str, ...],
+                     file: str) -> KernelFacts | None:
+    """The kernel facts of a checked ``[device]`` table (values already parsed), or None when it
+    gives none; ConfigError for a partial set or a MAMF without its peak or above it."""
+    for p in precisions:
+        if f"mamf_{p}_shape" in d and f"mamf_{p}_tflops" not in d:
+            raise ConfigError(file, f"device.mamf_{p}_shape", f"needs device.mamf_{p}_tflops beside it")
+        if f"mamf_{p}_tflops" in d and p not in peaks:
+            raise ConfigError(file, f"device.mamf_{p}_tflops", f"needs device.{p}_tflops (the peak) beside it")
+    if not any(k in d for k in KERNEL_FACT_KEYS):
+        for k, v in d.items():
+            if (k.startswith("mamf_") or k in ("attention_kernel", "mma_style", "gemm_stream_k")
+                    or (k == "gemm_model" and v == "kernel")):
+                raise ConfigError(file, f"device.{k}",
+                                  f"needs the kernel facts ({', '.join('device.' + x for x in KERNEL_FACT_KEYS)})")
+        return None
+    missing = [k for k in KERNEL_FACT_KEYS if k not in d]
+    if missing:
+        raise ConfigError(file, f"device.{missing[0]}",
+                          f"missing: the kernel facts come together ({', '.join(KERNEL_FACT_KEYS)})")
+    if not any(p in peaks for p in BASE_PRECISIONS):
+        raise ConfigError(file, "device.bf16_tflops", "the kernel models need a bf16 or fp16 peak")
+    mamf = {p: (to_si(f"mamf_{p}_tflops", d[f"mamf_{p}_tflops"]), d.get(f"mamf_{p}_shape"))
+            for p in precisions if f"mamf_{p}_tflops" in d}
+    for p, (flops, _) in mamf.items():
+        if flops > peaks[p]:
+            raise ConfigError(file, f"device.mamf_{p}_tflops", f"must not exceed device.{p}_tflops ({peaks[p] / 1e12:g})")
+    return KernelFacts(sm_count=d["sm_count"], tensor_flop_per_clock_per_sm=d["tensor_flop_per_clock_per_sm"],
+                       sfu_op_per_clock_per_sm=d["sfu_op_per_clock_per_sm"],
+                       smem_byte_per_clock_per_sm=d["smem_byte_per_clock_per_sm"],
+                       gemm_tiles=d["gemm_tiles"], mma_style=d.get("mma_style", "warp"),
+                       stream_k=d.get("gemm_stream_k", False), mamf=mamf, attention_kernel=d.get("attention_kernel"))
+
+
+def facts_to_table(kf: KernelFacts | None) -> dict[str, Any]:
+    """``kf`` back in ``[device]`` key space (human units); empty for None."""
+    if kf is None:
+        return {}
+    out: dict[str, Any] = {"sm_count": kf.sm_count, "tensor_flop_per_clock_per_sm": kf.tensor_flop_per_clock_per_sm,
+                           "sfu_op_per_clock_per_sm": kf.sfu_op_per_clock_per_sm,
+                           "smem_byte_per_clock_per_sm": kf.smem_byte_per_clock_per_sm,
+                           "gemm_tiles": [format_tile(t) for t in kf.gemm_tiles], "mma_style": kf.mma_style}
+    if kf.stream_k:
+        out["gemm_stream_k"] = True
+    if kf.attention_kernel:
+        out["attention_kernel"] = kf.attention_kernel
+    for p, (flops, shape) in kf.mamf.items():
+        out[f"mamf_{p}_tflops"] = flops / 1e12
+        if shape is not None:
+            out[f"mamf_{p}_shape"] = "x".join(str(x) for x in shape)
+    return out
