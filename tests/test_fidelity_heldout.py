@@ -1,0 +1,133 @@
+"""The held-out fidelity benchmark's rule set (benchmarks/fidelity_heldout.py): hand-computed
+scenarios for a few rows, the reasons for rows it cannot express, and full coverage of the
+data set (every row converts into a scenario parsim accepts, or says why not)."""
+import sys
+
+import pytest
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import fidelity_heldout as fh
+
+from parsim.model import total_params
+from parsim.scenario import scenario_from_dict
+
+ROWS = {r["id"]: r for r in fh.load_rows()}
+MEGATRON_ORDER = ["pp", "dp", "ep", "cp", "tp"]  # Megatron's tp-cp-ep-dp-pp, slowest first
+MEGATRON_OVERLAP = {"grad_reduce": True, "param_gather": True, "tp_comm": True}
+
+
+def test_the_data_set_has_168_rows_with_unique_ids():
+    assert len(fh.load_rows()) == 168 == len(ROWS)
+
+
+def test_megatron_bridge_llama3_70b_fp8_row():
+    # | LLAMA3_70B | 64 | FP8-CS | GBS 128 | MBS 1 | 8192 | FSDP 0 | TP 4 | PP 8 | CP 1 | VP 5 | ... | 1602 |
+    doc = fh.scenario_for(ROWS["mb-25.11-h100-llama370b-fp8cs"])
+    assert doc == {
+        "name": "mb-25.11-h100-llama370b-fp8cs", "hardware": "dgx-h100", "gpus": 64,
+        "model": {"preset": "llama3-70b"},
+        "training": {"global_batch": 128, "microbatch_size": 1, "seq_len": 8192, "precision": "fp8",
+                     "optimizer": "adam", "recompute": "none"},
+        # dp = 64 / (4*8*1) = 2; distributed optimizer (zero 1); SP because tp > 1 in Megatron
+        "parallel": {"dp": 2, "tp": 4, "pp": 8, "cp": 1, "ep": 1, "vpp": 5, "zero": 1,
+                     "sequence_parallel": True, "order": MEGATRON_ORDER},
+        "schedule": {"name": "Interleaved1F1B"},  # 80 layers over 8*5 stages: 2 each, even
+        "overlap": MEGATRON_OVERLAP,
+    }
+
+
+def test_megatron_bridge_llama3_8b_fp8_row_with_the_fsdp_column_is_zero3():
+    doc = fh.scenario_for(ROWS["mb-25.11-h100-llama38b-fp8cs"])
+    assert doc["model"] == {"preset": "llama3-8b"}
+    assert doc["parallel"] == {"dp": 8, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "vpp": 1, "zero": 3,
+                               "sequence_parallel": False, "order": MEGATRON_ORDER}
+    assert doc["training"]["precision"] == "fp8" and doc["training"]["recompute"] == "none"
+    assert doc["schedule"] == {"name": "1F1B"} and doc["overlap"] == MEGATRON_OVERLAP
+
+
+def test_llm_foundry_mpt70b_row():
+    row = ROWS["llmfoundry-h10080gb-mpt70b-seq2048-128gpu"]
+    doc = fh.scenario_for(row)
+    assert doc == {
+        "name": "llmfoundry-h10080gb-mpt70b-seq2048-128gpu", "hardware": "dgx-h100", "gpus": 128,
+        "model": {"name": "mpt-70b", "n_layers": 80, "d_model": 8192, "n_heads": 64, "n_kv_heads": 64,
+                  "vocab_size": 50368, "d_ff": 32768, "ffn": "gelu", "norm": "layernorm", "bias": True,
+                  "tied_embeddings": True, "position": "learned", "max_seq_len": 2048},
+        "training": {"global_batch": 1024, "microbatch_size": 8, "seq_len": 2048, "precision": "bf16",
+                     "optimizer": "adam", "recompute": "full"},  # "activation checkpointing ON"
+        "parallel": {"dp": 128, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "vpp": 1, "zero": 3,  # FULL_SHARD
+                     "sequence_parallel": False, "order": MEGATRON_ORDER},
+        "schedule": {"name": "1F1B"},
+        "overlap": {"grad_reduce": True, "param_gather": True, "tp_comm": False},
+    }
+
+
+def test_mpt_fields_reproduce_the_published_parameter_counts():
+    checked = 0
+    for row in ROWS.values():
+        doc = fh.scenario_for(row)
+        if row["model"]["name"].startswith("MPT") and isinstance(doc, dict):
+            spec = scenario_from_dict(doc, row["id"]).model
+            assert total_params(spec) == int(row["published"]["NumParams"]), row["id"]
+            checked += 1
+    assert checked >= 20
+
+
+@pytest.mark.parametrize("rid, kind, words", [
+    ("tt2412-llama31-8b-fsdp8-eager-bf16", "hardware: power-limited GPU", "power-capped"),
+    ("deepseekv3-report-h800-2048-pretrain", "global batch not one number", "ramp"),
+    ("megatronlm-strongscale-h100-gpt177b-96gpu", "no per-GPU throughput published", "mfu"),
+    ("megatronlm-dsv3-gb200-guide-mxfp8", "no GPU count", "number of GPUs"),
+    ("nemo-longseq-b200-llama3-8b-32k", "layout inconsistent", "stated dp 4"),
+])
+def test_rows_that_must_be_skipped_say_why(rid, kind, words):
+    skip = fh.scenario_for(ROWS[rid])
+    assert isinstance(skip, fh.Skip)
+    assert skip.kind == kind and words in skip.reason
+
+
+def test_a100_40gb_needs_a_profile_of_its_own():
+    out = fh.scenario_for(ROWS["llmfoundry-a10040gb-mpt70b-seq2048-128gpu"])
+    if fh.profile_loads("dgx-a100-40g"):
+        assert out["hardware"] == "dgx-a100-40g"
+    else:
+        assert isinstance(out, fh.Skip) and "dgx-a100-40g" in out.reason
+
+
+def test_expert_parallel_group_with_tp_maps_to_parsim_ep_and_expert_tp_1():
+    doc = fh.scenario_for(ROWS["mb-25.11-h100-qwen3235ba22b-fp8cs"])  # TP2 PP8 EP32 VP4, 256 GPUs
+    assert doc["parallel"]["ep"] == 16 and doc["moe"] == {"routing": "balanced", "drop_tokens": False,
+                                                          "expert_tp": 1}
+    # 94 layers + embedding + loss = 96 over 8*4 stages
+    assert doc["schedule"] == {"name": "Interleaved1F1B", "account_for_embedding": True, "account_for_loss": True}
+
+
+def test_layer_split_rule():
+    assert fh.split_for(80, 8, 5)[0] == {}
+    assert fh.split_for(126, 16, 1)[0] == {"account_for_embedding": True, "account_for_loss": True}
+    assert fh.split_for(61, 8, 4)[0] == {"first_stage_layers": 1, "last_stage_layers": 0}  # Et|(tt|)*30L
+    assert fh.split_for(61, 16, 1)[0] == {}  # parsim's as-even-as-possible split
+
+
+def test_every_row_converts_into_an_accepted_scenario_or_has_a_reason():
+    converted = 0
+    for row in ROWS.values():
+        out, _notes = fh.convert(row)
+        if isinstance(out, fh.Skip):
+            assert out.kind and len(out.reason) > 10, row["id"]
+            continue
+        assert fh.published_metric(row) is not None, row["id"]
+        sc = scenario_from_dict(out, row["id"])  # raises if parsim refuses it
+        assert sc.gpus == row["hardware"]["count"]
+        converted += 1
+    assert converted >= 100
+
+
+def test_one_row_end_to_end():
+    r = fh.run_row(ROWS["mb-25.11-h100-llama38b-fp8cs"])
+    assert r["status"] == "compared" and r["metric"] == "tokens/s/GPU" and r["published"] == 14451.0
+    assert r["error"] == pytest.approx((r["predicted"] - 14451.0) / 14451.0)
+    assert 0.0 <= r["compute_frac"] <= 1.0 and 0.0 <= r["bubble_frac"] <= 1.0
+    s = fh.summarise([r, fh.run_row(ROWS["tt2412-llama31-8b-fsdp8-eager-bf16"])])
+    assert s["compared"] == 1 and s["skipped"] == 1 and s["skip_reasons"] == {"hardware: power-limited GPU": 1}
