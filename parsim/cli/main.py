@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from parsim import __version__
-from parsim.cli import calibrate, compare, kernel, plan, validate
+from parsim.cli import calibrate, collective, compare, importer, kernel, plan, validate
 from parsim.cli.common import EXIT_BAD_INPUT, atomic_write
 from parsim.errors import ParsimError, ScheduleError
 
@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--lower", action="store_true", help="show the lowered schedule (SEND/RECV, REDUCE_GRAD, STEP)")
     s.set_defaults(func=cmd_schedule)
 
-    for command in (plan, compare, validate, calibrate, kernel):  # each module adds its sub-command
+    for command in (plan, compare, validate, calibrate, kernel, importer, collective):  # each module adds its sub-command
         command.register(sub)
     return p
 

@@ -1,0 +1,290 @@
+"""Megatron-LM ``pretrain_gpt.py`` arguments -> a parsim scenario.
+
+The flags and their defaults are Megatron-LM's (``megatron/training/arguments.py``,
+``megatron/core/transformer/transformer_config.py``; facts only): an FFN of 4h, or
+int(8h/3 / 64)*64 with ``--swiglu``; LayerNorm, linear biases, learned absolute
+positions and tied embeddings unless told otherwise; dropout 0.1; the vocabulary padded
+to a multiple of ``--make-vocab-size-divisible-by`` (128) times tp; dp = world / (tp*pp*cp);
+global batch mbs*dp when not given; ``--recompute-activations`` = selective recompute.
+
+Uneven pipelines: Megatron's ``--decoder-first/last-pipeline-num-layers`` count the whole
+first/last pipeline *rank*, whose layers are split evenly over its vpp model chunks;
+``--account-for-embedding/loss-in-pipeline-split`` count one layer slot in the split and
+build one block fewer on the first/last chunk (``get_num_layers_to_build``). The
+importer computes the blocks of every model chunk that way and writes the fewest
+``[schedule]`` keys that give parsim the same split (``emit.stage_layout``).
+"""
+from __future__ import annotations
+
+from parsim.errors import ConfigError
+from parsim.frameworks.emit import Imported, stage_layout
+from parsim.frameworks.megatron_args import SOURCE, moe_layer_pattern, parse_args
+
+GPT2_BPE_VOCAB = 50257
+"""GPT-2 BPE vocabulary (Radford et al. 2019; Megatron's GPT2BPETokenizer)."""
+KNOWN_VOCAB = {"GPT2BPETokenizer": GPT2_BPE_VOCAB}
+"""Megatron's tokenizers whose vocabulary is fixed (the others read it from their files)."""
+
+def import_megatron(argv: list[str], hardware: str | None = None, gpus: int | None = None) -> Imported:
+    """The scenario Megatron-LM would run with these ``pretrain_gpt.py`` arguments."""
+    v, given, other = parse_args(argv)
+    for dest, flag in (("num_layers", "--num-layers"), ("hidden_size", "--hidden-size"),
+                       ("num_attention_heads", "--num-attention-heads"), ("seq_length", "--seq-length")):
+        if dest not in v:
+            raise ConfigError(SOURCE, flag, "missing (Megatron requires it)")
+    notes: list[str] = []
+    tp, pp, cp, ep = (v.get(k, 1) for k in ("tp", "pp", "cp", "ep"))
+    if hardware is None:
+        hardware = "dgx-h100"
+        notes.append("hardware dgx-h100 (no --hardware given)")
+    if gpus is None:
+        gpus = tp * pp * cp
+        notes.append(f"{gpus} GPUs = tp*pp*cp, one data-parallel replica (no --gpus given)")
+    if gpus < 1 or gpus % (tp * pp * cp):
+        raise ConfigError(SOURCE, "--gpus", f"{gpus} GPUs are not a multiple of tp*pp*cp = {tp}*{pp}*{cp} "
+                                            f"= {tp * pp * cp} (Megatron's data-parallel size would not be whole)")
+    dp = gpus // (tp * pp * cp)
+    vpp = _vpp(v, given, pp)
+    model = _model(v, tp, notes)
+    training = _training(v, dp, notes)
+    parallel = {"dp": dp, "tp": tp, "pp": pp} | {k: x for k, x in (("cp", cp), ("ep", ep), ("vpp", vpp)) if x > 1}
+    parallel["zero"] = _zero(v)
+    parallel["sequence_parallel"] = bool(v.get("sequence_parallel")) and tp > 1  # Megatron drops it at tp=1
+    schedule = {"name": "Interleaved1F1B" if vpp > 1 else "1F1B"}
+    if pp > 1:
+        per_stage = megatron_stage_layers(model["n_layers"], pp, vpp, v.get("first_layers"), v.get("last_layers"),
+                                          bool(v.get("account_embedding")), bool(v.get("account_loss")))
+        stated = {k: x for k, x in (("first_stage_layers", v.get("first_layers")),
+                                    ("last_stage_layers", v.get("last_layers")),
+                                    ("account_for_embedding", v.get("account_embedding")),
+                                    ("account_for_loss", v.get("account_loss"))) if x is not None and x is not False}
+        schedule.update(stage_layout(model["n_layers"], per_stage, vpp, schedule["name"], stated))
+    elif any(k in v for k in ("first_layers", "last_layers")):
+        raise ConfigError(SOURCE, given.get("first_layers") or given["last_layers"],
+                          "needs --pipeline-model-parallel-size > 1")
+    training["recompute"] = _recompute(v, given, model["n_layers"] // (pp * vpp), notes)
+    overlap = {"grad_reduce": bool(v.get("overlap_grad_reduce")), "param_gather": bool(v.get("overlap_param_gather")),
+               "tp_comm": bool(v.get("tp_comm_overlap"))}
+    if "overlap_ep_comm" in v:
+        overlap["ep_comm"] = True
+    doc = {"name": "megatron-import", "hardware": hardware, "gpus": gpus, "model": model, "training": training,
+           "parallel": parallel, "schedule": schedule, "overlap": overlap}
+    if "num_experts" in v:
+        doc["moe"] = _moe(v, tp)
+    return Imported(SOURCE, doc, tuple(other + _without_effect(v, given)), tuple(notes), _key_source(given))
+
+
+def _without_effect(v: dict, given: dict) -> list[str]:
+    """Flags read but without effect in this configuration (as in Megatron), listed as such."""
+    idle = []
+    if "num_experts" not in v:
+        idle += [(d, "no --num-experts") for d in ("moe_router_topk", "moe_ffn_hidden_size", "moe_shared_size",
+                                                    "moe_layer_freq", "moe_capacity_factor", "etp", "overlap_ep_comm")]
+    if not v.get("group_query_attention"):
+        idle.append(("num_query_groups", "no --group-query-attention"))
+    if v.get("recompute_granularity") != "full":
+        idle += [(d, "no --recompute-granularity full") for d in ("recompute_method", "recompute_num_layers")]
+    if v.get("optimizer") != "sgd":
+        idle.append(("sgd_momentum", "not --optimizer sgd"))
+    if "padded_vocab_size" in v:
+        idle += [(d, "--padded-vocab-size given") for d in ("vocab_size", "vocab_divisible_by", "tokenizer_type")]
+    out = []
+    for dest, why in idle:
+        if dest in v:
+            val = v[dest]
+            shown = given[dest] if isinstance(val, bool) else f"{given[dest]} {val}"
+            out.append(f"{shown} (ignored: {why})")
+    return out
+
+
+def _vpp(v: dict, given: dict, pp: int) -> int:
+    if "layers_per_virtual_stage" in v and "vpp" in v:
+        raise ConfigError(SOURCE, given["vpp"], "give it or --num-layers-per-virtual-pipeline-stage, not both")
+    if "layers_per_virtual_stage" in v:
+        per_rank, k = v["num_layers"] // pp, v["layers_per_virtual_stage"]
+        if v["num_layers"] % pp or per_rank % k:
+            raise ConfigError(SOURCE, "--num-layers-per-virtual-pipeline-stage",
+                              f"{k} does not divide the {v['num_layers']}/{pp} layers of a pipeline rank")
+        vpp = per_rank // k
+    else:
+        vpp = v.get("vpp", 1)
+    if vpp > 1 and pp == 1:
+        raise ConfigError(SOURCE, given.get("vpp", "--num-layers-per-virtual-pipeline-stage"),
+                          "virtual pipeline stages need --pipeline-model-parallel-size > 1")
+    return vpp
+
+
+def megatron_stage_layers(n_layers: int, pp: int, vpp: int, first: int | None, last: int | None,
+                          embedding: bool, loss: bool) -> list[int]:
+    """Transformer blocks of every model chunk (model order: chunk c of rank r is stage
+    c*pp + r), as Megatron's ``get_num_layers_to_build`` builds them."""
+    if (first is not None or last is not None) and (embedding or loss):
+        raise ConfigError(SOURCE, "--account-for-embedding-in-pipeline-split" if embedding
+                          else "--account-for-loss-in-pipeline-split",
+                          "Megatron refuses it together with --decoder-first/last-pipeline-num-layers")
+    if first is not None or last is not None:
+        rest = n_layers - (first or 0) - (last or 0)
+        left = pp - (first is not None) - (last is not None)
+        if rest < 0 or (left and rest % left) or (not left and rest):
+            raise ConfigError(SOURCE, "--decoder-first-pipeline-num-layers" if first is not None
+                              else "--decoder-last-pipeline-num-layers",
+                              f"the other {left} pipeline ranks cannot share the remaining {rest} of "
+                              f"{n_layers} layers evenly (Megatron's rule)")
+        mid = rest // left if left else 0
+        per_rank = [mid] * pp
+        if first is not None:
+            per_rank[0] = first
+        if last is not None:
+            per_rank[-1] = last
+    else:
+        slots = n_layers + embedding + loss
+        if slots % pp:
+            counted = " (embedding and loss slots counted)" if embedding or loss else ""
+            raise ConfigError(SOURCE, "--num-layers", f"{slots} layers{counted} are not divisible by "
+                                                      f"--pipeline-model-parallel-size {pp} (Megatron's even split)")
+        per_rank = [slots // pp] * pp
+    for r, k in enumerate(per_rank):
+        if k % vpp:
+            raise ConfigError(SOURCE, "--num-virtual-stages-per-pipeline-rank",
+                              f"pipeline rank {r} holds {k} layers, not divisible over {vpp} virtual stages")
+    stages = [per_rank[s % pp] // vpp for s in range(pp * vpp)]
+    stages[0] -= embedding
+    stages[-1] -= loss
+    if min(stages) < 0:
+        raise ConfigError(SOURCE, "--account-for-embedding-in-pipeline-split",
+                          "leaves a model chunk with fewer than 0 layers")
+    return stages
+
+
+def _model(v: dict, tp: int, notes: list[str]) -> dict:
+    h, heads = v["hidden_size"], v["num_attention_heads"]
+    swiglu = bool(v.get("swiglu"))
+    ffn = v.get("ffn_hidden_size", int((4 * h * 2 / 3) / 64) * 64 if swiglu else 4 * h)
+    m = {"name": "megatron-gpt", "n_layers": v["num_layers"], "d_model": h, "n_heads": heads,
+         "n_kv_heads": v.get("num_query_groups", 1) if v.get("group_query_attention") else heads,
+         "d_ff": ffn, "vocab_size": _vocab(v, tp, notes), "ffn": "swiglu" if swiglu else "gelu"}
+    if "kv_channels" in v and v["kv_channels"] * heads != h:
+        m["head_dim"] = v["kv_channels"]
+    m["tied_embeddings"] = not v.get("untie")
+    pos = v.get("position_embedding_type", "learned_absolute")
+    m["position"] = "learned" if pos == "learned_absolute" else "rope"
+    if pos in ("relative", "none"):
+        notes.append(f"--position-embedding-type {pos}: no position weights counted (parsim's \"rope\")")
+    m["max_seq_len"] = v.get("max_position_embeddings", v["seq_length"])
+    m["norm"] = "rmsnorm" if v.get("normalization") == "RMSNorm" else "layernorm"
+    m["bias"] = not v.get("disable_bias_linear")
+    if v.get("add_qkv_bias"):
+        m["qkv_bias"] = True
+    if "num_experts" in v:
+        m.update(_moe_model(v, ffn))
+    return m
+
+
+def _vocab(v: dict, tp: int, notes: list[str]) -> int:
+    if "padded_vocab_size" in v:
+        return v["padded_vocab_size"]
+    tok = v.get("tokenizer_type")
+    if "vocab_size" in v:
+        orig = v["vocab_size"]
+    elif tok in KNOWN_VOCAB or (tok is None and "merge_file" in v):
+        orig = GPT2_BPE_VOCAB
+        if tok is None:
+            notes.append(f"GPT-2 BPE vocabulary ({GPT2_BPE_VOCAB} tokens): --merge-file given without --tokenizer-type")
+    else:
+        raise ConfigError(SOURCE, "--tokenizer-type" if tok else "--vocab-size",
+                          f"the vocabulary of {tok or 'this tokenizer'} is in its tokenizer files: give "
+                          f"--vocab-size or --padded-vocab-size")
+    multiple = v.get("vocab_divisible_by", 128) * tp  # Megatron's vocab_size_with_padding
+    return -(-orig // multiple) * multiple
+
+
+def _moe_model(v: dict, ffn: int) -> dict:
+    m = {"n_experts": v["num_experts"], "top_k": v.get("moe_router_topk", 2),
+         "d_ff_expert": v.get("moe_ffn_hidden_size", ffn)}
+    if "moe_shared_size" in v:
+        m["n_shared_experts"] = 1
+        m["d_ff_shared"] = v["moe_shared_size"]
+    if "moe_capacity_factor" in v:
+        m["capacity_factor"] = v["moe_capacity_factor"]
+    if "moe_layer_freq" in v:
+        first, every = moe_layer_pattern(v["moe_layer_freq"], v["num_layers"])
+        m["first_dense_layers"], m["moe_every"] = first, every
+    return m
+
+
+def _training(v: dict, dp: int, notes: list[str]) -> dict:
+    mbs = v.get("micro_batch_size")
+    if mbs is None:
+        mbs = 1
+        notes.append("--micro-batch-size 1 (not given)")
+    if v.get("fp8_format"):
+        precision = "fp8"
+    elif v.get("bf16") and v.get("fp16"):
+        raise ConfigError(SOURCE, "--bf16", "given together with --fp16")
+    else:
+        precision = "bf16" if v.get("bf16") else "fp16" if v.get("fp16") else "fp32"
+    opt = v.get("optimizer", "adam")
+    if opt == "sgd":
+        opt = "momentum" if v.get("sgd_momentum", 0.9) > 0 else "sgd"  # Megatron's SGD: momentum 0.9
+    backend = v.get("attention_backend", "flash" if v.get("use_flash_attn") else "auto")
+    return {"global_batch": v.get("global_batch_size", mbs * dp), "microbatch_size": mbs,
+            "seq_len": v["seq_length"], "precision": precision, "optimizer": opt,
+            "flash_attention": backend not in ("unfused", "local"),
+            "dropout": v.get("attention_dropout", 0.1) > 0 or v.get("hidden_dropout", 0.1) > 0,
+            "grad_accumulation_fusion": not v.get("no_grad_acc_fusion")}
+
+
+def _zero(v: dict) -> int:
+    if v.get("fsdp"):
+        return 3
+    return 1 if v.get("distributed_optimizer") else 0
+
+
+def _recompute(v: dict, given: dict, layers_per_chunk: int, notes: list[str]) -> str:
+    gran = v.get("recompute_granularity")
+    if gran is None:
+        return "selective" if v.get("recompute_activations") else "none"
+    if gran == "selective":
+        return "selective"
+    method, k = v.get("recompute_method"), v.get("recompute_num_layers", 1)
+    if method is None:
+        raise ConfigError(SOURCE, "--recompute-method", "missing: --recompute-granularity full needs uniform or "
+                                                        "block (Megatron asserts it)")
+    if method == "block" and k < layers_per_chunk:
+        notes.append(f"--recompute-method block --recompute-num-layers {k}: Megatron recomputes {k} of the "
+                     f"{layers_per_chunk} layers of a model chunk; parsim recomputes all of them (\"full\")")
+    elif method == "uniform" and k > 1:
+        notes.append(f"--recompute-method uniform --recompute-num-layers {k}: Megatron keeps one input per "
+                     f"{k} layers; parsim one per layer (same recompute FLOPs)")
+    return "full"
+
+
+def _moe(v: dict, tp: int) -> dict:
+    moe = {"drop_tokens": "moe_capacity_factor" in v}  # Megatron is dropless without a capacity factor
+    if "etp" in v and v["etp"] != tp:
+        moe["expert_tp"] = v["etp"]
+    return moe
+
+
+def _key_source(given: dict) -> dict:
+    """parsim keys -> the Megatron flag a problem with them goes back to."""
+    flag = lambda dest, default: given.get(dest, default)
+    return {
+        "gpus": "--gpus", "parallel.dp": "--gpus", "hardware": "--hardware",
+        "parallel.tp": flag("tp", "--tensor-model-parallel-size"),
+        "parallel.pp": flag("pp", "--pipeline-model-parallel-size"),
+        "parallel.cp": flag("cp", "--context-parallel-size"),
+        "parallel.ep": flag("ep", "--expert-model-parallel-size"),
+        "parallel.vpp": flag("vpp", given.get("layers_per_virtual_stage", "--num-virtual-stages-per-pipeline-rank")),
+        "parallel.sequence_parallel": "--sequence-parallel",
+        "training.global_batch": flag("global_batch_size", "--micro-batch-size"),
+        "training.seq_len": "--seq-length", "schedule.n_microbatches": flag("global_batch_size", "--micro-batch-size"),
+        "schedule.name": flag("pp", "--pipeline-model-parallel-size"),
+        "schedule.layers_per_stage": flag("first_layers", flag("last_layers", "--pipeline-model-parallel-size")),
+        "schedule.first_stage_layers": "--decoder-first-pipeline-num-layers",
+        "schedule.last_stage_layers": "--decoder-last-pipeline-num-layers",
+        "model.n_layers": "--num-layers", "model.d_model": "--hidden-size", "model.n_heads": "--num-attention-heads",
+        "model.n_kv_heads": "--num-query-groups", "model.head_dim": "--kv-channels",
+        "model.d_ff": "--ffn-hidden-size", "model.top_k": "--moe-router-topk", "model.n_experts": "--num-experts",
+        "moe.expert_tp": "--expert-tensor-parallel-size",
+    }

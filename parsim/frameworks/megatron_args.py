@@ -1,0 +1,166 @@
+"""Megatron-LM's command line as the importer reads it: the flags it knows (destination and
+kind), their allowed values, and the parse (values, the flag each came as, and everything else
+as written). Flags and choices are Megatron-LM's (``megatron/training/arguments.py`` and the
+config dataclasses its argument groups are built from); facts only.
+"""
+from __future__ import annotations
+
+from parsim.errors import ConfigError
+
+SOURCE = "megatron arguments"
+"""How messages name the input."""
+
+# flag -> (destination, kind); kind: "int" | "float" | "str" | "true" (store_true) | "false" (store_false)
+FLAGS: dict[str, tuple[str, str]] = {
+    "--num-layers": ("num_layers", "int"),
+    "--hidden-size": ("hidden_size", "int"),
+    "--num-attention-heads": ("num_attention_heads", "int"),
+    "--num-query-groups": ("num_query_groups", "int"),
+    "--group-query-attention": ("group_query_attention", "true"),
+    "--kv-channels": ("kv_channels", "int"),
+    "--ffn-hidden-size": ("ffn_hidden_size", "int"),
+    "--seq-length": ("seq_length", "int"),
+    "--max-position-embeddings": ("max_position_embeddings", "int"),
+    "--micro-batch-size": ("micro_batch_size", "int"),
+    "--global-batch-size": ("global_batch_size", "int"),
+    "--tensor-model-parallel-size": ("tp", "int"),
+    "--pipeline-model-parallel-size": ("pp", "int"),
+    "--context-parallel-size": ("cp", "int"),
+    "--expert-model-parallel-size": ("ep", "int"),
+    "--expert-tensor-parallel-size": ("etp", "int"),
+    "--num-layers-per-virtual-pipeline-stage": ("layers_per_virtual_stage", "int"),
+    "--num-virtual-stages-per-pipeline-rank": ("vpp", "int"),
+    "--virtual-pipeline-model-parallel-size": ("vpp", "int"),  # the older spelling
+    "--sequence-parallel": ("sequence_parallel", "true"),
+    "--use-distributed-optimizer": ("distributed_optimizer", "true"),
+    "--use-torch-fsdp2": ("fsdp", "true"),
+    "--recompute-granularity": ("recompute_granularity", "str"),
+    "--recompute-method": ("recompute_method", "str"),
+    "--recompute-num-layers": ("recompute_num_layers", "int"),
+    "--recompute-activations": ("recompute_activations", "true"),
+    "--bf16": ("bf16", "true"),
+    "--fp16": ("fp16", "true"),
+    "--fp8-format": ("fp8_format", "str"),
+    "--swiglu": ("swiglu", "true"),
+    "--normalization": ("normalization", "str"),
+    "--position-embedding-type": ("position_embedding_type", "str"),
+    "--untie-embeddings-and-output-weights": ("untie", "true"),
+    "--disable-bias-linear": ("disable_bias_linear", "true"),
+    "--add-qkv-bias": ("add_qkv_bias", "true"),
+    "--num-experts": ("num_experts", "int"),
+    "--moe-router-topk": ("moe_router_topk", "int"),
+    "--moe-ffn-hidden-size": ("moe_ffn_hidden_size", "int"),
+    "--moe-shared-expert-intermediate-size": ("moe_shared_size", "int"),
+    "--moe-layer-freq": ("moe_layer_freq", "str"),
+    "--moe-expert-capacity-factor": ("moe_capacity_factor", "float"),
+    "--overlap-grad-reduce": ("overlap_grad_reduce", "true"),
+    "--overlap-param-gather": ("overlap_param_gather", "true"),
+    "--tp-comm-overlap": ("tp_comm_overlap", "true"),
+    "--overlap-moe-expert-parallel-comm": ("overlap_ep_comm", "true"),
+    "--decoder-first-pipeline-num-layers": ("first_layers", "int"),
+    "--decoder-last-pipeline-num-layers": ("last_layers", "int"),
+    "--account-for-embedding-in-pipeline-split": ("account_embedding", "true"),
+    "--account-for-loss-in-pipeline-split": ("account_loss", "true"),
+    "--vocab-size": ("vocab_size", "int"),
+    "--padded-vocab-size": ("padded_vocab_size", "int"),
+    "--make-vocab-size-divisible-by": ("vocab_divisible_by", "int"),
+    "--tokenizer-type": ("tokenizer_type", "str"),
+    "--merge-file": ("merge_file", "str"),
+    "--use-flash-attn": ("use_flash_attn", "true"),
+    "--attention-backend": ("attention_backend", "str"),
+    "--attention-dropout": ("attention_dropout", "float"),
+    "--hidden-dropout": ("hidden_dropout", "float"),
+    "--optimizer": ("optimizer", "str"),
+    "--sgd-momentum": ("sgd_momentum", "float"),
+    "--no-gradient-accumulation-fusion": ("no_grad_acc_fusion", "true"),
+}
+
+CHOICES = {
+    "--recompute-granularity": ("full", "selective"),
+    "--recompute-method": ("uniform", "block"),
+    "--fp8-format": ("e4m3", "hybrid"),
+    "--normalization": ("LayerNorm", "RMSNorm"),
+    "--position-embedding-type": ("learned_absolute", "rope", "yarn", "mrope", "relative", "none"),
+    "--attention-backend": ("auto", "flash", "fused", "unfused", "local"),
+    "--optimizer": ("adam", "sgd", "muon"),
+}
+
+
+def parse_args(argv: list[str]) -> tuple[dict, dict, list[str]]:
+    """Megatron flags -> (values by destination, the flag each destination was given as,
+    the arguments the importer does not read, as written)."""
+    values: dict = {}
+    given: dict = {}
+    other: list[str] = []
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        i += 1
+        if not tok.startswith("--"):
+            other.append(tok)
+            continue
+        flag, eq, inline = tok.partition("=")
+        if flag not in FLAGS:
+            vals = [inline] if eq else []
+            while not eq and i < len(argv) and not argv[i].startswith("--"):
+                vals.append(argv[i])
+                i += 1
+            other.append(" ".join([flag] + vals))
+            continue
+        dest, kind = FLAGS[flag]
+        if dest in given and given[dest] != flag:
+            raise ConfigError(SOURCE, flag, f"given together with {given[dest]} (they say the same thing)")
+        given[dest] = flag
+        if kind in ("true", "false"):
+            if eq:
+                raise ConfigError(SOURCE, flag, f"takes no value, got {inline!r}")
+            values[dest] = kind == "true"
+            continue
+        if eq:
+            raw = inline
+        elif i < len(argv) and not argv[i].startswith("--"):
+            raw = argv[i]
+            i += 1
+        else:
+            raise ConfigError(SOURCE, flag, "needs a value")
+        values[dest] = _convert(flag, kind, raw)
+    return values, given, other
+
+
+def _convert(flag: str, kind: str, raw: str):
+    try:
+        v = int(raw) if kind == "int" else float(raw) if kind == "float" else raw
+    except ValueError:
+        raise ConfigError(SOURCE, flag, f"expected {'an integer' if kind == 'int' else 'a number'}, got {raw!r}") from None
+    if flag in CHOICES and v not in CHOICES[flag]:
+        raise ConfigError(SOURCE, flag, f"{raw!r} is not one of {', '.join(CHOICES[flag])}")
+    if kind == "int" and v < (0 if flag.startswith("--decoder-") else 1):
+        raise ConfigError(SOURCE, flag, f"must be {'>= 0' if flag.startswith('--decoder-') else 'positive'}, got {v}")
+    if kind == "float" and v < 0:
+        raise ConfigError(SOURCE, flag, f"must be >= 0, got {v}")
+    return v
+
+
+def moe_layer_pattern(text: str, n_layers: int) -> tuple[int, int]:
+    """``--moe-layer-freq`` (an integer N: every N-th layer from layer 0; or a list such as
+    ``[0]*3+[1]*58``) -> (first_dense_layers, moe_every) of parsim's ModelSpec."""
+    flag = "--moe-layer-freq"
+    if text.strip().isdigit():
+        return 0, max(1, int(text))
+    pattern: list[int] = []
+    for term in text.replace(" ", "").split("+"):
+        body, _, times = term.partition("*")
+        if not (body.startswith("[") and body.endswith("]")) or (times and not times.isdigit()):
+            raise ConfigError(SOURCE, flag, f"cannot read {text!r}: give an integer or terms like [0]*3+[1]*58")
+        items = [x for x in body[1:-1].split(",") if x]
+        if not all(x in ("0", "1") for x in items):
+            raise ConfigError(SOURCE, flag, f"cannot read {text!r}: list entries must be 0 or 1")
+        pattern += [int(x) for x in items] * (int(times) if times else 1)
+    if len(pattern) != n_layers or 1 not in pattern:
+        raise ConfigError(SOURCE, flag, f"has {len(pattern)} entries ({sum(pattern)} MoE), the model {n_layers} layers")
+    first = pattern.index(1)
+    for every in range(1, n_layers - first + 1):
+        if all(p == int((i - first) % every == 0) for i, p in enumerate(pattern[first:], first)):
+            return first, every
+    raise ConfigError(SOURCE, flag, f"{text!r} is not dense layers followed by every k-th layer MoE, "
+                                    "the shapes parsim models")
