@@ -25,10 +25,12 @@ plus two memory-bound kernels around it: ``D = rowsum(dO * O)`` before, and the 
 accumulator (atomic adds) converted after; with GQA the per-query-head ``dK, dV`` are summed.
 HBM traffic (Q, K, V, O once; K/V shared by ``heads / kv_heads`` query heads) is a floor.
 
-The four numbers per kernel and pass are a least-squares fit to the kernel paper's published
-TFLOP/s-vs-sequence-length curves (the points are listed, with figure numbers, in
-tests/test_kernels.py, which holds the model to them within 10%); the device side (SM count,
-tensor FLOP and SFU ops per clock, HBM bandwidth) comes from the profile.
+The four numbers per kernel and pass are fitted to the kernel papers' published TFLOP/s by
+sequence length (FA2, FA3: least squares over the figures' bars; FA4: solved from its stated
+peak and a measured FA4/FA3 ratio); the points are listed, with figure numbers, in
+tests/test_kernels.py, which holds the model to them within 10% (held-out points included).
+The device side (SM count, tensor FLOP and SFU ops per clock, HBM bandwidth) comes from the profile.
+Known miss: FA3 causal at head dim 256 runs 11-23% slower in the paper than this model says.
 """
 from __future__ import annotations
 
