@@ -243,6 +243,20 @@ def test_dp_collectives_agree_fast_and_full(extra):
         assert fast[("REDUCE_GRAD", 0)][0] == pytest.approx(0.3846, rel=1e-3)
 
 
+@pytest.mark.parametrize("path, over", [
+    ("scenarios/llama3-70b-h100.toml", ["overlap.tp_comm=true"]),        # TP collectives pipelined in F/B
+    ("scenarios/llama3-70b-h100.toml", ["schedule.name=DualPipeV"]),     # OVERLAP_F_B with dp, tp and pp
+    ("scenarios/llama3-70b-h100.toml", ["schedule.name=ZBH1"]),          # split backward, bucketed reduction
+    ("scenarios/mixtral-8x7b-h100.toml", ["overlap.ep_comm=true"]),      # expert all-to-alls hidden, expert-dp
+    ("scenarios/mixtral-8x7b-h100.toml", ["overlap.ep_comm=false"]),
+])
+def test_fast_and_full_mode_agree_on_bundled_jobs(path, over):
+    """Every [overlap] key reaches both engines the same way (1%; what is left is p2p sharing)."""
+    fast = simulate(load_scenario(path, over)).metrics["step_time_s"]
+    full = simulate(load_scenario(path, [*over, "simulation.mode=full"])).metrics["step_time_s"]
+    assert full == pytest.approx(fast, rel=0.01)
+
+
 def _run_alone(hw, n_gpus: int, plans) -> float:
     env = simpy.Environment()
     topo = Topology(hw, n_gpus)
