@@ -247,6 +247,7 @@ def test_dp_collectives_agree_fast_and_full(extra):
     ("scenarios/llama3-70b-h100.toml", ["overlap.tp_comm=true"]),        # TP collectives pipelined in F/B
     ("scenarios/llama3-70b-h100.toml", ["schedule.name=DualPipeV"]),     # OVERLAP_F_B with dp, tp and pp
     ("scenarios/llama3-70b-h100.toml", ["schedule.name=ZBH1"]),          # split backward, bucketed reduction
+    ("scenarios/llama3-70b-h100.toml", ["parallel.cp=2", "parallel.pp=2"]),  # one dp group per cp index
     ("scenarios/mixtral-8x7b-h100.toml", ["overlap.ep_comm=true"]),      # expert all-to-alls hidden, expert-dp
     ("scenarios/mixtral-8x7b-h100.toml", ["overlap.ep_comm=false"]),
 ])

@@ -7,7 +7,9 @@ moves on; RECV posts a receive and the rank moves on. A transfer delivers at
 that needs it also needs the receive to have been posted), or with
 ``rendezvous=True`` at ``max(send, post) + comm``. UNSHARD (an asynchronous gather
 that compute of the stage waits on) and REDUCE_GRAD (that STEP waits on) share the
-rank's data-parallel stream, one collective at a time. An unlowered schedule (no SEND/RECV) has implicit
+rank's data-parallel stream, one collective at a time. A composite OVERLAP_F_B waits
+for both its parts' inputs, lasts ``overlap`` (or its F plus its B) and then delivers
+both outputs, as the engines do. An unlowered schedule (no SEND/RECV) has implicit
 dependencies: the consumer waits for the producer's end plus ``comm`` when the two
 stages live on different ranks, and for the end alone when they share one.
 

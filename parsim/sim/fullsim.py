@@ -129,8 +129,9 @@ def simulate_full(sc, schedule: Schedule, costs) -> RawTimeline:
 
 
 def _dp_parts(job: _Job, stage: int, op: Op, nbytes: float) -> list[tuple[str, str, float]]:
-    """(group, kind, bytes) of the collectives a DP action runs, one after the other (fast
-    mode's ``ModelCosts._dp_ops``: nothing without dp; dense and expert gradients apart)."""
+    """(group, kind, bytes) of the collectives a DP action runs, one after the other, as the
+    cost model's data-parallel ops compose them: nothing without dp; the dense gradients over
+    dp (or through a parameter server), the expert gradients over the expert-dp group."""
     par = job.par
     if par.dp <= 1 or nbytes <= 0:
         return []
@@ -145,6 +146,7 @@ def _dp_parts(job: _Job, stage: int, op: Op, nbytes: float) -> list[tuple[str, s
 
 
 def _n_layers(costs, stage: int) -> int:
+    """Gradient buckets of a stage (one per block), as fast mode counts them."""
     return max(1, len(costs.stages[stage].layers)) if hasattr(costs, "stages") else 1
 
 
