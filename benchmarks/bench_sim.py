@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from parsim import load_scenario  # noqa: E402
-from parsim.costs.model_costs import ModelCosts  # noqa: E402
+from parsim.costs import ModelCosts  # noqa: E402
 from parsim.results.result import Result  # noqa: E402
 from parsim.sim.engine import simulate_schedule  # noqa: E402
 from parsim.simulate import schedule_for  # noqa: E402
@@ -35,11 +35,11 @@ def time_one(path: Path, overrides: list[str]) -> dict:
     sc = load_scenario(path, overrides)
     t1 = time.perf_counter()
     sched = schedule_for(sc)
-    costs = ModelCosts(sc)
+    costs = ModelCosts.from_scenario(sc)
     t2 = time.perf_counter()
     raw = simulate_schedule(sched, costs)
     t3 = time.perf_counter()
-    res = Result.from_raw(sc, sched, costs, raw)
+    res = Result.from_raw(sc, sched, costs.tables(sched.stage_to_rank), raw)
     t4 = time.perf_counter()
     n_actions = sum(len(a) for a in sched.actions)
     return {"load": t1 - t0, "build": t2 - t1, "engine": t3 - t2, "metrics": t4 - t3, "total": t4 - t0,

@@ -28,7 +28,7 @@ def schedule_for(sc: Scenario, early_recv: bool = False) -> Schedule:
 def simulate(sc: Scenario, costs: ModelCosts | None = None, schedule: Schedule | None = None) -> Result:
     """Simulate one optimizer step of ``sc`` (``schedule``: an already lowered one of it)."""
     sched = schedule if schedule is not None else schedule_for(sc)
-    costs = costs or ModelCosts(sc)
+    costs = costs or ModelCosts.from_scenario(sc)
     if sc.simulation.mode == "full" and sc.costs is None:
         check_runs(sched, fullsim.COVERAGE)  # before anything starts: one line if it cannot
         raw = fullsim.simulate_full(sc, sched, costs)
@@ -36,7 +36,7 @@ def simulate(sc: Scenario, costs: ModelCosts | None = None, schedule: Schedule |
         check_runs(sched, engine.COVERAGE)
         raw = simulate_schedule(sched, costs)
     _check_complete(sched, raw)
-    return Result.from_raw(sc, sched, costs, raw)
+    return Result.from_raw(sc, sched, costs.tables(sched.stage_to_rank), raw)
 
 
 def _check_complete(sched: Schedule, raw) -> None:

@@ -122,7 +122,7 @@ def test_calibrate_quick_run_writes_profile_and_data(tmp_path):
 
 def test_unfused_attention_efficiency_prices_only_non_flash_attention():
     """The optional key changes the attention core of flash_attention = false scenarios only."""
-    from parsim.costs.model_costs import ModelCosts
+    from parsim.costs import ModelCosts
     from parsim.scenario import load_scenario
     from parsim.schedule.ir import Op
 
@@ -130,7 +130,7 @@ def test_unfused_attention_efficiency_prices_only_non_flash_attention():
         sc = load_scenario("scenarios/tiny-cpu.toml", [f"training.flash_attention={str(flash).lower()}"])
         dev = dataclasses.replace(sc.hardware.device, unfused_attention_efficiency=unfused)
         sc = dataclasses.replace(sc, hardware=dataclasses.replace(sc.hardware, device=dev))
-        return ModelCosts(sc).op_cost(0, Op.F).duration_s
+        return ModelCosts.from_scenario(sc).op_cost(0, Op.F).duration_s
 
     eff = load_profile("cpu-gloo").device.attention_efficiency
     assert f_time(False, None) == pytest.approx(f_time(False, eff), rel=1e-12)  # None: same as attention_efficiency
@@ -140,16 +140,18 @@ def test_unfused_attention_efficiency_prices_only_non_flash_attention():
 
 def test_unfused_attention_forward_pays_the_head_layout_copies():
     """Hand-computed: 4 transposing copies (Q, K, V in, context out), read + write, forward only."""
-    from parsim.costs.model_costs import ModelCosts
+    from parsim.costs import cost_inputs, layer_inputs
+    from parsim.costs.layer import head_layout_traffic
     from parsim.scenario import load_scenario
+
+    def traffic(sc):
+        return head_layout_traffic(layer_inputs(cost_inputs(sc)))
     sc = load_scenario("scenarios/tiny-cpu.toml")  # fp32, microbatch 2 x 128 tokens, d 256, MHA
-    mc = ModelCosts(sc)
     tokens, q, kv = 2 * 128, 256, 256
-    assert mc._head_layout_traffic() == pytest.approx(sc.hardware.device.memory_time(2 * tokens * (2 * q + 2 * kv) * 4))
-    flash = ModelCosts(load_scenario("scenarios/tiny-cpu.toml", ["training.flash_attention=true"]))
-    assert flash._head_layout_traffic() == 0.0
-    gqa = ModelCosts(load_scenario("scenarios/llama3-70b-h100.toml", ["training.flash_attention=false"]))
-    m, par, tr = gqa.sc.model, gqa.sc.parallel, gqa.sc.training  # 64 q / 8 kv heads of 128 over tp 8, bf16
+    assert traffic(sc) == pytest.approx(sc.hardware.device.memory_time(2 * tokens * (2 * q + 2 * kv) * 4))
+    assert traffic(load_scenario("scenarios/tiny-cpu.toml", ["training.flash_attention=true"])) == 0.0
+    gqa = load_scenario("scenarios/llama3-70b-h100.toml", ["training.flash_attention=false"])
+    m, par, tr = gqa.model, gqa.parallel, gqa.training  # 64 q / 8 kv heads of 128 over tp 8, bf16
     per_tok = 2 * m.n_heads * m.head_dim_ / par.tp + 2 * m.n_kv_heads * m.head_dim_ / par.tp
-    want = gqa.dev.memory_time(2 * tr.microbatch_size * tr.seq_len / par.cp * per_tok * 2)
-    assert gqa._head_layout_traffic() == pytest.approx(want)
+    want = gqa.hardware.device.memory_time(2 * tr.microbatch_size * tr.seq_len / par.cp * per_tok * 2)
+    assert traffic(gqa) == pytest.approx(want)

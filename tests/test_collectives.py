@@ -129,9 +129,9 @@ def test_parameter_server_dp_is_selectable_and_slower_than_ring_at_scale():
         tl = res.timeline
         return float((tl.loc[tl["op"] == "REDUCE_GRAD", "end_s"] - tl.loc[tl["op"] == "REDUCE_GRAD", "start_s"]).sum())
 
-    st = ps.costs.stages[0]
+    st = ps.tables.stages[0]
     hw = ps.scenario.hardware
-    ranks = ps.costs.dp_group
+    ranks = ps.scenario.parallel.group_ranks("dp", 0)
     path = group_path(hw, ranks)
     S = st.params * 2  # bf16 gradients
     assert reduce_s(ps) == pytest.approx(2 * 15 * S / path.bandwidth + 2 * path.latency_s, rel=1e-9)

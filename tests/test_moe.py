@@ -6,7 +6,6 @@ cost model's own GEMM function for the "twice the load, twice the time" check.
 """
 from __future__ import annotations
 
-import copy
 import math
 
 import numpy as np
@@ -94,10 +93,9 @@ def test_all_to_all_time_is_the_collective_on_the_ep_group():
     one = collective_time(sc.hardware, "all_to_all", SEQ * 2 * 1024 * 2, group)
     assert res.metrics["moe"]["layer_all_to_all_s"] == pytest.approx(one)
     # 2 all-to-alls in forward, 2 in backward, per MoE layer
-    st = res.costs.stages[0]
-    from parsim.schedule.ir import Op
-    assert st.parts[Op.F].ep_comm == pytest.approx(4 * 2 * one)
-    assert st.parts[Op.I].ep_comm == pytest.approx(4 * 2 * one)
+    tables = res.tables
+    assert tables.op(0, "F").parts.ep_comm == pytest.approx(4 * 2 * one)
+    assert tables.op(0, "I").parts.ep_comm == pytest.approx(4 * 2 * one)
 
 
 def test_hot_expert_with_twice_the_load_doubles_the_expert_phase():
@@ -153,7 +151,7 @@ def test_expert_states_shard_over_expert_data_parallel():
     sc = scenario_from_dict(moe_doc(dp=8, parallel={"ep": 4, "zero": 1}), "x.toml")
     assert expert_dp_ranks(sc.parallel) == [0, 4]
     res = simulate(sc)
-    st = res.costs.stages[0]
+    st = res.tables.stages[0]
     spec = sc.model
     per_expert = 3 * spec.d_model * spec.d_ff_expert_
     assert st.expert_params == pytest.approx(4 * 8 * per_expert / 4)

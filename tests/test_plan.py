@@ -2,16 +2,15 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from dataclasses import replace
 
 import pytest
 
 from parsim.cli.main import main
 from parsim.cluster.hardware import load_profile
+from parsim.costs import ModelCosts
 from parsim.model import get_preset, model_from_hf_config
-from parsim.plan.prescreen import _bubble, costs_for, estimate, prescreen, rank_peaks
+from parsim.plan.prescreen import _bubble, estimate
 from parsim.plan.run import run_plan, scenario_toml, to_csv, to_markdown, to_table
 from parsim.plan.space import (
     PlanSpec,
@@ -88,7 +87,7 @@ def test_prescreen_memory_is_the_simulators():
     assert len(picked) >= 12
     for c in picked.values():
         sc = make_scenario(spec, c)
-        e = estimate(spec, c, costs_for(sc))
+        e = estimate(spec, c, ModelCosts.from_scenario(sc))
         mx = simulate(sc).metrics
         if c.zero < 3:
             assert e.peak_memory_bytes == pytest.approx(mx["peak_memory_bytes"], rel=1e-9), c.key()
@@ -102,7 +101,7 @@ def test_prescreen_time_tracks_the_simulation_without_pipeline():
     cands, _ = enumerate_candidates(spec)
     c = next(c for c in cands if c.pp == 1 and c.zero == 1 and c.recompute == "none")
     sc = make_scenario(spec, c)
-    e = estimate(spec, c, costs_for(sc))
+    e = estimate(spec, c, ModelCosts.from_scenario(sc))
     assert e.step_time_s == pytest.approx(simulate(sc).metrics["step_time_s"], rel=0.02)
 
 

@@ -92,7 +92,7 @@ def test_peak_activation_rules(p, m):
     microbatches, DualPipe p+1 chunks (DeepSeek's PP+1)."""
     def held(name, layers=None):
         res = simulate(scenario(pp=p, m=m, schedule=name, layers=layers))
-        return res.to_json()["stages"][0]["memory"]["activations"] / res.costs.stages[0].activation_bytes
+        return res.to_json()["stages"][0]["memory"]["activations"] / res.tables.stages[0].activation_bytes
 
     assert held("GPipe") == pytest.approx(m)
     assert held("1F1B") == pytest.approx(p)
@@ -127,7 +127,8 @@ def test_overlap_hides_tp_communication_and_breakdown_adds_up():
     other's compute; the hidden part leaves the breakdown, which still sums to the step."""
     kw = dict(pp=2, tp=2, m=8, layers=4, hardware="dgx-h100")
     dp = simulate(scenario(schedule="DualPipe", **kw))
-    c = dp.costs
+    from parsim.costs import ModelCosts
+    c = ModelCosts.from_scenario(scenario(schedule="DualPipe", **kw))
     f, b = c.stages[0].parts, c.stages[3].parts
     from parsim.schedule.ir import Op
     hidden = min(f[Op.F].tp_comm, b[Op.B].compute + b[Op.B].recompute) + min(b[Op.B].tp_comm, f[Op.F].compute)

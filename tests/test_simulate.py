@@ -70,7 +70,7 @@ def test_model_states_equal_zero_formulas(case):
 def test_simulated_stage_memory_uses_zero_formulas(zero):
     dp = 4
     res = simulate(scenario(pp=2, dp=dp, m=4, parallel={"zero": zero}))
-    for st, cost in zip(res.to_json()["stages"], res.costs.stages):
+    for st, cost in zip(res.to_json()["stages"], res.tables.stages):
         psi = cost.params
         expected = {0: 16 * psi, 1: 4 * psi + 12 * psi / dp, 2: 2 * psi + 14 * psi / dp, 3: 16 * psi / dp}[zero]
         mem = st["memory"]
@@ -104,7 +104,7 @@ def test_activation_memory_per_layer_equals_korthikanti(case):
 def test_first_stage_stash_gpipe_m_and_1f1b_min_p_m(p, m):
     for name, held in (("GPipe", m), ("1F1B", min(p, m))):
         res = simulate(scenario(pp=p, m=m, schedule=name))
-        per_mb = res.costs.stages[0].activation_bytes
+        per_mb = res.tables.stages[0].activation_bytes
         rank0 = res.to_json()["stages"][0]
         assert rank0["memory"]["activations"] == pytest.approx(held * per_mb, rel=1e-12), name
 
@@ -152,12 +152,13 @@ def test_cost_does_not_depend_on_dp_degree():
 
 def test_unfused_gradient_accumulation_adds_a_memory_bound_pass():
     """grad += dW outside the GEMM reads the buffer and dW and writes the buffer: 3 x params x grad bytes."""
+    from parsim.costs import ModelCosts
     from parsim.schedule.ir import Op
 
-    fused = simulate(scenario(pp=2, m=4)).costs
-    unfused = simulate(scenario(pp=2, m=4, training={"grad_accumulation_fusion": False})).costs
-    dev = unfused.dev
-    for a, b in zip(fused.stages, unfused.stages):
+    fused = ModelCosts.from_scenario(scenario(pp=2, m=4))
+    unfused = ModelCosts.from_scenario(scenario(pp=2, m=4, training={"grad_accumulation_fusion": False}))
+    dev = unfused.inputs.hardware.device
+    for a, b in zip(fused.stage_costs, unfused.stage_costs):
         extra = b.parts[Op.W].total - a.parts[Op.W].total
         assert extra == pytest.approx(dev.memory_time(3 * b.params * 2), rel=1e-9)  # bf16 gradients
         assert b.parts[Op.F].total == a.parts[Op.F].total

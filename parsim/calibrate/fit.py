@@ -33,7 +33,7 @@ import pandas as pd
 
 from parsim.cluster.collectives import alpha_beta_time
 from parsim.cluster.hardware import Device, HardwareProfile, LinkTier
-from parsim.costs.model_costs import scores_pass_bytes
+from parsim.costs.layer import scores_pass_bytes
 
 H_GRID = np.concatenate([[0.0], np.geomspace(0.5, 1024, 160)])
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from parsim.cluster.collectives import collective_time
+from parsim.cluster.precision import PRECISION_TABLE
 from parsim.config.moe import MoEConfig
 
 
@@ -173,24 +174,23 @@ def _expert_times(dev, model, rows: np.ndarray, f: int, prec: str) -> tuple[floa
     return t[0], t[1], t[2]
 
 
-def moe_phase(sc, tokens: int) -> MoEPhase:
-    """Costs of one MoE layer for one microbatch of ``tokens`` tokens per rank (after cp)."""
-    m, par, hw = sc.model, sc.parallel, sc.hardware
-    cfg = sc.moe
-    etp = cfg.expert_tp or par.tp
-    fold = par.tp // etp
-    group = ep_group_ranks(par, etp)
+def moe_phase(model, hw, cfg: MoEConfig, precision: str, tokens: int, group: tuple[int, ...], expert_tp: int,
+              tp: int) -> MoEPhase:
+    """Costs of one MoE layer for one microbatch of ``tokens`` tokens per rank (after cp) on the
+    EP group ``group`` (:func:`ep_group_ranks`; experts sharded over ``expert_tp`` of the ``tp`` ranks)."""
+    m = model
+    fold = tp // expert_tp
     g = len(group)
     r = route(m, cfg, tokens / fold, g)
-    f = -(-m.d_ff_expert_ // etp)
+    f = -(-m.d_ff_expert_ // expert_tp)
     per_rank = r.kept.reshape(g, m.n_experts // g)
-    times = np.array([_expert_times(hw.device, m, rows, f, sc.training.precision) for rows in per_rank])
+    times = np.array([_expert_times(hw.device, m, rows, f, precision) for rows in per_rank])
     slowest = int(np.argmax(times.sum(axis=1)))
-    bpe = 4 if sc.training.precision == "fp32" else 2
+    bpe = PRECISION_TABLE[precision].activation_bytes  # tokens are dispatched as activations
     buf = max(r.sent, float(r.received.max())) * m.d_model * bpe
     a2a = collective_time(hw, "all_to_all", buf, group) if g > 1 else 0.0
     flops = 2.0 * float(r.kept.sum()) / g * m.ffn_matrices * m.d_model * f
-    return MoEPhase(r, tuple(group), etp, times, slowest, a2a, flops, float(r.received[slowest]))
+    return MoEPhase(r, tuple(group), expert_tp, times, slowest, a2a, flops, float(r.received[slowest]))
 
 
 def moe_metrics(phase: MoEPhase, moe_layers_per_rank: list[int], n_microbatches: int,

@@ -88,9 +88,11 @@ def _dp(t, n, S, first_extra, last_extra, mems, extra_mem, limit):
 
 def balanced_layers(sc) -> tuple[int, ...]:
     """The balanced split for a scenario (its cost model and schedule's in-flight counts)."""
+    from parsim.costs.inputs import cost_inputs
+    from parsim.costs.layer import activation_options, layer_cost
     from parsim.costs.memory import layer_activation_bytes, model_state_bytes
     from parsim.costs.model_costs import ModelCosts
-    from parsim.model import layer_params
+    from parsim.model import is_moe_layer, layer_params
     from parsim.schedule import build, peak_in_flight
     from parsim.schedule.ir import Op
 
@@ -98,22 +100,25 @@ def balanced_layers(sc) -> tuple[int, ...]:
     if par.vpp != 1:
         raise ConfigError(sc.file, "schedule.partition",
                           "balanced partitioning needs one stage per rank (vpp = 1); give layers_per_stage instead")
-    costs = ModelCosts(sc)
+    costs = ModelCosts(cost_inputs(sc))
+    inp = costs.layer_inputs
     n = sc.model.n_layers
     per_layer = []
     for li in range(n):
-        f, i, w, *_ = costs._layer_times(li)
+        lc = layer_cost(inp, is_moe_layer(sc.model, li))
+        f, i, w = lc.forward, lc.backward_input, lc.backward_weight
         rec = f.total if tr.recompute == "full" else 0.0
         per_layer.append(f.total + i.total + w.total + rec)
     first, last = costs.stages[0], costs.stages[-1]
-    total = lambda st: st.parts[Op.F].total + st.parts[Op.B].total  # noqa: E731
+    total = lambda st: st.parts[Op.F].total + st.parts[Op.B].total
     first_extra = total(first) - sum(per_layer[li] for li in first.layers)
     last_extra = total(last) - sum(per_layer[li] for li in last.layers)
     if par.pp == 1:
         return (n,)
     in_flight = peak_in_flight(build(sc.schedule.name, par.pp, sc.n_microbatches, 1))
     b, seq = tr.microbatch_size, tr.seq_len // par.cp
-    act = [layer_activation_bytes(sc.model, seq, b, par.tp, costs.act_opts, li) for li in range(n)]
+    opts = activation_options(inp)
+    act = [layer_activation_bytes(sc.model, seq, b, par.tp, opts, li) for li in range(n)]
     state = []
     for li in range(n):
         ms = model_state_bytes(layer_params(sc.model, li) / par.tp, par.dp, par.zero, tr.optimizer, tr.precision)

@@ -1,38 +1,45 @@
 """Analytic pre-screen for ``parsim plan``: cost every candidate (parsim.plan.space) fast.
 
 Nothing here is a second cost model. Per-stage seconds and bytes come from
-:class:`parsim.costs.ModelCosts` (memoised across candidates that share the same
-tensor/context degree, microbatch, recompute mode and stage shape); legality comes from
-the scenario loader's own checks; the pipeline's shape comes from the registered
-schedule builders. What is closed-form is only the step-time arithmetic on top:
+:class:`parsim.costs.ModelCosts`, whose per-layer, per-stage and data-parallel parts are
+pure functions cached by their typed inputs (``parsim.costs.layer``/``stage``/``dp``): a
+candidate that shares a shard shape with another reuses its costs through them. Legality
+comes from the scenario loader's own checks; the pipeline's shape comes from the
+registered schedule builders. What is closed-form is only the step-time arithmetic on top:
 
 * work of a pipeline rank = m * sum over its stages of (F + B);
 * bubble, per schedule family, with the slowest stage's times t_F, t_I, t_W
-  (Narayanan et al. 2021; Qi et al. 2023): GPipe/1F1B (p-1)(t_F+t_B), 1F1B-IW
-  (p-1)(t_F+t_I), interleaved (p-1)(t_F+t_B) with per-virtual-stage times, ZB-H1
-  (p-1)max(t_F, t_F+t_I-t_W), ZB-H2 (p-1)max(t_F, t_F+t_I-2t_W) (over the makespan, so
-  the staggered start counts; checked against the dry run); any other registered schedule
-  is dry-run (parsim.schedule.dry_run) with those durations;
+  (Narayanan et al. 2021; Qi et al. 2023; ``parsim.schedule.semantics.bubble_time``),
+  over the makespan (checked against the dry run); any other registered schedule is
+  dry-run (parsim.schedule.dry_run) with those durations;
 * plus 2(n_stages-1) activation transfers and each rank's data-parallel tail
   (gradient reduction, optimizer step, parameter gather), as the engine runs them.
 
 Memory is exact for ZeRO 0-2 and an upper bound for ZeRO-3: model states from
-``ModelCosts.rank_model_states`` plus the activation stash walked over each rank's
-action order with the same stash/free/transient rules the engine applies. So a
-configuration the pre-screen admits also fits in the event simulation.
+``ModelCosts.rank_model_states`` plus the activation stash at every instant a rank can
+peak (:func:`stash_states`: its action order under the engine's stash/free/transient
+rules). So a configuration the pre-screen admits also fits in the event simulation.
+
+Within one :func:`prescreen` call, what candidates share is computed once: the cost
+inputs per (dp, tp, pp, cp, ep, vpp, microbatch, recompute), the step-time and memory
+summary per ZeRO stage on top, the activation peaks per schedule order.
 """
-import copy
+from __future__ import annotations
+
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from parsim.config.scenario import Scenario
+import numpy as np
+
+from parsim.costs import clear_caches as costs_clear_caches
+from parsim.costs.inputs import CostInputs, cost_inputs
 from parsim.costs.model_costs import ModelCosts
 from parsim.errors import ConfigError
-from parsim.model import is_moe_layer
 from parsim.plan.space import Candidate, PlanSpec, _schedule, make_scenario
 from parsim.schedule import dry_run
 from parsim.schedule.ir import Op
 from parsim.schedule.semantics import bubble_time
+from parsim.sim.engine import OpCost
 
 
 @dataclass
@@ -47,158 +54,120 @@ class Estimate:
     fits: bool
 
 
-# ---------------------------------------------------------------------------- memoised costs
-
-_STAGE_CACHE: dict[tuple, tuple] = {}
-_LAYER_CACHE: dict[tuple, tuple] = {}
-
-
-class CachedCosts(ModelCosts):
-    """ModelCosts whose per-layer and per-stage results are memoised across candidates.
-
-    Stages with the same layer kinds, position (first/last) and per-GPU shard shape
-    cost the same; candidates differing only in dp, pp or ZeRO reuse them. Each of
-    ModelCosts' construction steps is wrapped, never re-implemented: what a step sets
-    on the StageCost is recorded once and replayed.
-    """
-
-    def _base_key(self) -> tuple:
-        sc, par = self.sc, self.sc.parallel
-        key = (id(sc.model), sc.model.name, sc.hardware.name, par.tp, par.cp, par.ep,
-               par.sequence_parallel, sc.training, sc.overlap)
-        if sc.model.is_moe:  # expert groups and routing depend on the whole grid
-            key += (par.dp, par.pp, par.vpp, getattr(sc, "moe", None))
-        return key
-
-    def _shape_key(self, st) -> tuple:
-        sc, par = self.sc, self.sc.parallel
-        kinds = tuple(is_moe_layer(sc.model, li) for li in st.layers) if sc.model.is_moe else len(st.layers)
-        # tp/cp groups and their links do not depend on dp/pp (tp, cp innermost in the default order)
-        return self._base_key() + (kinds, self._is_first(st), self._is_last(st), par.n_stages > 1)
-
-    def _memo(self, step: str, st, fn, extra: tuple = ()) -> None:
-        key = (step,) + self._shape_key(st) + extra
-        hit = _STAGE_CACHE.get(key)
-        if hit is None:
-            before = dict(vars(st))
-            fn(st)
-            hit = _STAGE_CACHE[key] = {k: v for k, v in vars(st).items() if k not in before or before[k] is not v}
-        vars(st).update(hit)
-
-    def _layer_times(self, li: int):
-        key = self._base_key() + (is_moe_layer(self.sc.model, li),)
-        hit = _LAYER_CACHE.get(key)
-        if hit is None:
-            hit = _LAYER_CACHE[key] = super()._layer_times(li)
-        return hit
-
-    def _stage_params(self, st) -> None:
-        self._memo("params", st, super()._stage_params)
-
-    def _stage_times(self, st) -> None:
-        self._memo("times", st, super()._stage_times)
-
-    def _stage_memory(self, st) -> None:
-        self._memo("memory", st, super()._stage_memory)
-
-    def _stage_ops(self, st) -> None:
-        par = self.sc.parallel
-        self._memo("ops", st, super()._stage_ops, (par.dp, par.pp, par.zero, par.order))
-
-
-def costs_for(sc: Scenario) -> ModelCosts:
-    return CachedCosts(sc)
-
-
-def with_zero(costs: ModelCosts, zero: int) -> ModelCosts:
-    """The same costs under another ZeRO stage: only the data-parallel ops are redone."""
-    c2 = copy.copy(costs)
-    c2.__dict__.pop("_plan_static", None)
-    c2.sc = replace(costs.sc, parallel=replace(costs.sc.parallel, zero=zero))
-    c2.stages = []
-    for st in costs.stages:
-        st2 = copy.copy(st)
-        c2._stage_ops(st2)
-        c2.stages.append(st2)
-    return c2
-
-
 # ---------------------------------------------------------------------------- memory
 
+@dataclass(frozen=True)
+class StashStates:
+    """The activation states at which a schedule's ranks can peak: at each F (after it
+    allocates) and each B/I (while it runs), the microbatches stashed and waiting for W
+    per stage slot (slot j of rank r: stage r + j*pp) and the slot in backward. States
+    another state dominates (more of everything; memory is a non-negative combination of
+    the counts) are left out."""
+
+    rank: np.ndarray
+    """(n,) pipeline rank of each state, ascending."""
+    live: np.ndarray
+    """(n, k) microbatches stashed per slot (F done, backward not started)."""
+    wpend: np.ndarray
+    """(n, k) microbatches waiting for W per slot (I done)."""
+    bwd: np.ndarray
+    """(n,) slot running a backward (its transient counts), -1 at an F."""
+    starts: np.ndarray
+    """(pp,) index of each rank's first state."""
+
+
+_CODE = {Op.F: 1, Op.B: 2, Op.I: 3, Op.W: 4}
+
+
 @lru_cache(maxsize=4096)
-def stash_states(name: str, pp: int, m: int, vpp: int) -> tuple[tuple, ...]:
-    """Per rank, the distinct (live F stash per stage, pending W per stage, stage in backward)
-    states at which the engine's activation memory can peak (allocation instants)."""
-    sched = _schedule(name, pp, m, vpp)
-    out = []
-    for row in sched.actions:
-        mine = sorted({a.stage for a in row})
-        idx = {s: i for i, s in enumerate(mine)}
-        live, wpend = [0] * len(mine), [0] * len(mine)
-        states = set()
-        for a in row:
-            op = a.op
-            if op is Op.F:
-                live[idx[a.stage]] += 1
-                states.add((tuple(live), tuple(wpend), -1))
-            elif op is Op.B or op is Op.I:
-                i = idx[a.stage]
-                states.add((tuple(live), tuple(wpend), i))
-                live[i] -= 1
-                if op is Op.I:
-                    wpend[i] += 1
-            elif op is Op.W:
-                wpend[idx[a.stage]] -= 1
-        named = {(tuple((mine[i], n) for i, n in enumerate(lv) if n),
-                  tuple((mine[i], n) for i, n in enumerate(wp) if n),
-                  mine[b] if b >= 0 else -1) for lv, wp, b in states}
-        out.append(_pareto(named))
-    return tuple(out)
+def stash_states(name: str, pp: int, m: int, vpp: int) -> StashStates:
+    """The states of the schedule ``name`` (pp ranks, m microbatches, vpp stages per rank)."""
+    rows = _schedule(name, pp, m, vpp).actions
+    total = sum(len(r) for r in rows)
+    stage = np.fromiter((a.stage for row in rows for a in row), np.int64, total)
+    op = np.fromiter((_CODE.get(a.op, 0) for row in rows for a in row), np.int64, total)
+    rank = np.repeat(np.arange(pp), [len(r) for r in rows])
+    keep = op > 0
+    stage, op, rank = stage[keep], op[keep], rank[keep]
+    slot = stage // pp  # the planner pre-screens placements with stage s on rank s % pp
+    k = int(slot.max()) + 1
+    is_f, is_i = op == 1, op == 3
+    is_b = (op == 2) | is_i
+    # every rank's row nets to zero, so one running sum over all rows is each rank's own;
+    # a backward's state is taken before it frees
+    if k == 1:
+        live = np.cumsum(is_f.astype(np.int64) - is_b)[:, None] + is_b[:, None]
+        wpend = np.cumsum(is_i.astype(np.int64) - (op == 4))[:, None] - is_i[:, None]
+    else:
+        n = len(op)
+        d_live, d_w = np.zeros((n, k), np.int64), np.zeros((n, k), np.int64)
+        d_live[is_f, slot[is_f]] = 1
+        d_live[is_b, slot[is_b]] = -1
+        d_w[is_i, slot[is_i]] = 1
+        d_w[op == 4, slot[op == 4]] = -1
+        live, wpend = np.cumsum(d_live, axis=0), np.cumsum(d_w, axis=0)
+        live[is_b] -= d_live[is_b]
+        wpend[is_i] -= d_w[is_i]
+    same_next = np.append(rank[1:] == rank[:-1], False)
+    nxt = np.where(same_next, np.append(op[1:], 0), 0)
+    prev_b = np.insert(same_next[:-1] & (op[:-1] == 2), 0, False) & (np.insert(slot[:-1], 0, -1) == slot)
+    # an F followed by F/B/I of the same rank is dominated by the next state; so is a
+    # backward right after a B of the same slot (one microbatch fewer, nothing more)
+    sel = (is_f & (nxt != 1) & (nxt != 2) & (nxt != 3)) | (is_b & ~prev_b)
+    table = np.column_stack([rank[sel], live[sel], wpend[sel], np.where(is_b, slot, -1)[sel] + 1])
+    table = table[_pareto_single_slot(table)] if k == 1 else _unique_rows(table)
+    r = table[:, 0]
+    return StashStates(r, table[:, 1:1 + k], table[:, 1 + k:1 + 2 * k], table[:, -1] - 1,
+                       np.searchsorted(r, np.arange(pp)))
 
 
-def _pareto(states: set) -> tuple:
-    """Drop states another state dominates (memory is a non-negative combination of the counts)."""
-    vecs = []
-    for live, wpend, bwd in states:
-        v = {("a", s): n for s, n in live if n}
-        v.update({("w", s): n for s, n in wpend if n})
-        if bwd >= 0:
-            v[("t", bwd)] = 1
-        vecs.append((sum(v.values()), v, (live, wpend, bwd)))
-    vecs.sort(key=lambda x: -x[0])  # a dominator has a larger count sum: it comes first
-    keep: list[tuple[dict, tuple]] = []
-    for _, v, st in vecs:
-        if any(all(u.get(k, 0) >= n for k, n in v.items()) for u, _ in keep):
-            continue
-        keep.append((v, st))
-    return tuple(st for _, st in keep)
-
-
-def rank_peaks(costs: ModelCosts, sched_key: tuple) -> list[float]:
-    """Peak bytes of each pipeline rank: model states + activation stash (+ ZeRO-3 windows)."""
-    sched = _schedule(*sched_key)
-    states = stash_states(*sched_key)
-    s2r = sched.stage_to_rank
-    stages = costs.stages
-    trans = {}
-    out = []
-    static = costs.__dict__.setdefault("_plan_static", {})
-    for rank, rank_states in enumerate(states):
-        best = 0.0
-        for live, wpend, bwd in rank_states:
-            v = sum(n * stages[s].activation_bytes for s, n in live)
-            v += sum(n * stages[s].weight_grad_stash_bytes for s, n in wpend)
-            if bwd >= 0:
-                if bwd not in trans:
-                    trans[bwd] = costs.op_cost(bwd, Op.B).transient_bytes
-                v += trans[bwd]
-            best = max(best, v)
-        if rank not in static:
-            other = sum(costs.op_cost(s, Op.UNSHARD).stash_bytes for s in range(len(s2r)) if s2r[s] == rank)
-            ms = costs.rank_model_states(rank, s2r)
-            static[rank] = other + ms["params"] + ms["grads"] + ms["optimizer"]
-        out.append(best + static[rank])
+def _unique_rows(t: np.ndarray) -> np.ndarray:
+    """Distinct rows, sorted (mixed-radix codes in one int64 when they fit: a 1-D sort)."""
+    radix = t.max(axis=0) + 1
+    if float(np.prod(radix.astype(float))) >= 2.0 ** 62:
+        return np.unique(t, axis=0)
+    code = np.zeros(len(t), np.int64)
+    for c in range(t.shape[1]):
+        code = code * radix[c] + t[:, c]
+    code = np.unique(code)
+    out = np.empty((len(code), t.shape[1]), np.int64)
+    for c in range(t.shape[1] - 1, -1, -1):
+        code, out[:, c] = np.divmod(code, radix[c])
     return out
+
+
+def _pareto_single_slot(t: np.ndarray) -> np.ndarray:
+    """Rows (rank-major) of the states (rank, live, wpend, in backward) no other state of the
+    rank dominates; duplicates count once."""
+    rank, live, w, b = t[:, 0], t[:, 1], t[:, 2], t[:, 3] > 0
+    order = np.lexsort((~b, -w, -live, rank))  # per rank: most live first, in-backward before not
+    big = int(w.max()) + 2
+    base = rank[order] * big
+    wv = base + w[order]
+    # exclusive running maxima of wpend over earlier (more live) states: all, and in-backward only
+    prev_all = np.maximum.accumulate(np.concatenate([[-1], wv[:-1]]))
+    wb = np.where(b[order], wv, base - 1)
+    prev_b = np.maximum.accumulate(np.concatenate([[-1], wb[:-1]]))
+    keep = np.where(b[order], prev_b < wv, prev_all < wv)
+    return order[keep]  # rank-major
+
+
+def activation_peaks(states: StashStates, act: np.ndarray, wstash: np.ndarray, transient: np.ndarray,
+                     pp: int) -> np.ndarray:
+    """Per rank, the largest activation bytes over its states (``act``, ``wstash``, ``transient``:
+    per stage, one microbatch's stash, what W keeps, what a backward holds while it runs)."""
+    k = states.live.shape[1]
+    stage = states.rank[:, None] + pp * np.arange(k)[None, :]
+    v = np.zeros(len(states.rank))
+    for j in range(k):  # slot by slot, in stage order: the same float sums as a walk
+        v = v + states.live[:, j] * act[stage[:, j]]
+    w = np.zeros(len(states.rank))
+    for j in range(k):
+        w = w + states.wpend[:, j] * wstash[stage[:, j]]
+    v = v + w
+    in_bwd = states.bwd >= 0
+    v = v + np.where(in_bwd, transient[states.rank + pp * np.maximum(states.bwd, 0)], 0.0)
+    return np.maximum(np.maximum.reduceat(v, states.starts), 0.0)
 
 
 # ---------------------------------------------------------------------------- time
@@ -224,57 +193,165 @@ def _dry_bubble(sched_key: tuple, ri: float, rw: float) -> float:
     return max(0.0, d.makespan - m * v * (1.0 + ri + rw))
 
 
-def estimate(spec: PlanSpec, c: Candidate, costs: ModelCosts) -> Estimate:
-    """Pre-screen step time and peak memory of one candidate, from its (memoised) costs."""
-    sc = costs.sc
-    m = sc.n_microbatches
-    sched_key = (c.schedule, c.pp, m, c.vpp)
-    stages = costs.stages
+@dataclass(frozen=True)
+class PipelineSummary:
+    """What every schedule and ZeRO stage of one configuration shares (stage s on rank s % pp)."""
+
+    n_microbatches: int
+    """Microbatches per step and pipeline."""
+    work_s: float
+    """Busiest pipeline rank's F + B over the step."""
+    t_f: float
+    """Slowest stage's F."""
+    t_i: float
+    """Slowest stage's I."""
+    t_w: float
+    """Slowest stage's W."""
+    p2p_s: float
+    """The 2(n_stages-1) activation transfers of the fill and drain."""
+    activation: np.ndarray
+    """Per stage: one microbatch's activation stash."""
+    weight_grad_stash: np.ndarray
+    """Per stage: what W still needs after I."""
+    transient: np.ndarray
+    """Per stage: bytes a backward holds while it runs."""
+
+
+@dataclass(frozen=True)
+class DPSummary:
+    """What every schedule of one configuration under one ZeRO stage shares."""
+
+    tail_s: float
+    """Largest rank tail: its last reduction, then every stage's step and parameter gather."""
+    unshard_s: float
+    """ZeRO-3: the first stage's parameter gather."""
+    static: np.ndarray
+    """Per pipeline rank: model states + ZeRO-3 gather windows."""
+
+
+def _rank_groups(costs: ModelCosts, pp: int) -> tuple[tuple[int, ...], ...]:
+    """Ranks grouped by the shapes of the stages they hold (equal shapes: equal sums); every
+    rank alone when the schedule gives ranks different weight versions."""
+    if costs.traits.weight_versions:
+        return tuple((r,) for r in range(pp))
+    return _groups_by_shape(costs.shape_of, pp)
+
+
+@lru_cache(maxsize=4096)
+def _groups_by_shape(shape_of: tuple[int, ...], pp: int) -> tuple[tuple[int, ...], ...]:
+    out: dict[tuple, list[int]] = {}
+    for r in range(pp):
+        out.setdefault(shape_of[r::pp], []).append(r)
+    return tuple(tuple(g) for g in out.values())
+
+
+def pipeline_summary(costs: ModelCosts, pp: int, vpp: int) -> PipelineSummary:
+    """The part of the estimate that no ZeRO stage changes."""
+    m = costs.inputs.n_microbatches
+    stages = costs.stage_costs
+    n = len(stages)
     F = [st.parts[Op.F].total for st in stages]
     I = [st.parts[Op.I].total for st in stages]
     W = [st.parts[Op.W].total for st in stages]
-    work = [0.0] * c.pp
-    tail = [0.0] * c.pp
-    reduce_last = [0.0] * c.pp
-    for s, st in enumerate(stages):
-        r = s % c.pp
-        work[r] += m * (F[s] + I[s] + W[s])
-        red = costs.op_cost(s, Op.REDUCE_GRAD).duration_s
-        step = costs.op_cost(s, Op.STEP)
-        # the last-finishing stage's reduction is exposed; every stage's step and gather run after
-        tail[r] += step.duration_s + step.then_comm_s
-        reduce_last[r] = max(reduce_last[r], red)
-    bubble = _bubble(c.schedule, c.pp, c.vpp, max(F), max(I), max(W), m, sched_key)
+    work = 0.0
+    for ranks in _rank_groups(costs, pp):
+        wk = 0.0
+        for s in range(ranks[0], n, pp):
+            wk += m * (F[s] + I[s] + W[s])
+        work = max(work, wk)
     p2p = 0.0
-    if c.pp > 1:
+    if pp > 1:
         _, bw, lat = costs.link_spec(0, 1)
-        p2p = 2 * (c.pp * c.vpp - 1) * (stages[0].p2p_bytes / bw + lat) if bw > 0 else 0.0
-    unshard = costs.op_cost(0, Op.UNSHARD).duration_s
-    dp_tail = max(t + rl for t, rl in zip(tail, reduce_last))
-    T = max(work) + bubble + p2p + dp_tail + unshard
-    peaks = rank_peaks(costs, sched_key)
-    peak = max(peaks)
-    cap = spec.hardware.device.usable_memory_bytes
-    return Estimate(c, T, bubble, p2p + dp_tail + unshard, peak, peak <= cap)
+        p2p = 2 * (pp * vpp - 1) * (stages[0].p2p_bytes / bw + lat) if bw > 0 else 0.0
+    return PipelineSummary(m, work, max(F), max(I), max(W), p2p, np.array([st.activation_bytes for st in stages]),
+                           np.array([st.weight_grad_stash_bytes for st in stages]),
+                           np.array([st.ops[Op.B].transient_bytes for st in stages]))
+
+
+_NO_OP = OpCost(0.0)
+
+
+def dp_summary(costs: ModelCosts, pp: int) -> DPSummary:
+    """The part of the estimate a ZeRO stage changes: the data-parallel tail and model states."""
+    n = len(costs.stage_costs)
+    tail, static = 0.0, np.zeros(pp)
+    for ranks in _rank_groups(costs, pp):
+        tl, rl, other = 0.0, 0.0, 0
+        mine = list(range(ranks[0], n, pp))
+        for s in mine:
+            ops = costs.dp_ops[s].ops
+            step = ops[Op.STEP]
+            # the last-finishing stage's reduction is exposed; every stage's step and gather run after
+            tl += step.duration_s + step.then_comm_s
+            rl = max(rl, ops.get(Op.REDUCE_GRAD, _NO_OP).duration_s)
+            other += ops.get(Op.UNSHARD, _NO_OP).stash_bytes
+        tail = max(tail, tl + rl)
+        ms = costs.model_states(mine, ranks[0])
+        static[list(ranks)] = other + ms["params"] + ms["grads"] + ms["optimizer"]
+    return DPSummary(tail, costs.dp_ops[0].ops.get(Op.UNSHARD, _NO_OP).duration_s, static)
+
+
+def _schedule_part(c: Candidate, s: PipelineSummary) -> tuple[float, np.ndarray]:
+    """(bubble seconds, activation peak per rank) of a candidate's schedule: the same for
+    every ZeRO stage (they change neither the op times nor the stash)."""
+    sched_key = (c.schedule, c.pp, s.n_microbatches, c.vpp)
+    bubble = _bubble(c.schedule, c.pp, c.vpp, s.t_f, s.t_i, s.t_w, s.n_microbatches, sched_key)
+    states = stash_states(*sched_key)
+    return bubble, activation_peaks(states, s.activation, s.weight_grad_stash, s.transient, c.pp)
+
+
+def _estimate(c: Candidate, s: PipelineSummary, d: DPSummary, bubble: float, peaks: np.ndarray,
+              capacity: float) -> Estimate:
+    T = s.work_s + bubble + s.p2p_s + d.tail_s + d.unshard_s
+    peak = float(np.max(peaks + d.static))
+    return Estimate(c, T, bubble, s.p2p_s + d.tail_s + d.unshard_s, peak, peak <= capacity)
+
+
+def estimate(spec: PlanSpec, c: Candidate, costs: ModelCosts) -> Estimate:
+    """Pre-screen step time and peak memory of one candidate, from its cost model."""
+    s = pipeline_summary(costs, c.pp, c.vpp)
+    return _estimate(c, s, dp_summary(costs, c.pp), *_schedule_part(c, s), spec.hardware.device.usable_memory_bytes)
+
+
+def clear_caches() -> None:
+    """Empty the pre-screen's caches and the cost model's (a cold start, as a new process)."""
+    costs_clear_caches()
+    for fn in (stash_states, _groups_by_shape, _dry_bubble):
+        fn.cache_clear()
 
 
 def prescreen(spec: PlanSpec, cands: list[Candidate], progress=None) -> tuple[list[Estimate], dict[str, list]]:
     """Estimates of every candidate; configurations the scenario rules refuse go to rejections."""
     rejected: dict[str, list] = {}
     out: list[Estimate] = []
-    base_costs: dict[tuple, ModelCosts] = {}
-    zero_costs: dict[tuple, ModelCosts] = {}
+    capacity = spec.hardware.device.usable_memory_bytes
+    # what candidates share, computed once per call: per configuration (at ZeRO 0) its cost
+    # inputs and pipeline summary, per ZeRO stage its data-parallel summary, per schedule
+    # its bubble and activation peaks
+    configs: dict[tuple, tuple[CostInputs, PipelineSummary] | ConfigError] = {}
+    dps: dict[tuple, DPSummary] = {}
+    scheds: dict[tuple, tuple] = {}
     for n, c in enumerate(cands):
         if progress is not None and n % 512 == 0:
             progress.update(min(512, len(cands) - n))
         k = (c.dp, c.tp, c.pp, c.cp, c.ep, c.vpp, c.microbatch_size, c.recompute)
-        try:
-            costs = zero_costs.get(k + (c.zero,))
-            if costs is None:
-                if k not in base_costs:
-                    base_costs[k] = costs_for(make_scenario(spec, replace(c, zero=0)))
-                costs = zero_costs[k + (c.zero,)] = with_zero(base_costs[k], c.zero)
-            out.append(estimate(spec, c, costs))
-        except ConfigError as e:
-            rejected.setdefault(e.problem, []).append((c.family(), 1))
+        conf = configs.get(k)
+        if conf is None:
+            try:
+                ci = cost_inputs(make_scenario(spec, replace(c, zero=0)))
+                conf = configs[k] = (ci, pipeline_summary(ModelCosts(ci), c.pp, c.vpp))
+            except ConfigError as e:
+                conf = configs[k] = e
+        if isinstance(conf, ConfigError):
+            rejected.setdefault(conf.problem, []).append((c.family(), 1))
+            continue
+        ci, s = conf
+        d = dps.get(k + (c.zero,))
+        if d is None:
+            zci = ci if c.zero == 0 else replace(ci, parallel=replace(ci.parallel, zero=c.zero))
+            d = dps[k + (c.zero,)] = dp_summary(ModelCosts(zci), c.pp)
+        part = scheds.get((k, c.schedule))
+        if part is None:
+            part = scheds[(k, c.schedule)] = _schedule_part(c, s)
+        out.append(_estimate(c, s, d, *part, capacity))
     return out, rejected

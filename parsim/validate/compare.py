@@ -143,7 +143,7 @@ def compare(res: Result, runs) -> dict:
                  "stages": [{"rank": s["rank"], "busy_s": s["busy_s"]} for s in pm["stages"]]}
     measured, tl_med, tls = measured_summary(runs, pp)
     ranks = _launch_list(runs)[0]
-    mem_pred = {st.stage: st.activation_bytes for st in res.costs.stages}
+    mem_pred = {st.stage: st.activation_bytes for st in res.tables.stages}
     mem_meas = {int(s): v for r in ranks if r["dp_rank"] == 0 for s, v in r["memory"].items()}
     predicted["activation_bytes"] = [mem_pred[s] for s in sorted(mem_pred)]
     measured["activation_bytes"] = [mem_meas.get(s, {}).get("activation_bytes") for s in sorted(mem_pred)]

@@ -1,0 +1,232 @@
+"""The cost model's inputs, typed and hashable: what a Scenario hands the cost model.
+
+:func:`cost_inputs` is the one place a :class:`~parsim.config.scenario.Scenario` becomes
+cost-model input. :func:`layer_inputs` narrows that to what one transformer block's cost
+depends on (the model, the hardware, one GPU's shard, the training options): the key of
+the cached per-layer and per-stage functions (``parsim.costs.layer``, ``parsim.costs.stage``).
+Everything here is a frozen dataclass of values, so equal inputs give equal costs and a
+cache may serve them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from functools import lru_cache
+
+from parsim.cluster.hardware import HardwareProfile
+from parsim.config.moe import MoEConfig
+from parsim.config.parallel import ParallelConfig
+from parsim.config.scenario import (
+    MeasuredCosts,
+    OverlapConfig,
+    Scenario,
+    TrainingConfig,
+)
+from parsim.costs.moe import ep_group_ranks, expert_dp_ranks
+from parsim.model import ModelSpec
+from parsim.schedule.semantics import traits as schedule_traits
+
+
+class CachedHash:
+    """Frozen dataclasses used as cache keys: the hash of their (deep) fields is computed once
+    per object, not at every lookup (a hardware profile or a model spec hashes dozens of fields)."""
+
+    def __hash__(self) -> int:
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(tuple(getattr(self, f.name) for f in fields(self)))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+
+class Ranks(tuple):
+    """Global ranks of a communication group: a tuple whose hash is computed once (cache keys
+    hold data-parallel groups of up to thousands of ranks)."""
+
+    def __hash__(self) -> int:
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = self.__dict__["_hash"] = tuple.__hash__(self)
+        return h
+
+
+@dataclass(frozen=True)
+class Cluster(CachedHash):
+    """A hardware profile as a cache key (hashed once: a profile has dozens of nested fields)."""
+
+    profile: HardwareProfile
+    """The cluster (device, links, network)."""
+
+
+@lru_cache(maxsize=64)
+def cluster_of(hw: HardwareProfile) -> Cluster:
+    """The one Cluster of a profile (equal profiles, one key object)."""
+    return Cluster(hw)
+
+
+@dataclass(frozen=True)
+class CostInputs:
+    """Everything the cost model reads about one job (built from a Scenario by :func:`cost_inputs`)."""
+
+    model: ModelSpec
+    """The model trained."""
+    cluster: Cluster
+    """The cluster (device, links, network), as a cache key."""
+    training: TrainingConfig
+    """Batch, sequence, precision, optimizer, recomputation, attention kernel."""
+    parallel: ParallelConfig
+    """Degrees of every parallel axis, ZeRO stage, rank order."""
+    overlap: OverlapConfig
+    """Which communication overlaps with compute."""
+    moe: MoEConfig
+    """Routing and expert sharding (MoE models)."""
+    schedule: str
+    """Registered schedule name: its traits (re-materialisation, weight versions, two chains) matter."""
+    n_microbatches: int
+    """Microbatches per step and pipeline."""
+    layers_per_stage: tuple[int, ...]
+    """Transformer blocks on each stage (pp * vpp entries)."""
+    dropout: bool
+    """Dropout masks kept (resolved from the training table and the model's FFN)."""
+    measured: MeasuredCosts | None = None
+    """A ``[costs]`` table: measured per-microbatch times replacing the modelled ones."""
+
+    @property
+    def hardware(self) -> HardwareProfile:
+        return self.cluster.profile
+
+
+def cost_inputs(sc: Scenario) -> CostInputs:
+    """The cost model's view of a scenario."""
+    return CostInputs(sc.model, cluster_of(sc.hardware), sc.training, sc.parallel, sc.overlap, sc.moe, sc.schedule.name,
+                      sc.n_microbatches, tuple(sc.layers_per_stage), sc.dropout, sc.costs)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One GPU's piece of a transformer block: its tensor/context split, groups and microbatch."""
+
+    microbatch_size: int
+    """Sequences per microbatch."""
+    seq_len: int
+    """Tokens per sequence (the whole sequence; this GPU holds seq_len / cp of them)."""
+    tp: int
+    """Tensor-parallel degree."""
+    cp: int
+    """Context-parallel degree."""
+    ep: int
+    """Expert-parallel degree (routed experts sharded over ep ranks)."""
+    sequence_parallel: bool
+    """Norms and dropout sharded over tp; all-gather + reduce-scatter replace all-reduce."""
+    tp_group: Ranks
+    """Global ranks of the first tensor-parallel group (where its collectives run)."""
+    cp_group: Ranks
+    """Global ranks of the first context-parallel group (the K/V ring)."""
+    ep_group: Ranks
+    """Global ranks of the first expert-parallel group, folded TP ranks included (empty: dense model)."""
+    expert_tp: int
+    """Tensor-parallel degree of the routed experts (MoE models; 1 for a dense model)."""
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of one microbatch on this GPU (after the context split)."""
+        return self.microbatch_size * (self.seq_len // self.cp)
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """The training options a block's cost depends on."""
+
+    precision: str
+    """Training precision (a row of ``parsim.cluster.precision.PRECISION_TABLE``)."""
+    flash_attention: bool
+    """FlashAttention-style attention kernel."""
+    dropout: bool
+    """Dropout masks kept."""
+    recompute: str
+    """Configured activation recomputation: none | selective | full."""
+    remat: bool
+    """The schedule re-materialises (GPipe remat): B reruns the whole forward."""
+    grad_accumulation_fusion: bool
+    """Weight gradients accumulate inside the dW GEMM (false: a separate memory-bound add)."""
+    optimizer: str
+    """Optimizer (gradient and state bytes per parameter)."""
+    overlap: OverlapConfig
+    """Overlap of TP collectives and expert all-to-alls with compute."""
+
+
+@dataclass(frozen=True)
+class LayerInputs(CachedHash):
+    """What the cost of one block (and of a stage of blocks) depends on: the cache key."""
+
+    model: ModelSpec
+    """The model."""
+    cluster: Cluster
+    """Device (GEMM, attention, memory models) and links (TP/CP/EP collectives)."""
+    shard: Shard
+    """This GPU's piece."""
+    options: TrainOptions
+    """Training options."""
+    moe: MoEConfig | None = None
+    """Routing of the MoE layers (None for dense models)."""
+
+    @property
+    def hardware(self) -> HardwareProfile:
+        return self.cluster.profile
+
+
+@dataclass(frozen=True)
+class RankGroups:
+    """The communication groups of global rank 0 (the representative replica)."""
+
+    tp: Ranks
+    """Tensor-parallel group."""
+    cp: Ranks
+    """Context-parallel group."""
+    dp: Ranks
+    """Data-parallel group."""
+    edp: Ranks
+    """Ranks holding the same experts (expert data parallel; the dp group without ep)."""
+    pipeline: Ranks
+    """Global rank of each pipeline rank of the first replica."""
+
+
+def rank_groups(par: ParallelConfig) -> RankGroups:
+    """Groups of rank 0 under ``par`` (cached by the grid's shape: ZeRO stage or sequence
+    parallelism do not move ranks)."""
+    return _rank_groups(par.dp, par.tp, par.pp, par.cp, par.ep, par.order)
+
+
+@lru_cache(maxsize=4096)
+def _rank_groups(dp: int, tp: int, pp: int, cp: int, ep: int, order: tuple[str, ...]) -> RankGroups:
+    par = ParallelConfig(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, order=order)
+    dp_group = Ranks(par.group_ranks("dp", 0))
+    edp = Ranks(expert_dp_ranks(par)) if par.ep > 1 else dp_group
+    return RankGroups(Ranks(par.group_ranks("tp", 0)), Ranks(par.group_ranks("cp", 0)), dp_group, edp,
+                      Ranks(par.pipeline_ranks()))
+
+
+def layer_inputs(ci: CostInputs) -> LayerInputs:
+    """The per-block view of a job (the key of the cached layer and stage costs)."""
+    par, tr, m = ci.parallel, ci.training, ci.model
+    groups = rank_groups(par)
+    ep_group, etp = Ranks(), 1
+    has_moe = m.is_moe and m.n_moe_layers > 0
+    if has_moe:
+        etp = ci.moe.expert_tp or par.tp
+        ep_group = Ranks(ep_group_ranks(par, etp))
+    shard = Shard(tr.microbatch_size, tr.seq_len, par.tp, par.cp, par.ep, par.sequence_parallel, groups.tp, groups.cp,
+                  ep_group, etp)
+    opts = TrainOptions(tr.precision, tr.flash_attention, ci.dropout, tr.recompute, _remat(ci.schedule),
+                        tr.grad_accumulation_fusion, tr.optimizer, ci.overlap)
+    return LayerInputs(m, ci.cluster, shard, opts, ci.moe if has_moe else None)
+
+
+@lru_cache(maxsize=256)
+def _remat(schedule: str) -> bool:
+    return schedule_traits(schedule).remat
+
+
+def clear_caches() -> None:
+    """Empty this module's caches (a cold start)."""
+    for fn in (_rank_groups, cluster_of, _remat):
+        fn.cache_clear()

@@ -1,0 +1,320 @@
+"""One transformer block, one microbatch, one GPU: seconds, FLOPs, bytes on the wire, memory.
+
+:func:`layer_cost` is a pure function of hashable inputs (:class:`LayerInputs`, the block's
+kind), cached with ``functools.lru_cache``: every stage, scenario or planner candidate with
+the same shard of the same model on the same hardware reuses it.
+
+* F: the block's GEMMs through the device's shape-dependent GEMM model, the attention core
+  through its FlashAttention efficiency, memory-bound ops through HBM bandwidth; plus the TP
+  collectives (2 in forward, 2 in backward, Megatron's f/g operators) and the
+  context-parallel K/V ring exchange.
+* I (backward for inputs): dX GEMMs, attention backward, memory-bound backward.
+* W (backward for weights): dW GEMMs.
+* MoE layers: the slowest EP rank's expert GEMMs and the dispatch/combine all-to-alls
+  (``parsim.costs.moe``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import parsim.costs.moe as _moe
+from parsim.cluster.collectives import bytes_sent_per_rank, collective_time, group_path
+from parsim.cluster.precision import PRECISION_TABLE
+from parsim.costs.inputs import Cluster, LayerInputs, Ranks
+from parsim.costs.memory import (
+    ActivationOptions,
+    layer_activation_bytes,
+    layer_recompute_transient_bytes,
+)
+from parsim.costs.parts import AxisBytes, Parts
+from parsim.model import (
+    ModelSpec,
+    attention_core_flops,
+    is_moe_layer,
+    layer_elementwise_bytes,
+    layer_gemms,
+    layer_params,
+)
+
+# FlashAttention backward runs 5 matmuls for the forward's 2 (it recomputes the scores):
+# 2.5x the forward's FLOPs, against the 2x that model-FLOP conventions count.
+FLASH_BACKWARD_FLOP_RATIO = 2.5
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """One block for one microbatch on one GPU."""
+
+    forward: Parts
+    """Seconds of F by part."""
+    backward_input: Parts
+    """Seconds of I (backward for inputs) by part."""
+    backward_weight: Parts
+    """Seconds of W (backward for weights) by part."""
+    forward_flops: float
+    """FLOPs F executes (attention counted over the full causal square)."""
+    backward_input_flops: float
+    """FLOPs I executes."""
+    backward_weight_flops: float
+    """FLOPs W executes."""
+    forward_bytes: AxisBytes
+    """Bytes this GPU sends during F (TP collectives, K/V ring, expert all-to-alls)."""
+    backward_input_bytes: AxisBytes
+    """Bytes this GPU sends during I (the same collectives on the gradients)."""
+    params: float
+    """Parameters this GPU holds (after TP and EP sharding, before ZeRO)."""
+    expert_params: float
+    """Part of ``params`` in routed experts."""
+    activation_bytes: float
+    """Stash kept from F until the backward."""
+    weight_grad_stash_bytes: float
+    """Part of the stash W still needs after I (each linear's input and output gradient)."""
+    recompute_transient_bytes: float
+    """Extra bytes alive while the block is recomputed and back-propagated (full recompute)."""
+
+
+def representative_layer(model: ModelSpec, moe: bool) -> int:
+    """Index of the first block of a kind: a block's cost depends on its index only through
+    its kind (:func:`parsim.model.is_moe_layer`)."""
+    return next(i for i in range(model.n_layers) if is_moe_layer(model, i) == moe)
+
+
+def activation_options(inp: LayerInputs) -> ActivationOptions:
+    """How activations are kept under these inputs (``parsim.costs.memory``)."""
+    o = inp.options
+    return ActivationOptions(o.recompute, o.flash_attention, inp.shard.sequence_parallel, o.dropout,
+                             bytes_per_element=PRECISION_TABLE[o.precision].activation_bytes)
+
+
+@lru_cache(maxsize=1024)
+def moe_phase(inp: LayerInputs) -> _moe.MoEPhase:
+    """Routing, expert GEMMs and all-to-all of one MoE layer (same for every MoE layer)."""
+    sh = inp.shard
+    return _moe.moe_phase(inp.model, inp.hardware, inp.moe, inp.options.precision, sh.tokens, sh.ep_group,
+                          sh.expert_tp, sh.tp)
+
+
+@lru_cache(maxsize=65536)
+def cached_collective_time(cluster: Cluster, kind: str, nbytes: float, group: Ranks) -> float:
+    """``parsim.cluster.collectives.collective_time``, memoised (placement walks every rank)."""
+    return collective_time(cluster.profile, kind, nbytes, group)
+
+
+@lru_cache(maxsize=4096)
+def layer_cost(inp: LayerInputs, moe_layer: bool) -> LayerCost:
+    """Cost of one block of the given kind (``moe_layer``: it has a routed-expert FFN)."""
+    m, dev, sh, o = inp.model, inp.hardware.device, inp.shard, inp.options
+    prec = o.precision
+    li = representative_layer(m, moe_layer)
+    b, tokens = sh.microbatch_size, sh.tokens
+    gemms = layer_gemms(m, tokens, sh.tp, li)
+    ph = moe_phase(inp) if moe_layer and inp.moe is not None else None
+    if ph is not None:  # routed experts are costed by parsim.costs.moe (tokens actually routed)
+        gemms = tuple(g for g in gemms if not g.name.startswith("expert_"))
+    f_gemm = sum(dev.gemm_time(g.m, g.n, g.k, prec, g.count) for g in gemms)
+    i_gemm = sum(dev.gemm_time(g.m, g.k, g.n, prec, g.count) for g in gemms)
+    w_gemm = sum(dev.gemm_time(g.k, g.n, g.m, prec, g.count) for g in gemms)
+    gemm_flops = sum(g.flops for g in gemms)
+    # attention core: this rank's seq/cp queries against all keys of the sequence
+    attn_flops = attention_core_flops(m, b, sh.seq_len, sh.tp) / sh.cp
+    fused = o.flash_attention
+    executed = attn_flops * (0.5 if fused else 1.0)  # causal blocks skipped
+    f_attn = dev.attention_time(executed, prec, fused)
+    bwd_ratio = FLASH_BACKWARD_FLOP_RATIO if fused else 2.0
+    i_attn = dev.attention_time(executed * bwd_ratio, prec, fused)
+    f_attn = f_attn + scores_traffic(inp, 1.0) + head_layout_traffic(inp)
+    i_attn = i_attn + scores_traffic(inp, 2.0)
+    clock = dev.sustained_fraction
+    f_gemm, i_gemm, w_gemm = f_gemm / clock, i_gemm / clock, w_gemm / clock
+    f_attn, i_attn = f_attn / clock + launch_gaps(inp, 1), i_attn / clock + launch_gaps(inp, 2)
+    elem = dev.memory_time(layer_elementwise_bytes(m, tokens, sh.tp, sh.sequence_parallel,
+                                                   PRECISION_TABLE[prec].activation_bytes))
+    act_bytes = tokens * m.d_model * PRECISION_TABLE[prec].wire_bytes
+    tp_fwd = tp_layer_comm(inp, act_bytes, f_gemm)
+    tp_bwd = tp_layer_comm(inp, act_bytes, i_gemm)
+    cp_fwd = cp_exchange(inp, f_attn)
+    fwd = Parts(compute=f_gemm + f_attn + elem, tp_comm=tp_fwd, cp_comm=cp_fwd)
+    inp_parts = Parts(compute=i_gemm + i_attn + 2 * elem, tp_comm=tp_bwd, cp_comm=cp_fwd)
+    wgt = Parts(compute=w_gemm)
+    sent = AxisBytes(tp=tp_layer_bytes(inp, act_bytes), cp=(sh.cp - 1) * kv_block_bytes(inp))
+    if ph is not None:
+        fwd, inp_parts, wgt, gemm_flops = _moe_parts(inp, ph, fwd, inp_parts, wgt, gemm_flops)
+        a2a = _moe.all_to_all_bytes(ph.routing, m.d_model, PRECISION_TABLE[prec].activation_bytes)
+        sent = sent + AxisBytes(ep=2 * float(a2a["send"]))  # dispatch + combine
+    expert = _expert_params(m, li)
+    params = (layer_params(m, li) - expert) / sh.tp + expert / (sh.tp * sh.ep)
+    return LayerCost(fwd, inp_parts, wgt, gemm_flops + attn_flops, gemm_flops + 2 * attn_flops, gemm_flops,
+                     sent, sent, params, expert / (sh.tp * sh.ep), *_layer_memory(inp, li, ph))
+
+
+def _layer_memory(inp: LayerInputs, li: int, ph) -> tuple[float, float, float]:
+    """(activation stash, part W still needs after I, full-recompute transient) of one block."""
+    m, sh = inp.model, inp.shard
+    seq = sh.seq_len // sh.cp
+    opts = activation_options(inp)
+    # MoE blocks stash the tokens their experts actually get (the slowest EP rank's)
+    rows = ph.routed_rows if ph is not None else None
+    etp = ph.expert_tp if ph is not None else None
+    act = layer_activation_bytes(m, seq, sh.microbatch_size, sh.tp, opts, li, routed_rows=rows, expert_tp=etp)
+    wstash = _weight_grad_stash(m, sh.tokens, sh.tp, sh.sequence_parallel)
+    transient = 0.0
+    if inp.options.recompute == "full":
+        transient = layer_recompute_transient_bytes(m, seq, sh.microbatch_size, sh.tp, opts, li)
+    return act, wstash, transient
+
+
+def _moe_parts(inp: LayerInputs, ph, fwd: Parts, bwd_in: Parts, wgt: Parts, flops: float):
+    """Add the slowest EP rank's expert GEMMs and its dispatch + combine all-to-alls
+    (2 per pass); with ``overlap.ep_comm`` only what exceeds the pass's compute is exposed."""
+    clock = inp.hardware.device.sustained_fraction
+    fwd = fwd + Parts(compute=ph.forward_s / clock)
+    bwd_in = bwd_in + Parts(compute=ph.backward_input_s / clock)
+    wgt = wgt + Parts(compute=ph.backward_weight_s / clock)
+    a2a = 2 * ph.all_to_all_s
+    hide = inp.options.overlap.ep_comm
+    ep_f = max(0.0, a2a - fwd.compute) if hide else a2a
+    ep_i = max(0.0, a2a - bwd_in.compute - wgt.compute) if hide else a2a
+    return (fwd + Parts(ep_comm=ep_f), bwd_in + Parts(ep_comm=ep_i), wgt, flops + ph.forward_flops)
+
+
+def tp_allreduce_time(inp: LayerInputs, nbytes: float) -> float:
+    """One all-reduce of ``nbytes`` over the tensor-parallel group."""
+    return cached_collective_time(inp.cluster, "all_reduce", nbytes, inp.shard.tp_group)
+
+
+def tp_layer_comm(inp: LayerInputs, act_bytes: float, gemm_s: float) -> float:
+    """Exposed TP communication of one block in one pass (Megatron f/g operators).
+
+    Without sequence parallelism: two all-reduces of the block's activation (after the
+    attention projection and after FC2). With it: an all-gather before QKV/FC1 and a
+    reduce-scatter after proj/FC2 -- the same ring bytes, norms sharded. With
+    ``overlap.tp_comm`` the collectives are split into tp chunks pipelined with the
+    neighbouring GEMMs: the first chunk stays exposed, and whatever exceeds the GEMMs.
+    """
+    sh = inp.shard
+    if sh.tp <= 1:
+        return 0.0
+    hw, group = inp.cluster, sh.tp_group
+    if sh.sequence_parallel:
+        comm = 2 * (cached_collective_time(hw, "all_gather", act_bytes, group)
+                    + cached_collective_time(hw, "reduce_scatter", act_bytes, group))
+    else:
+        comm = 2 * tp_allreduce_time(inp, act_bytes)
+    if not inp.options.overlap.tp_comm:
+        return comm
+    return max(comm / sh.tp, comm - gemm_s)
+
+
+def tp_layer_bytes(inp: LayerInputs, act_bytes: float) -> float:
+    """Bytes one GPU sends in a block's TP collectives in one pass (those :func:`tp_layer_comm` times)."""
+    tp = inp.shard.tp
+    if tp <= 1:
+        return 0.0
+    if inp.shard.sequence_parallel:
+        return 2 * (bytes_sent_per_rank("all_gather", act_bytes, tp) + bytes_sent_per_rank("reduce_scatter", act_bytes, tp))
+    return 2 * bytes_sent_per_rank("all_reduce", act_bytes, tp)
+
+
+def scores_traffic(inp: LayerInputs, passes: float) -> float:
+    """Without FlashAttention the s x s scores go through HBM: the fused scale-mask-
+    softmax reads and writes them, dropout reads them and writes them with a 1-byte
+    mask, the PV batched GEMM reads them (forward; the backward does it twice)."""
+    o, sh = inp.options, inp.shard
+    if o.flash_attention:
+        return 0.0
+    heads = max(1, inp.model.n_heads // sh.tp)
+    return passes * inp.hardware.device.memory_time(
+        scores_pass_bytes(sh.microbatch_size * heads, sh.seq_len // sh.cp, sh.seq_len, o.precision, o.dropout))
+
+
+def head_layout_traffic(inp: LayerInputs) -> float:
+    """Without a fused attention kernel the forward moves Q, K and V into head-major
+    (batch*heads, s, d_head) layout for the two batched GEMMs and the context back to
+    token-major for the output projection: four transposing copies (read + write).
+    Their backward is a view (the gradients flow back through the same strides): on the
+    torch runtime B matched without them and F fell short by about these. Calibration's
+    attention cases start from head-major tensors, so they are not in its efficiency."""
+    o, sh, m = inp.options, inp.shard, inp.model
+    if o.flash_attention:
+        return 0.0
+    q = m.n_heads * m.head_dim_ / sh.tp
+    kv = m.n_kv_heads * m.head_dim_ / (sh.tp if m.n_kv_heads >= sh.tp else 1)
+    return inp.hardware.device.memory_time(
+        2.0 * sh.tokens * (2 * q + 2 * kv) * PRECISION_TABLE[o.precision].activation_bytes)
+
+
+def launch_gaps(inp: LayerInputs, passes: int) -> float:
+    """Kernel launch gaps of one block per pass: ~12 kernels in a fused forward (2 norms,
+    4 GEMMs, attention, bias-gelu, 2 bias-dropout-adds, 2 TP collectives), +3 unfused
+    attention kernels without FlashAttention; the backward launches twice as many."""
+    n = 12 + (0 if inp.options.flash_attention else 3)
+    return passes * n * inp.hardware.device.kernel_launch_s
+
+
+def kv_block_bytes(inp: LayerInputs) -> float:
+    """Bytes of the K and V block one context-parallel rank passes on at each ring step
+    (its seq/cp tokens; KV heads sharded over tp when there are enough of them)."""
+    m, sh = inp.model, inp.shard
+    if sh.cp <= 1:
+        return 0.0
+    wire = PRECISION_TABLE[inp.options.precision].wire_bytes
+    seq = sh.seq_len // sh.cp
+    return 2 * sh.microbatch_size * seq * m.n_kv_heads * m.head_dim_ * wire / max(
+        1, sh.tp if m.n_kv_heads >= sh.tp else 1)
+
+
+def cp_exchange(inp: LayerInputs, attn_time: float) -> float:
+    """Exposed part of the ring K/V exchange: cp-1 steps, each overlapping one attention block."""
+    cp = inp.shard.cp
+    if cp <= 1:
+        return 0.0
+    path = group_path(inp.hardware, inp.shard.cp_group)
+    step = kv_block_bytes(inp) / path.bandwidth + path.latency_s
+    per_block = attn_time / cp
+    return (cp - 1) * max(0.0, step - per_block)
+
+
+def selective_recompute_time(inp: LayerInputs) -> float:
+    """Seconds selective recomputation reruns per block: the unfused attention core
+    (FlashAttention already recomputes the scores inside its backward: nothing extra)."""
+    sh, o = inp.shard, inp.options
+    if o.flash_attention:
+        return 0.0
+    flops = attention_core_flops(inp.model, sh.microbatch_size, sh.seq_len, sh.tp) / sh.cp
+    return inp.hardware.device.attention_time(flops, o.precision, fused=False)
+
+
+def scores_pass_bytes(batch_heads: int, s_q: int, s_k: int, precision: str, dropout: bool = False) -> float:
+    """Bytes one forward pass of unfused attention moves through memory for its s x s
+    scores (:func:`scores_traffic`; the backward moves twice as many): the fused
+    scale-mask-softmax reads and writes them, dropout reads them and writes them with a
+    1-byte mask, the PV batched GEMM reads them. Calibration takes the same off."""
+    per_pass = 2 + (2.5 if dropout else 0.0) + 1
+    return per_pass * batch_heads * s_q * s_k * PRECISION_TABLE[precision].activation_bytes
+
+
+def _expert_params(m: ModelSpec, li: int) -> float:
+    if not m.is_moe or not is_moe_layer(m, li):
+        return 0.0
+    f = m.d_ff_expert or m.d_ff
+    mats = 3 if m.ffn == "swiglu" else 2
+    return m.n_experts * mats * m.d_model * f
+
+
+def _weight_grad_stash(m: ModelSpec, tokens: int, tp: int, sp: bool) -> float:
+    """Bytes W still needs after I: each linear's input and output gradient (zb-formulas: 32sbh for GPT)."""
+    h, q = m.d_model, m.n_heads * m.head_dim_
+    kv = m.n_kv_heads * m.head_dim_
+    f = m.d_ff
+    rep = tp if sp else 1
+    inputs = 2 * h / rep + 2 * q / tp + 2 * h / rep + 2 * f / tp
+    fc1_out = (4 * f if m.ffn == "swiglu" else 2 * f) / tp
+    grads = 2 * (q + 2 * kv) / tp + 2 * h / rep + fc1_out + 2 * h / rep
+    return tokens * (inputs + grads)
+
+
+def clear_caches() -> None:
+    """Empty this module's caches (a cold start)."""
+    for fn in (moe_phase, cached_collective_time, layer_cost):
+        fn.cache_clear()

@@ -1,0 +1,301 @@
+"""A stage (one model piece) for one microbatch: the sum of its blocks (``parsim.costs.layer``)
+plus the embedding on the first stage and the LM head and loss on the last, recomputation,
+and the pipeline ops' costs and memory rules (F/B/I/W ``OpCost``).
+
+:func:`stage_cost` is a pure function of hashable inputs (:class:`LayerInputs`,
+:class:`StageShape`), cached: stages with the same kinds of blocks in the same position
+cost the same whatever their index, pipeline depth or data-parallel degree.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from operator import add
+
+from parsim.cluster.collectives import bytes_sent_per_rank
+from parsim.cluster.precision import PRECISION_TABLE
+from parsim.costs.inputs import LayerInputs
+from parsim.costs.layer import (
+    activation_options,
+    layer_cost,
+    selective_recompute_time,
+    tp_allreduce_time,
+)
+from parsim.costs.memory import logits_bytes, state_bytes_per_param
+from parsim.costs.parts import AxisBytes, Parts
+from parsim.model import (
+    ModelSpec,
+    embedding_params,
+    head_gemm,
+    head_params,
+    is_moe_layer,
+)
+from parsim.schedule.ir import Op
+from parsim.sim.engine import OpCost
+
+PIPELINE_OPS = (Op.F, Op.I, Op.W, Op.B)
+
+
+@dataclass(frozen=True)
+class StageShape:
+    """What a stage's cost depends on beyond the shard: its blocks' kinds and its position."""
+
+    kinds: tuple[bool, ...]
+    """Per block, in order: has a routed-expert (MoE) FFN."""
+    first: bool
+    """Holds the embedding (first stage of a model copy)."""
+    last: bool
+    """Holds the final norm, LM head and loss (last stage of a model copy)."""
+    head_copy: bool
+    """Tied embeddings split over stages: the last stage keeps its own copy of the matrix."""
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """Costs of one stage for one microbatch on one GPU (shared by equal stages: read only)."""
+
+    n_layers: int
+    """Transformer blocks on the stage."""
+    moe_layers: int
+    """Of which MoE blocks."""
+    params: float
+    """Parameters this GPU holds for the stage (after TP/EP sharding, before ZeRO)."""
+    expert_params: float
+    """Part of ``params`` in routed experts (sharded over ep; ZeRO shards them over dp*cp/ep)."""
+    parts: dict[Op, Parts]
+    """Seconds of F, I, W and B by part."""
+    flops: dict[Op, float]
+    """Hardware FLOPs executed per op (recompute included)."""
+    bytes: dict[Op, AxisBytes]
+    """Bytes this GPU sends inside F, I, W and B, by axis."""
+    p2p_bytes: float
+    """One activation (or its gradient) sent to the neighbouring stage."""
+    activation_bytes: float
+    """Stash of one microbatch from F until its backward."""
+    weight_grad_stash_bytes: float
+    """Part of the stash still needed after I, until W (split backward)."""
+    recompute_transient_bytes: float
+    """Extra bytes alive while B (or I) recomputes and back-propagates a block (full recompute)."""
+    ops: dict[Op, OpCost]
+    """What the engine runs for F, B, I and W (durations and memory rules)."""
+
+
+@dataclass(frozen=True)
+class StageLayout:
+    """Which blocks each stage holds, and which stages are alike."""
+
+    shapes: tuple[StageShape, ...]
+    """The distinct stage shapes."""
+    shape_of: tuple[int, ...]
+    """Per stage: index of its shape in ``shapes``."""
+    layers: tuple[tuple[int, ...], ...]
+    """Per stage: global indices of its blocks."""
+
+
+@lru_cache(maxsize=4096)
+def stage_layout(model: ModelSpec, layers_per_stage: tuple[int, ...], chain_len: int) -> StageLayout:
+    """Blocks and shapes of every stage. ``chain_len``: stages per model copy (a two-copy
+    schedule such as DualPipe or Chimera holds the whole model on each chain)."""
+    n_stages = len(layers_per_stage)
+    tied = model.tied_embeddings and n_stages > 1
+    shapes: dict[StageShape, int] = {}
+    shape_of, all_layers, first = [], [], 0
+    for s, n in enumerate(layers_per_stage):
+        if s % chain_len == 0:
+            first = 0
+        layers = tuple(range(first, first + n))
+        first += n
+        kinds = tuple(is_moe_layer(model, li) for li in layers)
+        last = s % chain_len == chain_len - 1
+        shape = StageShape(kinds, s % chain_len == 0, last, tied and last)
+        shape_of.append(shapes.setdefault(shape, len(shapes)))
+        all_layers.append(layers)
+    return StageLayout(tuple(shapes), tuple(shape_of), tuple(all_layers))
+
+
+# Running sums over a run of blocks, in block order, as one flat vector (cheap to add): params,
+# expert params, F/I/W parts (5 each), F/I/W FLOPs, F/I bytes (5 each), stash, W's part of it.
+_PARAMS, _EXPERT, _F, _I, _W, _FLOPS, _FB, _IB, _ACT, _WSTASH = 0, 1, 2, 7, 12, 17, 20, 25, 30, 31
+_NONE = (0.0,) * 30 + (0, 0)
+
+
+def _vector(lc) -> tuple:
+    return (lc.params, lc.expert_params, *_parts(lc.forward), *_parts(lc.backward_input),
+            *_parts(lc.backward_weight), lc.forward_flops, lc.backward_input_flops, lc.backward_weight_flops,
+            *_sent(lc.forward_bytes), *_sent(lc.backward_input_bytes), lc.activation_bytes,
+            lc.weight_grad_stash_bytes)
+
+
+def _parts(p: Parts) -> tuple[float, ...]:
+    return (p.compute, p.recompute, p.tp_comm, p.cp_comm, p.ep_comm)
+
+
+def _sent(b: AxisBytes) -> tuple[float, ...]:
+    return (b.tp, b.cp, b.ep, b.dp, b.pp)
+
+
+@lru_cache(maxsize=4096)
+def _layer_vector(inp: LayerInputs, kind: bool) -> tuple:
+    return _vector(layer_cost(inp, kind))
+
+
+@lru_cache(maxsize=65536)
+def _uniform_blocks(inp: LayerInputs, kind: bool, n: int) -> tuple:
+    """Sums over n blocks of one kind: the sums over n-1 plus one (stages of 10, 20, 40 blocks share them)."""
+    if n == 0:
+        return _NONE
+    return tuple(map(add, _uniform_blocks(inp, kind, n - 1), _layer_vector(inp, kind)))
+
+
+def _blocks(inp: LayerInputs, kinds: tuple[bool, ...]) -> tuple:
+    if kinds and all(k == kinds[0] for k in kinds):
+        return _uniform_blocks(inp, kinds[0], len(kinds))
+    b = _NONE
+    for k in kinds:  # in block order: the float sums are the same whatever the cache holds
+        b = tuple(map(add, b, _layer_vector(inp, k)))
+    return b
+
+
+@lru_cache(maxsize=16384)
+def stage_cost(inp: LayerInputs, shape: StageShape) -> StageCost:
+    """Cost of a stage of this shape under these inputs (modelled times)."""
+    bl = _blocks(inp, shape.kinds)
+    params = _position_params(inp, shape, bl[_PARAMS])
+    layers_f, layers_fb = Parts(*bl[_F:_I]), AxisBytes(*bl[_FB:_IB])
+    f, i, w = layers_f, Parts(*bl[_I:_W]), Parts(*bl[_W:_FLOPS])
+    ff, fi, fw = bl[_FLOPS:_FB]
+    fb, ib = layers_fb, AxisBytes(*bl[_IB:_ACT])
+    f, i, w, ff, fi, fw, fb, act = _ends(inp, shape, f, i, w, ff, fi, fw, fb, bl[_ACT])
+    o = inp.options
+    recompute = "full" if o.remat else o.recompute
+    if recompute == "full":
+        i = i + Parts(recompute=layers_f.total)
+        fi += bl[_FLOPS]
+        ib = ib + layers_fb  # the rerun forward sends its collectives again
+    elif recompute == "selective":
+        i = i + Parts(recompute=len(shape.kinds) * selective_recompute_time(inp))
+    if not o.grad_accumulation_fusion:
+        # unfused accumulation: grad += dW reads the gradient buffer and dW, writes the buffer
+        grad_bytes = state_bytes_per_param(o.optimizer, o.precision)[1]
+        w = w + Parts(compute=inp.hardware.device.memory_time(3 * params * grad_bytes))
+    sh, m = inp.shard, inp.model
+    p2p = sh.tokens * m.d_model * PRECISION_TABLE[o.precision].wire_bytes / (sh.tp if sh.sequence_parallel else 1)
+    transient = layer_cost(inp, shape.kinds[0]).recompute_transient_bytes if shape.kinds else 0.0
+    parts = {Op.F: f, Op.I: i, Op.W: w, Op.B: i + w}
+    wstash = min(act, bl[_WSTASH])
+    return StageCost(len(shape.kinds), sum(shape.kinds), params, bl[_EXPERT], parts,
+                     {Op.F: ff, Op.I: fi, Op.W: fw, Op.B: fi + fw}, {Op.F: fb, Op.I: ib, Op.W: AxisBytes(), Op.B: ib},
+                     p2p, act, wstash, transient, pipeline_ops(inp, parts, act, wstash, transient, p2p))
+
+
+def _position_params(inp: LayerInputs, shape: StageShape, params: float) -> float:
+    """Add the embedding (first stage) and the LM head (last stage) to the blocks' parameters."""
+    m, tp = inp.model, inp.shard.tp
+    if shape.first:
+        params += embedding_params(m) / tp
+    if shape.last:
+        head = head_params(m)
+        if shape.head_copy:
+            head += m.vocab_size * m.d_model  # the last stage keeps its own copy of the tied matrix
+        params += head / tp
+    return params
+
+
+@dataclass(frozen=True)
+class EndCost:
+    """What the embedding (first stage) or the LM head and loss (last stage) add to a stage."""
+
+    forward: Parts
+    """Seconds added to F."""
+    backward_input: Parts
+    """Seconds added to I."""
+    backward_weight: Parts
+    """Seconds added to W."""
+    flops: float
+    """FLOPs added to each of F, I and W."""
+    forward_bytes: AxisBytes
+    """Bytes sent in F (the embedding's vocabulary-parallel all-reduce)."""
+    activation_bytes: float
+    """Stash added (the head's fp32 logits and inputs)."""
+
+
+@lru_cache(maxsize=4096)
+def embedding_cost(inp: LayerInputs) -> EndCost:
+    """The embedding lookup (memory-bound) and its vocabulary-parallel all-reduce."""
+    m, sh, dev = inp.model, inp.shard, inp.hardware.device
+    tokens = sh.tokens
+    emb = dev.memory_time(2 * tokens * m.d_model * 2)
+    out_bytes = tokens * m.d_model * PRECISION_TABLE[inp.options.precision].wire_bytes
+    tp = tp_allreduce_time(inp, out_bytes) if sh.tp > 1 else 0.0
+    return EndCost(Parts(compute=emb, tp_comm=tp), Parts(), Parts(compute=dev.memory_time(tokens * m.d_model * 4)),
+                   0.0, AxisBytes(tp=bytes_sent_per_rank("all_reduce", out_bytes, sh.tp)), 0.0)
+
+
+@lru_cache(maxsize=4096)
+def head_cost(inp: LayerInputs) -> EndCost:
+    """The LM head GEMM, softmax, loss and its gradient."""
+    m, sh, dev, prec = inp.model, inp.shard, inp.hardware.device, inp.options.precision
+    tokens, b, seq = sh.tokens, sh.microbatch_size, sh.seq_len // sh.cp
+    g = head_gemm(m, tokens, sh.tp)
+    loss = dev.memory_time(3 * logits_bytes(m, seq, b, sh.tp))  # softmax + loss + its gradient
+    # fp32 logits for the loss, plus the final norm's input and the LM head's input
+    # (two d_model activations per token; replicated over tp unless sequence parallel)
+    head_inputs = 2 * tokens * m.d_model * activation_options(inp).bytes_per_element
+    return EndCost(Parts(compute=dev.gemm_time(g.m, g.n, g.k, prec) + loss / 3),
+                   Parts(compute=dev.gemm_time(g.m, g.k, g.n, prec) + 2 * loss / 3),
+                   Parts(compute=dev.gemm_time(g.k, g.n, g.m, prec)), g.flops, AxisBytes(),
+                   logits_bytes(m, seq, b, sh.tp) + head_inputs / (sh.tp if sh.sequence_parallel else 1))
+
+
+def _ends(inp: LayerInputs, shape: StageShape, f, i, w, ff, fi, fw, fb, act):
+    """The embedding on the first stage, the LM head and loss on the last (DESIGN §4: real work)."""
+    for end in ((embedding_cost(inp),) if shape.first else ()) + ((head_cost(inp),) if shape.last else ()):
+        f, i, w = f + end.forward, i + end.backward_input, w + end.backward_weight
+        ff, fi, fw = ff + end.flops, fi + end.flops, fw + end.flops
+        fb = fb + end.forward_bytes
+        act += end.activation_bytes
+    return f, i, w, ff, fi, fw, fb, act
+
+
+def pipeline_ops(inp: LayerInputs, parts: dict[Op, Parts], act: float, wstash: float, transient: float,
+                 p2p: float) -> dict[Op, OpCost]:
+    """F/B/I/W as the engine runs them: durations from the parts, the activation stash ``act``
+    allocated by F and freed by the backward (I frees all but ``wstash``, what W still needs);
+    ``transient``: what a fully recomputed block holds while B or I runs."""
+    o, sh = inp.options, inp.shard
+    if o.remat and o.recompute != "full":
+        # GPipe re-materialization: F keeps the stage's input only; B holds the
+        # recomputed activations of the whole stage while it runs
+        transient, act = act, min(act, p2p * (sh.tp if sh.sequence_parallel else 1))
+        wstash = min(wstash, act)
+    return {
+        Op.F: OpCost(parts[Op.F].total, stash_bytes=act),
+        Op.B: OpCost(parts[Op.B].total, free_bytes=act, transient_bytes=transient),
+        Op.I: OpCost(parts[Op.I].total, free_bytes=act - wstash, transient_bytes=transient),
+        Op.W: OpCost(parts[Op.W].total, free_bytes=wstash),
+    }
+
+
+def with_measured_times(inp: LayerInputs, st: StageCost, forward_s: float, backward_s: float | None,
+                        backward_input_s: float | None, backward_weight_s: float | None) -> StageCost:
+    """The stage with a ``[costs]`` table's measured times in place of the modelled ones. A full
+    backward only: I and W keep the model's proportion (for split schedules)."""
+    if backward_s is not None:
+        i_share = st.parts[Op.I].total / max(st.parts[Op.B].total, 1e-30)
+        bi, bw = backward_s * i_share, backward_s * (1 - i_share)
+        b = backward_s
+    else:
+        bi, bw = backward_input_s, backward_weight_s
+        b = bi + bw
+    rec = Parts(recompute=forward_s) if inp.options.remat else Parts()  # GPipeRemat: B reruns F
+    parts = {Op.F: Parts(compute=forward_s), Op.I: Parts(compute=bi) + rec,
+             Op.W: Parts(compute=bw), Op.B: Parts(compute=b) + rec}
+    ops = pipeline_ops(inp, parts, st.activation_bytes, st.weight_grad_stash_bytes, st.recompute_transient_bytes,
+                       st.p2p_bytes)
+    return replace(st, parts=parts, ops=ops)
+
+
+def clear_caches() -> None:
+    """Empty this module's caches (a cold start)."""
+    for fn in (stage_layout, _layer_vector, _uniform_blocks, embedding_cost, head_cost, stage_cost):
+        fn.cache_clear()
