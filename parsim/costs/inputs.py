@@ -23,6 +23,7 @@ from parsim.config.scenario import (
 )
 from parsim.costs.moe import ep_group_ranks, expert_dp_ranks
 from parsim.model import ModelSpec
+from parsim.schedule.semantics import ScheduleTraits
 from parsim.schedule.semantics import traits as schedule_traits
 
 
@@ -222,11 +223,16 @@ def layer_inputs(ci: CostInputs) -> LayerInputs:
 
 
 @lru_cache(maxsize=256)
+def schedule_traits_of(schedule: str) -> ScheduleTraits:
+    """``parsim.schedule.semantics.traits``, memoised (names are normalised at every call)."""
+    return schedule_traits(schedule)
+
+
 def _remat(schedule: str) -> bool:
-    return schedule_traits(schedule).remat
+    return schedule_traits_of(schedule).remat
 
 
 def clear_caches() -> None:
     """Empty this module's caches (a cold start)."""
-    for fn in (_rank_groups, cluster_of, _remat):
+    for fn in (_rank_groups, cluster_of, schedule_traits_of):
         fn.cache_clear()

@@ -21,7 +21,7 @@ import parsim.costs.stage as _stage
 from parsim.cluster.precision import PRECISION_TABLE
 from parsim.config.scenario import Scenario
 from parsim.costs.dp import DPInputs, DPOps, DPSetting, dp_ops
-from parsim.costs.inputs import CostInputs, cost_inputs, layer_inputs, rank_groups
+from parsim.costs.inputs import CostInputs, cost_inputs, layer_inputs, rank_groups, schedule_traits_of
 from parsim.costs.layer import moe_phase
 from parsim.costs.memory import model_state_bytes
 from parsim.costs.moe import all_to_all_bytes
@@ -35,7 +35,6 @@ from parsim.costs.stage import (
 )
 from parsim.costs.tables import CostTables, MoEFigures, OpRow, RankStatic, StageRow
 from parsim.schedule.ir import Op
-from parsim.schedule.semantics import traits as schedule_traits
 from parsim.schedule.semantics import weight_versions as schedule_weight_versions
 from parsim.sim.engine import OpCost
 
@@ -69,7 +68,7 @@ class ModelCosts:
         par = inputs.parallel
         self.layer_inputs = layer_inputs(inputs)
         """What every block's cost depends on (the key of the cached layer and stage costs)."""
-        self.traits = schedule_traits(inputs.schedule)
+        self.traits = schedule_traits_of(inputs.schedule)
         self.groups = rank_groups(par)
         self.chain_len = par.n_stages // self.traits.n_chains  # stages per model copy
         layout = stage_layout(inputs.model, inputs.layers_per_stage, self.chain_len)

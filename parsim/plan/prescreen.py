@@ -26,13 +26,15 @@ summary per ZeRO stage on top, the activation peaks per schedule order.
 """
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from operator import add
 
 import numpy as np
 
 from parsim.costs import clear_caches as costs_clear_caches
-from parsim.costs.inputs import CostInputs, cost_inputs
+from parsim.costs.inputs import cost_inputs
 from parsim.costs.model_costs import ModelCosts
 from parsim.errors import ConfigError
 from parsim.plan.space import Candidate, PlanSpec, _schedule, make_scenario
@@ -84,8 +86,8 @@ def stash_states(name: str, pp: int, m: int, vpp: int) -> StashStates:
     """The states of the schedule ``name`` (pp ranks, m microbatches, vpp stages per rank)."""
     rows = _schedule(name, pp, m, vpp).actions
     total = sum(len(r) for r in rows)
-    stage = np.fromiter((a.stage for row in rows for a in row), np.int64, total)
-    op = np.fromiter((_CODE.get(a.op, 0) for row in rows for a in row), np.int64, total)
+    code = np.fromiter((a.stage * 8 + _CODE.get(a.op, 0) for row in rows for a in row), np.int64, total)
+    stage, op = np.divmod(code, 8)
     rank = np.repeat(np.arange(pp), [len(r) for r in rows])
     keep = op > 0
     stage, op, rank = stage[keep], op[keep], rank[keep]
@@ -225,7 +227,7 @@ class DPSummary:
     """Largest rank tail: its last reduction, then every stage's step and parameter gather."""
     unshard_s: float
     """ZeRO-3: the first stage's parameter gather."""
-    static: np.ndarray
+    static: list[float]
     """Per pipeline rank: model states + ZeRO-3 gather windows."""
 
 
@@ -274,7 +276,7 @@ _NO_OP = OpCost(0.0)
 def dp_summary(costs: ModelCosts, pp: int) -> DPSummary:
     """The part of the estimate a ZeRO stage changes: the data-parallel tail and model states."""
     n = len(costs.stage_costs)
-    tail, static = 0.0, np.zeros(pp)
+    tail, static = 0.0, [0.0] * pp
     for ranks in _rank_groups(costs, pp):
         tl, rl, other = 0.0, 0.0, 0
         mine = list(range(ranks[0], n, pp))
@@ -287,23 +289,24 @@ def dp_summary(costs: ModelCosts, pp: int) -> DPSummary:
             other += ops.get(Op.UNSHARD, _NO_OP).stash_bytes
         tail = max(tail, tl + rl)
         ms = costs.model_states(mine, ranks[0])
-        static[list(ranks)] = other + ms["params"] + ms["grads"] + ms["optimizer"]
+        for r in ranks:
+            static[r] = other + ms["params"] + ms["grads"] + ms["optimizer"]
     return DPSummary(tail, costs.dp_ops[0].ops.get(Op.UNSHARD, _NO_OP).duration_s, static)
 
 
-def _schedule_part(c: Candidate, s: PipelineSummary) -> tuple[float, np.ndarray]:
+def _schedule_part(c: Candidate, s: PipelineSummary) -> tuple[float, list[float]]:
     """(bubble seconds, activation peak per rank) of a candidate's schedule: the same for
     every ZeRO stage (they change neither the op times nor the stash)."""
     sched_key = (c.schedule, c.pp, s.n_microbatches, c.vpp)
     bubble = _bubble(c.schedule, c.pp, c.vpp, s.t_f, s.t_i, s.t_w, s.n_microbatches, sched_key)
     states = stash_states(*sched_key)
-    return bubble, activation_peaks(states, s.activation, s.weight_grad_stash, s.transient, c.pp)
+    return bubble, activation_peaks(states, s.activation, s.weight_grad_stash, s.transient, c.pp).tolist()
 
 
-def _estimate(c: Candidate, s: PipelineSummary, d: DPSummary, bubble: float, peaks: np.ndarray,
+def _estimate(c: Candidate, s: PipelineSummary, d: DPSummary, bubble: float, peaks: list[float],
               capacity: float) -> Estimate:
     T = s.work_s + bubble + s.p2p_s + d.tail_s + d.unshard_s
-    peak = float(np.max(peaks + d.static))
+    peak = max(map(add, peaks, d.static))
     return Estimate(c, T, bubble, s.p2p_s + d.tail_s + d.unshard_s, peak, peak <= capacity)
 
 
@@ -322,13 +325,26 @@ def clear_caches() -> None:
 
 def prescreen(spec: PlanSpec, cands: list[Candidate], progress=None) -> tuple[list[Estimate], dict[str, list]]:
     """Estimates of every candidate; configurations the scenario rules refuse go to rejections."""
+    # The schedules the enumeration built hold about a million tracked objects; while the
+    # pre-screen fills its caches (acyclic values) the cyclic collector would walk them again
+    # and again (a sixth of the run). Collection resumes afterwards.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _prescreen(spec, cands, progress)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _prescreen(spec: PlanSpec, cands: list[Candidate], progress) -> tuple[list[Estimate], dict[str, list]]:
     rejected: dict[str, list] = {}
     out: list[Estimate] = []
     capacity = spec.hardware.device.usable_memory_bytes
     # what candidates share, computed once per call: per configuration (at ZeRO 0) its cost
     # inputs and pipeline summary, per ZeRO stage its data-parallel summary, per schedule
     # its bubble and activation peaks
-    configs: dict[tuple, tuple[CostInputs, PipelineSummary] | ConfigError] = {}
+    configs: dict[tuple, tuple[ModelCosts, PipelineSummary] | ConfigError] = {}
     dps: dict[tuple, DPSummary] = {}
     scheds: dict[tuple, tuple] = {}
     for n, c in enumerate(cands):
@@ -338,18 +354,20 @@ def prescreen(spec: PlanSpec, cands: list[Candidate], progress=None) -> tuple[li
         conf = configs.get(k)
         if conf is None:
             try:
-                ci = cost_inputs(make_scenario(spec, replace(c, zero=0)))
-                conf = configs[k] = (ci, pipeline_summary(ModelCosts(ci), c.pp, c.vpp))
+                costs = ModelCosts(cost_inputs(make_scenario(spec, replace(c, zero=0))))
+                conf = configs[k] = (costs, pipeline_summary(costs, c.pp, c.vpp))
             except ConfigError as e:
                 conf = configs[k] = e
         if isinstance(conf, ConfigError):
             rejected.setdefault(conf.problem, []).append((c.family(), 1))
             continue
-        ci, s = conf
+        costs, s = conf
         d = dps.get(k + (c.zero,))
         if d is None:
-            zci = ci if c.zero == 0 else replace(ci, parallel=replace(ci.parallel, zero=c.zero))
-            d = dps[k + (c.zero,)] = dp_summary(ModelCosts(zci), c.pp)
+            if c.zero:
+                ci = costs.inputs
+                costs = ModelCosts(replace(ci, parallel=replace(ci.parallel, zero=c.zero)))
+            d = dps[k + (c.zero,)] = dp_summary(costs, c.pp)
         part = scheds.get((k, c.schedule))
         if part is None:
             part = scheds[(k, c.schedule)] = _schedule_part(c, s)
