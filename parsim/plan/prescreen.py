@@ -16,13 +16,14 @@ registered schedule builders. What is closed-form is only the step-time arithmet
   (gradient reduction, optimizer step, parameter gather), as the engine runs them.
 
 Memory is exact for ZeRO 0-2 and an upper bound for ZeRO-3: model states from
-``ModelCosts.rank_model_states`` plus the activation stash at every instant a rank can
+``ModelCosts.model_states`` plus the activation stash at every instant a rank can
 peak (:func:`stash_states`: its action order under the engine's stash/free/transient
 rules). So a configuration the pre-screen admits also fits in the event simulation.
 
-Within one :func:`prescreen` call, what candidates share is computed once: the cost
-inputs per (dp, tp, pp, cp, ep, vpp, microbatch, recompute), the step-time and memory
-summary per ZeRO stage on top, the activation peaks per schedule order.
+Within one :func:`prescreen` call, what candidates share is computed once: per
+configuration (dp, tp, pp, cp, ep, vpp, microbatch, recompute) its cost model and pipeline
+summary, per ZeRO stage on top its data-parallel summary, per schedule its bubble and
+activation peaks; across calls the cost model's own caches and :func:`stash_states` serve.
 """
 from __future__ import annotations
 
@@ -49,11 +50,17 @@ class Estimate:
     """Pre-screen numbers of one candidate."""
 
     cand: Candidate
+    """The configuration."""
     step_time_s: float
+    """Busiest rank's work + bubble + transfers + data-parallel tail."""
     bubble_s: float
+    """The schedule's bubble (closed form or dry run)."""
     exposed_comm_s: float
+    """Pipeline transfers of fill and drain + the data-parallel tail + ZeRO-3's first gather."""
     peak_memory_bytes: float
+    """Largest rank's model states + activation stash at its worst instant."""
     fits: bool
+    """Peak within the device's usable memory."""
 
 
 # ---------------------------------------------------------------------------- memory
