@@ -139,7 +139,8 @@ def compare(res: Result, runs) -> dict:
     ``runs``: the rank results of one launch, or a list of launches."""
     pp = res.schedule.pp
     pm = res.metrics
-    predicted = {"step_time_s": pm["step_time_s"], "bubble_fraction": pm["bubble_fraction"],
+    # the measured side's "bubble" is all compute-stream idle time: compare it with idle_fraction
+    predicted = {"step_time_s": pm["step_time_s"], "bubble_fraction": pm["idle_fraction"],
                  "stages": [{"rank": s["rank"], "busy_s": s["busy_s"]} for s in pm["stages"]]}
     measured, tl_med, tls = measured_summary(runs, pp)
     ranks = _launch_list(runs)[0]

@@ -20,18 +20,61 @@ gradient (zero-bubble I/W split). While a :class:`WeightGradStore` is active, ba
 computes input gradients only and records ``(layer, input, grad_output)``; ``W`` later
 runs the deferred ``dW = grad_out^T @ input`` GEMMs. Norm scales and the embedding
 table get their (memory-bound) gradients during I.
+
+Parallelism inside a stage (``parsim.validate.shard`` cuts the full model's weights, so
+every rank starts from the unsharded model's values): tensor parallelism (column-parallel
+QKV / FC1 / gate / up by heads or hidden units, row-parallel projections with their bias
+added after the reduction, Megatron's f/g operators or, with sequence parallelism, the
+all-gather / reduce-scatter pair; a vocabulary-parallel embedding and LM head with the
+parallel cross-entropy), context parallelism (ring attention, ``parsim.validate.ring``)
+and expert parallelism (``parsim.validate.experts``). ``Stage.par`` (a :class:`Par`)
+holds the groups; without it the stage is the single-process model.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from parsim.model import ModelSpec
+from parsim.model import ModelSpec, is_moe_layer
+from parsim.validate.comm import CopyToGroup, GatherSeq, Group, ReduceFromGroup, ScatterSeq, all_reduce
+from parsim.validate.experts import MoE
+from parsim.validate.ring import RingAttention
 
 _STORE: list | None = None  # the active deferral list (backward is synchronous: a global is safe)
+
+
+@dataclass
+class Par:
+    """The groups one rank's stages run their collectives on (None: that axis is 1)."""
+
+    tp: Group | None = None
+    """Tensor-parallel group."""
+    sp: bool = False
+    """Sequence parallelism (activations outside attention/MLP sharded along the sequence over tp)."""
+    cp: Group | None = None
+    """Context-parallel group (the K/V ring, in ring order)."""
+    ep: Group | None = None
+    """Expert-parallel group."""
+
+    def enter(self, x: torch.Tensor) -> torch.Tensor:
+        """Before a column-parallel layer: f, or the sequence all-gather."""
+        if self.tp is None:
+            return x
+        return GatherSeq.apply(x, self.tp) if self.sp else CopyToGroup.apply(x, self.tp)
+
+    def leave(self, x: torch.Tensor) -> torch.Tensor:
+        """After a row-parallel layer: g, or the sequence reduce-scatter."""
+        if self.tp is None:
+            return x
+        return ScatterSeq.apply(x, self.tp) if self.sp else ReduceFromGroup.apply(x, self.tp)
+
+
+NO_PAR = Par()
 
 
 class WeightGradStore:
@@ -146,18 +189,22 @@ def _norm(spec: ModelSpec, dtype) -> nn.Module:
 
 
 class Block(nn.Module):
-    """One pre-norm transformer block."""
+    """One pre-norm transformer block (dense FFN, or a mixture of experts)."""
 
-    def __init__(self, spec: ModelSpec, flash: bool, dtype):
+    def __init__(self, spec: ModelSpec, flash: bool, dtype, moe: bool = False):
         super().__init__()
         d, hd = spec.d_model, spec.head_dim_
         self.nh, self.nkv, self.hd, self.flash = spec.n_heads, spec.n_kv_heads, hd, flash
+        self.par = NO_PAR
         bias = spec.bias
         self.norm1, self.norm2 = _norm(spec, dtype), _norm(spec, dtype)
         self.qkv = SplitLinear(d, (self.nh + 2 * self.nkv) * hd, bias=bias or spec.qkv_bias, dtype=dtype)
         self.proj = SplitLinear(self.nh * hd, d, bias=bias, dtype=dtype)
         self.swiglu = spec.ffn == "swiglu"
-        if self.swiglu:
+        self.moe = MoE(spec, dtype, SplitLinear, swiglu) if moe else None
+        if moe:
+            pass  # the routed (and shared) experts replace the dense FFN
+        elif self.swiglu:
             self.gate = SplitLinear(d, spec.d_ff, bias=bias, dtype=dtype)
             self.up = SplitLinear(d, spec.d_ff, bias=bias, dtype=dtype)
             self.down = SplitLinear(spec.d_ff, d, bias=bias, dtype=dtype)
@@ -165,33 +212,48 @@ class Block(nn.Module):
             self.fc1 = SplitLinear(d, spec.d_ff, bias=bias, dtype=dtype)
             self.fc2 = SplitLinear(spec.d_ff, d, bias=bias, dtype=dtype)
 
+    def _row(self, layer: SplitLinear, x: torch.Tensor) -> torch.Tensor:
+        """A row-parallel layer: partial products reduced over tp, then the (whole) bias."""
+        if self.par.tp is None:
+            return layer(x)
+        y = self.par.leave(_LinearFn.apply(x, layer.weight, None))
+        return y if layer.bias is None else y + layer.bias
+
     def attention(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = self.par.enter(x)
         b, s, _ = x.shape
         qkv = self.qkv(x)
-        q, k, v = qkv.split([self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd], dim=-1)
-        q = q.view(b, s, self.nh, self.hd).transpose(1, 2)
-        k = k.view(b, s, self.nkv, self.hd).transpose(1, 2)
-        v = v.view(b, s, self.nkv, self.hd).transpose(1, 2)
-        if self.flash:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.nkv != self.nh)
+        nkv = self.nkv * (qkv.shape[-1] // self.hd) // (self.nh + 2 * self.nkv)  # local heads (tp shards them)
+        nh = qkv.shape[-1] // self.hd - 2 * nkv
+        q, k, v = qkv.split([nh * self.hd, nkv * self.hd, nkv * self.hd], dim=-1)
+        q = q.view(b, s, nh, self.hd).transpose(1, 2)
+        k = k.view(b, s, nkv, self.hd).transpose(1, 2)
+        v = v.view(b, s, nkv, self.hd).transpose(1, 2)
+        if self.par.cp is not None:
+            out = RingAttention.apply(q, k, v, self.par.cp)
+        elif self.flash:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=nkv != nh)
         else:
             # explicit scores: (q/sqrt(d)) k^T + additive causal mask -> softmax -> @ v; with GQA the
             # query heads of one group broadcast against their K/V head (no repeated copies)
-            g = self.nh // self.nkv
-            qg = (q * (1.0 / math.sqrt(self.hd))).view(b, self.nkv, g, s, self.hd)
+            g = nh // nkv
+            qg = (q * (1.0 / math.sqrt(self.hd))).view(b, nkv, g, s, self.hd)
             scores = qg @ k.unsqueeze(2).transpose(-2, -1)
             probs = torch.softmax(scores + mask[:s, :s], dim=-1)
-            out = (probs @ v.unsqueeze(2)).view(b, self.nh, s, self.hd)
-        return self.proj(out.transpose(1, 2).reshape(b, s, self.nh * self.hd))
+            out = (probs @ v.unsqueeze(2)).view(b, nh, s, self.hd)
+        return self._row(self.proj, out.transpose(1, 2).reshape(b, s, nh * self.hd))
+
+    def mlp(self, h: torch.Tensor) -> torch.Tensor:
+        if self.moe is not None:
+            return self.moe(h)
+        h = self.par.enter(h)
+        if self.swiglu:
+            return self._row(self.down, swiglu(self.gate(h), self.up(h)))
+        return self._row(self.fc2, F.gelu(self.fc1(h)))
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.norm1(x), mask)
-        h = self.norm2(x)
-        if self.swiglu:
-            h = self.down(swiglu(self.gate(h), self.up(h)))
-        else:
-            h = self.fc2(F.gelu(self.fc1(h)))
-        return x + h
+        return x + self.mlp(self.norm2(x))
 
 
 class Stage(nn.Module):
@@ -217,49 +279,90 @@ class Stage(nn.Module):
 
 
 class Embedding(nn.Module):
+    """Token (+ learned position) embedding; vocabulary-parallel over tp when sharded
+    (``vocab_start``: the first row this rank holds), positions ``positions`` (the tokens'
+    places in the sequence: zig-zag under context parallelism, a slice under sequence parallelism)."""
+
     def __init__(self, spec: ModelSpec, dtype):
         super().__init__()
         self.tok = nn.Embedding(spec.vocab_size, spec.d_model, dtype=dtype)
         self.pos = nn.Embedding(spec.max_seq_len, spec.d_model, dtype=dtype) if spec.position == "learned" else None
+        self.par, self.vocab_start, self.positions = NO_PAR, 0, None
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.tok(tokens)
+        par = self.par
+        if par.tp is None:
+            x = self.tok(tokens)
+        else:
+            local = tokens - self.vocab_start
+            outside = (local < 0) | (local >= self.tok.weight.shape[0])
+            x = F.embedding(local.masked_fill(outside, 0), self.tok.weight).masked_fill(outside[..., None], 0.0)
+            x = ScatterSeq.apply(x, par.tp) if par.sp else ReduceFromGroup.apply(x, par.tp)
         if self.pos is not None:
-            x = x + self.pos.weight[: tokens.shape[1]]
+            x = x + (self.pos.weight[: x.shape[1]] if self.positions is None else self.pos.weight[self.positions])
         return x
 
 
 class Head(nn.Module):
+    """Final norm, LM head and cross-entropy (vocabulary-parallel: Megatron's parallel cross-entropy)."""
+
     def __init__(self, spec: ModelSpec, dtype):
         super().__init__()
         self.norm = _norm(spec, dtype)
         self.out = SplitLinear(spec.d_model, spec.vocab_size, bias=False, dtype=dtype)
+        self.par, self.vocab_start = NO_PAR, 0
 
     def forward(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        logits = self.out(self.norm(x))
+        logits = self.out(self.par.enter(self.norm(x)))
         # fp32 logits for the loss (Megatron's upcast); no-op when training in fp32
-        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+        if self.par.tp is None:
+            return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+        return parallel_cross_entropy(logits.float().flatten(0, 1), targets.flatten(), self.vocab_start, self.par.tp)
+
+
+def parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, start: int, g: Group) -> torch.Tensor:
+    """Mean cross-entropy with the vocabulary split over ``g``: a max, the sum of exponentials
+    and the target's logit reduced over the group (the last two differentiably)."""
+    with torch.no_grad():
+        m = all_reduce(logits.max(-1).values.clone(), g, dist.ReduceOp.MAX)
+    shifted = logits - m[:, None]
+    sumexp = ReduceFromGroup.apply(shifted.exp().sum(-1), g)
+    local = targets - start
+    inside = (local >= 0) & (local < logits.shape[-1])
+    picked = shifted.gather(1, local.clamp(0, logits.shape[-1] - 1)[:, None]).squeeze(1) * inside
+    target = ReduceFromGroup.apply(picked, g)
+    return (sumexp.log() - target).mean()
 
 
 def build_stages(spec: ModelSpec, layers_per_stage: tuple[int, ...], seq_len: int, flash: bool,
-                 seed: int = 0, dtype=torch.float32) -> list[Stage]:
+                 seed: int = 0, dtype=torch.float32, chain_len: int | None = None) -> list[Stage]:
     """The whole model, deterministically initialised from ``seed``, cut into stages.
 
     Every rank builds all stages (small models) and keeps its own, so all ranks and the
-    single-process reference hold identical weights.
+    single-process reference hold identical weights. ``chain_len``: stages per model copy
+    (two-copy schedules: stage s holds piece s % chain_len of its own copy, both copies
+    starting from the same weights).
     """
+    import copy
+
+    chain_len = chain_len or len(layers_per_stage)
     torch.manual_seed(seed)
     embed = Embedding(spec, dtype)
-    blocks = [Block(spec, flash, dtype) for _ in range(spec.n_layers)]
+    blocks = [Block(spec, flash, dtype, is_moe_layer(spec, i)) for i in range(spec.n_layers)]
     head = Head(spec, dtype)
     with torch.no_grad():  # GPT-2 style small init keeps the logits tame
         for p in [*embed.parameters(), *(p for b in blocks for p in b.parameters()), *head.parameters()]:
             if p.dim() >= 2:
                 p.normal_(0.0, 0.02)
-    stages, first, n = [], 0, len(layers_per_stage)
+    stages, first, n = [], 0, chain_len
     for s, k in enumerate(layers_per_stage):
-        stages.append(Stage(spec, blocks[first:first + k], s == 0, s == n - 1, seq_len, dtype,
-                            embed if s == 0 else None, head if s == n - 1 else None))
+        pos = s % n
+        if pos == 0:
+            first = 0
+            if s:  # the next model copy: the same initial weights, its own tensors
+                embed, blocks, head = copy.deepcopy((embed, blocks, head))
+        stages.append(Stage(spec, blocks[first:first + k], pos == 0, pos == n - 1, seq_len, dtype,
+                            embed if pos == 0 else None, head if pos == n - 1 else None))
         first += k
     return stages
 

@@ -5,14 +5,29 @@ It walks exactly the per-rank action list the simulator times
 
 * ``RECV_*`` posts ``irecv`` into a fresh buffer; the F/B/I that consumes it waits on it;
 * ``SEND_*`` is ``isend`` (non-blocking); handles are kept until the end of the step;
-* F/B/I/W run the stage's torch module (W: the deferred weight-gradient GEMMs);
-* ``REDUCE_GRAD`` launches an asynchronous collective over the stage's flattened
-  gradients on the data-parallel group (all-reduce, or reduce-scatter for ZeRO >= 1;
-  gloo has no reduce-scatter, so there it is an all-reduce whose shard is kept);
-* ``STEP`` waits for its reduction, steps the optimizer (ZeRO >= 1: on this rank's
-  shard only, then all-gathers the updated parameters: ``PARAM_GATHER`` span);
+* F/B/I/W run the stage's torch module (W: the deferred weight-gradient GEMMs); the
+  tensor-, context- and expert-parallel collectives run inside them and are timed apart
+  (``parsim.validate.comm``: the ``tp`` / ``cp`` / ``ep`` streams of the measured timeline);
+* ``(sFm;tBn)OVERLAP_F_B`` runs its F, then its B, on the one compute stream (the IR allows
+  it: same order and dependencies); each part is its own span, as the simulator records it;
+* ``REDUCE_GRAD`` sums sequence-parallel partial gradients over tp, then launches an
+  asynchronous collective over the stage's flattened gradients on each of its reduction
+  groups (``parsim.validate.layout``: data x context parallel ranks, plus the other model
+  copy's ranks r and p-1-r for two-chain schedules such as DualPipe; expert-data-parallel
+  ranks for routed experts): all-reduce, or reduce-scatter for ZeRO >= 1;
+* ``STEP`` waits for its reductions, steps the optimizer (ZeRO >= 1: on this rank's shard
+  only, then all-gathers the updated parameters: ``PARAM_GATHER`` span);
 * ``UNSHARD`` (ZeRO-3) launches an asynchronous all-gather of the stage's parameter
   shards; compute of the stage waits for it; ``RESHARD`` only marks the end of the window.
+
+Schedule semantics beyond the order (``parsim.schedule.semantics``):
+
+* re-materialisation (GPipeRemat): F runs without autograd and keeps only the stage's
+  input; B reruns the forward with autograd, then back-propagates (its span holds both);
+* weight stashing (PipeDream, PipeDream-2BW; ``parsim.validate.params.Versions``): the
+  step computes on the weight version ``staleness`` updates old, STEP updates the newest;
+* two chains (DualPipe, Chimera): each rank holds a piece of each model copy; the copies'
+  gradients are summed by the REDUCE_GRAD above.
 
 What it runs is declared in ``parsim.validate.scale.RUNTIME_COVERAGE`` (torch-free, so
 ``parsim validate`` refuses anything else before a rank starts); :class:`RankRuntime`
@@ -27,79 +42,56 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from parsim.config.parallel import ParallelConfig
 from parsim.schedule.coverage import check_runs
 from parsim.schedule.ir import Schedule
+from parsim.schedule.semantics import staleness_steps, traits
+from parsim.validate.comm import CommRecorder, Group, all_gather_flat, reduce_scatter_flat
+from parsim.validate.layout import Coords, coords, rank_at
 from parsim.validate.model import Stage, WeightGradStore
+from parsim.validate.params import FlatParams, Versions, sum_partial_grads
 from parsim.validate.scale import RUNTIME_COVERAGE
 from parsim.validate.timing import Timer
 
 
 @dataclass
 class Layout:
-    """Where this process sits: global rank = dp_rank * pp + pp_rank (tp = cp = 1)."""
+    """Where this process sits, and its groups (``parsim.validate.layout``)."""
 
-    pp: int
-    dp: int
+    par: ParallelConfig
     rank: int
     device: torch.device
     dtype: torch.dtype
     backend: str
-    dp_group: object = None
+    groups: dict = field(default_factory=dict)
+    """kind (tp, cp, grad, ep, edp) -> this rank's :class:`Group` of that kind."""
+
+    @property
+    def c(self) -> Coords:
+        return coords(self.par, self.rank)
+
+    @property
+    def pp(self) -> int:
+        return self.par.pp
+
+    @property
+    def dp(self) -> int:
+        return self.par.dp
 
     @property
     def pp_rank(self) -> int:
-        return self.rank % self.pp
+        return self.c.pp
 
     @property
     def dp_rank(self) -> int:
-        return self.rank // self.pp
+        return self.c.dp
 
     def global_rank(self, pp_rank: int) -> int:
-        return self.dp_rank * self.pp + pp_rank
+        c = self.c
+        return rank_at(self.par, c.dp, pp_rank, c.cp, c.tp)
 
-
-class FlatParams:
-    """A stage's parameters seen as one flat buffer (padded to a multiple of dp) for DP/ZeRO."""
-
-    def __init__(self, stage: Stage, dp: int, dp_rank: int, zero: int, opt_factory):
-        self.params = [p for p in stage.parameters() if p.requires_grad]
-        self.numel = sum(p.numel() for p in self.params)
-        self.padded = -(-self.numel // dp) * dp
-        self.shard = self.padded // dp
-        self.dp, self.dp_rank, self.zero = dp, dp_rank, zero
-        p0 = self.params[0]
-        if zero >= 1:
-            full = self.flat_params()
-            lo = dp_rank * self.shard
-            self.master = torch.nn.Parameter(full[lo:lo + self.shard].clone())
-            self.opt = opt_factory([self.master])
-        else:
-            self.opt = opt_factory(self.params)
-        self.dtype, self.device = p0.dtype, p0.device
-
-    def flat_params(self) -> torch.Tensor:
-        flat = torch.cat([p.detach().reshape(-1) for p in self.params])
-        return torch.nn.functional.pad(flat, (0, self.padded - self.numel))
-
-    def flat_grads(self) -> torch.Tensor:
-        gs = [p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), dtype=p.dtype, device=p.device)
-              for p in self.params]
-        return torch.nn.functional.pad(torch.cat(gs), (0, self.padded - self.numel))
-
-    def load_flat(self, flat: torch.Tensor) -> None:
-        with torch.no_grad():
-            off = 0
-            for p in self.params:
-                n = p.numel()
-                p.copy_(flat[off:off + n].view_as(p))
-                off += n
-
-    def set_grads(self, flat: torch.Tensor) -> None:
-        off = 0
-        for p in self.params:
-            n = p.numel()
-            p.grad = flat[off:off + n].view_as(p).clone()
-            off += n
+    def group(self, kind: str) -> Group:
+        return self.groups.get(kind) or Group((self.rank,), 0, None, kind)
 
 
 @dataclass
@@ -107,15 +99,16 @@ class StepState:
     """Everything one optimizer step keeps between actions."""
 
     inputs: dict = field(default_factory=dict)      # (stage, mb) -> stage input (leaf)
-    outputs: dict = field(default_factory=dict)     # (stage, mb) -> output activation / scaled loss
+    outputs: dict = field(default_factory=dict)     # (stage, mb) -> output activation / scaled loss (graph)
+    sendout: dict = field(default_factory=dict)     # (stage, mb) -> output to send
     local: dict = field(default_factory=dict)       # (stage, "F"|"B", mb) -> tensor from a stage on this rank
     recvs: dict = field(default_factory=dict)       # (stage, "F"|"B", mb) -> (work, buffer)
     sends: list = field(default_factory=list)       # (work, tensor) kept alive until the step ends
     stores: dict = field(default_factory=dict)      # (stage, mb) -> WeightGradStore (I/W split)
-    reduces: dict = field(default_factory=dict)     # stage -> (work, buffer)
-    unshards: dict = field(default_factory=dict)    # stage -> (work, out, shard)
+    reduces: dict = field(default_factory=dict)     # (stage, kind) -> [(work, buffer), ...] (one per REDUCE_GRAD)
+    unshards: dict = field(default_factory=dict)    # (stage, kind) -> (work, out)
     losses: list = field(default_factory=list)
-    grads: dict = field(default_factory=dict)       # parity: stage -> reduced grads before the step
+    grads: dict = field(default_factory=dict)       # parity: (stage, kind) -> reduced grads before the step
 
 
 class RankRuntime:
@@ -128,8 +121,25 @@ class RankRuntime:
         self.data, self.act_shape, self.zero = data, act_shape, zero
         self.actions = schedule.actions[layout.pp_rank]
         self.n_mb = schedule.n_microbatches
-        self.scale = 1.0 / (self.n_mb * layout.dp)
-        self.flat = {s: FlatParams(st, layout.dp, layout.dp_rank, zero, opt_factory) for s, st in stages.items()}
+        par = layout.par
+        self.scale = 1.0 / (self.n_mb * par.dp * par.cp)
+        t = traits(schedule.name)
+        self.remat = t.remat
+        self.flat: dict[int, list[FlatParams]] = {}
+        self.partial: dict[int, list] = {}
+        self.versions: dict[int, Versions] = {}
+        for s, st in stages.items():
+            ps = [p for p in st.parameters() if p.requires_grad]
+            self.partial[s] = [p for p in ps if getattr(p, "partial", None) == "tp"]
+            self.flat[s] = []
+            for kind, group in (("dense", "grad"), ("expert", "edp")):
+                mine = [p for p in ps if getattr(p, "expert", False) == (kind == "expert")]
+                if mine:
+                    g = layout.group(group)
+                    self.flat[s].append(FlatParams(mine, g.pg, g.size, g.index, zero, opt_factory, kind))
+            delay = staleness_steps(t, schedule.pp, layout.pp_rank)
+            if t.weight_versions is not None and delay > 0:
+                self.versions[s] = Versions(ps, delay)
         self.fault, self.keep_grads = fault or {}, keep_grads
         self.timer = Timer(layout.device)
 
@@ -139,6 +149,9 @@ class RankRuntime:
 
     def _tag(self, stage: int, kind: str, mb: int) -> int:
         return (stage * 2 + (kind == "B")) * self.n_mb + mb
+
+    def _on_me(self, stage: int | None) -> bool:
+        return stage is not None and self.sched.rank_of(stage) == self.lay.pp_rank
 
     def _input(self, st: StepState, stage: int, kind: str, mb: int) -> torch.Tensor:
         key = (stage, kind, mb)
@@ -150,11 +163,11 @@ class RankRuntime:
         return buf
 
     def _wait_unshard(self, st: StepState, stage: int) -> None:
-        pending = st.unshards.pop(stage, None)
-        if pending is not None:
-            work, out, _ = pending
-            work.wait()
-            self.flat[stage].load_flat(out)
+        for fp in self.flat[stage]:
+            pending = st.unshards.pop((stage, fp.kind), None)
+            if pending is not None:
+                pending[0].wait()
+                fp.point_at(pending[1])  # not in place: a forward's saved weights stay valid for its backward
 
     def _maybe_fault(self, action) -> None:
         if self.fault.get("rank") != self.lay.rank or self.fault.get("action") != str(action):
@@ -167,9 +180,18 @@ class RankRuntime:
             os._exit(3)
         raise RuntimeError(f"injected fault at {action} on rank {self.lay.rank}")
 
+    def _compute(self, a, fn):
+        """Run ``fn`` as the span of action ``a``; its collectives timed apart."""
+        with CommRecorder() as rec, self.timer.span(a):
+            out = fn()
+        self.timer.record_comm(a, rec.rows)
+        return out
+
     # ---- one step -------------------------------------------------------------------
     def run_step(self) -> StepState:
         st = StepState()
+        for v in self.versions.values():
+            v.use_stale()
         self.timer.start_step()
         for a in self.actions:
             self._maybe_fault(a)
@@ -180,10 +202,10 @@ class RankRuntime:
         return st
 
     def _do_RECV_F(self, st, a):
-        self._post_recv(st, a.stage, "F", a.microbatch, a.stage - 1)
+        self._post_recv(st, a.stage, "F", a.microbatch, self.sched.prev_stage(a.stage))
 
     def _do_RECV_B(self, st, a):
-        self._post_recv(st, a.stage, "B", a.microbatch, a.stage + 1)
+        self._post_recv(st, a.stage, "B", a.microbatch, self.sched.next_stage(a.stage))
 
     def _post_recv(self, st, stage, kind, mb, peer_stage):
         buf = torch.empty(self.act_shape, dtype=self.lay.dtype, device=self.lay.device)
@@ -198,43 +220,59 @@ class RankRuntime:
         self.timer.record_send(a, t0, t.numel() * t.element_size())
 
     def _do_SEND_F(self, st, a):
-        self._send(st, a, st.outputs[(a.stage, a.microbatch)], a.stage + 1, "F")
+        self._send(st, a, st.sendout.pop((a.stage, a.microbatch)), self.sched.next_stage(a.stage), "F")
 
     def _do_SEND_B(self, st, a):
-        self._send(st, a, st.inputs[(a.stage, a.microbatch)].grad, a.stage - 1, "B")
+        self._send(st, a, st.inputs.pop((a.stage, a.microbatch)).grad, self.sched.prev_stage(a.stage), "B")
 
     def _do_F(self, st, a):
         s, m = a.stage, a.microbatch
-        tokens, targets = self.data[m]
-        x = tokens if s == 0 else self._input(st, s, "F", m).detach().requires_grad_(True)
-        self._wait_unshard(st, s)
         stage = self.stages[s]
-        with self.timer.span(a):
-            out = stage(x, targets) if stage.last else stage(x)
-            if stage.last:
-                st.losses.append(float(out.detach()))
-                out = out * self.scale
-        st.inputs[(s, m)], st.outputs[(s, m)] = x, out
-        if not stage.last and self.sched.rank_of(s + 1) == self.lay.pp_rank:
-            st.local[(s + 1, "F", m)] = out.detach().requires_grad_(True)
+        tokens, targets = self.data[m]
+        x = tokens if stage.first else self._input(st, s, "F", m).detach().requires_grad_(not self.remat)
+        self._wait_unshard(st, s)
+
+        def forward():
+            with torch.set_grad_enabled(not self.remat):
+                return stage(x, targets) if stage.last else stage(x)
+        out = self._compute(a, forward)
+        if stage.last:
+            st.losses.append(float(out.detach()))
+            out = out * self.scale
+        st.inputs[(s, m)] = x
+        if not self.remat:
+            st.outputs[(s, m)] = out
+        nxt = self.sched.next_stage(s)
+        if self._on_me(nxt):
+            st.local[(nxt, "F", m)] = out.detach().requires_grad_(not self.remat)
+        elif nxt is not None:
+            st.sendout[(s, m)] = out
 
     def _backward(self, st, a, split: bool):
         s, m = a.stage, a.microbatch
         stage = self.stages[s]
         grad = None if stage.last else self._input(st, s, "B", m)
         self._wait_unshard(st, s)
-        out = st.outputs.pop((s, m))
-        with self.timer.span(a):
+        x = st.inputs[(s, m)]
+
+        def backward():
+            if self.remat:  # rerun the forward with autograd on the kept input, then back-propagate
+                if not stage.first:
+                    x.requires_grad_(True)
+                out = stage(x, self.data[m][1]) * self.scale if stage.last else stage(x)
+            else:
+                out = st.outputs.pop((s, m))
             if split:
                 store = st.stores[(s, m)] = WeightGradStore()
                 with store:
                     torch.autograd.backward(out, grad)
             else:
                 torch.autograd.backward(out, grad)
-        x = st.inputs[(s, m)]
-        if s > 0 and self.sched.rank_of(s - 1) == self.lay.pp_rank:
-            st.local[(s - 1, "B", m)] = x.grad
-        if s == 0 or self.sched.rank_of(s - 1) == self.lay.pp_rank:
+        self._compute(a, backward)
+        prv = self.sched.prev_stage(s)
+        if self._on_me(prv):
+            st.local[(prv, "B", m)] = x.grad
+        if prv is None or self._on_me(prv):
             st.inputs.pop((s, m))
 
     def _do_B(self, st, a):
@@ -245,82 +283,97 @@ class RankRuntime:
 
     def _do_W(self, st, a):
         store = st.stores.pop((a.stage, a.microbatch))
-        with self.timer.span(a):
-            store.flush()
-        st.inputs.pop((a.stage, a.microbatch), None)
+        self._compute(a, store.flush)
+
+    def _do_OVERLAP_F_B(self, st, a):
+        f, b = a.sub
+        self._do_F(st, f)
+        getattr(self, f"_do_{b.op.value}")(st, b)
 
     def _do_REDUCE_GRAD(self, st, a):
-        if self.lay.dp == 1:
-            return  # nothing to reduce (the simulator gives it zero time too)
-        fp = self.flat[a.stage]
-        t0 = self.timer.now()
-        buf = fp.flat_grads()
-        if self.zero >= 1 and self.lay.backend == "nccl":
-            out = torch.empty(fp.shard, dtype=buf.dtype, device=buf.device)
-            work = dist.reduce_scatter_tensor(out, buf, group=self.lay.dp_group, async_op=True)
-            buf = out
-        else:  # gloo has no reduce-scatter: all-reduce, keep the shard (documented)
-            work = dist.all_reduce(buf, group=self.lay.dp_group, async_op=True)
-        st.reduces[a.stage] = (work, buf)
-        self.timer.record_async(a, t0, work, fp.padded * buf.element_size())
+        """The stage's gradients so far (all of them, or with a microbatch index: what this
+        microbatch's backward added since the last reduction), launched asynchronously."""
+        tp = self.lay.group("tp")
+        if self.partial[a.stage] and tp.size > 1:
+            sum_partial_grads(self.partial[a.stage], lambda t: dist.all_reduce(t, group=tp.pg))
+        t0, nbytes, work = self.timer.now(), 0.0, None
+        for fp in self.flat[a.stage]:
+            if fp.size == 1:
+                continue  # nothing to reduce (the simulator gives it zero time too)
+            buf = fp.flat_grads()
+            if self.zero >= 1:
+                out = torch.empty(fp.shard, dtype=buf.dtype, device=buf.device)
+                work = reduce_scatter_flat(out, buf, fp.group, async_op=True)
+                buf = out
+            else:
+                work = dist.all_reduce(buf, group=fp.group, async_op=True)
+            st.reduces.setdefault((a.stage, fp.kind), []).append((work, buf))
+            if a.microbatch is not None:
+                fp.clear_grads()  # the next microbatch's gradients are reduced on their own
+            nbytes += fp.padded * buf.element_size()
+        if work is not None:
+            self.timer.record_async(a, t0, work, nbytes)
 
     def _do_UNSHARD(self, st, a):
-        fp = self.flat[a.stage]
-        t0 = self.timer.now()
-        shard = fp.master.detach().to(fp.dtype) if self.zero >= 1 else fp.flat_params()[:fp.shard]
-        out = torch.empty(fp.padded, dtype=fp.dtype, device=fp.device)
-        work = dist.all_gather_into_tensor(out, shard.contiguous(), group=self.lay.dp_group, async_op=True) \
-            if self.lay.backend == "nccl" else _gloo_all_gather(out, shard, self.lay)
-        st.unshards[a.stage] = (work, out, shard)
-        self.timer.record_async(a, t0, work, fp.padded * out.element_size())
+        t0, nbytes, work = self.timer.now(), 0.0, None
+        for fp in self.flat[a.stage]:
+            if fp.size == 1:
+                continue
+            out = torch.empty(fp.padded, dtype=fp.dtype, device=fp.device)
+            work = all_gather_flat(out, fp.master.detach().to(fp.dtype), fp.group, async_op=True)
+            st.unshards[(a.stage, fp.kind)] = (work, out)
+            nbytes += fp.padded * out.element_size()
+        if work is not None:
+            self.timer.record_async(a, t0, work, nbytes)
 
     def _do_RESHARD(self, st, a):
         pass  # parameters stay allocated; the window is what the memory model accounts for
 
     def _do_STEP(self, st, a):
-        s, fp = a.stage, self.flat[a.stage]
-        pending = st.reduces.pop(s, None)
-        if pending is not None:
-            pending[0].wait()
+        s = a.stage
+        pending = []
+        for fp in self.flat[s]:
+            parts = st.reduces.pop((s, fp.kind), None)
+            for work, _ in parts or ():
+                work.wait()
+            # per-microbatch reductions: their sum is the step's gradient (the reduction is linear)
+            pending.append(None if not parts else (None, torch.stack([b for _, b in parts]).sum(0)
+                                                   if len(parts) > 1 else parts[0][1]))
+        if any(p is not None for p in pending):
             self.timer.mark_async_done(s)
+        if s in self.versions:
+            self.versions[s].begin_update()
         with self.timer.span(a):
-            self._optimizer_step(st, s, fp, pending)
-        if self.zero >= 1 and self.lay.dp > 1 and self.zero < 3:
-            t0 = self.timer.now()
-            out = torch.empty(fp.padded, dtype=fp.dtype, device=fp.device)
-            shard = fp.master.detach().to(fp.dtype).contiguous()
-            if self.lay.backend == "nccl":
-                dist.all_gather_into_tensor(out, shard, group=self.lay.dp_group)
-            else:
-                _gloo_all_gather(out, shard, self.lay).wait()
-            fp.load_flat(out)
-            self.timer.record_sync("PARAM_GATHER", s, t0, fp.padded * out.element_size())
+            for fp, p in zip(self.flat[s], pending):
+                self._optimizer_step(st, s, fp, p)
+        if self.zero in (1, 2):
+            t0, nbytes = self.timer.now(), 0.0
+            for fp in self.flat[s]:
+                if fp.size == 1:
+                    continue
+                out = torch.empty(fp.padded, dtype=fp.dtype, device=fp.device)
+                all_gather_flat(out, fp.master.detach().to(fp.dtype), fp.group)
+                fp.load_flat(out)
+                nbytes += fp.padded * out.element_size()
+            if nbytes:
+                self.timer.record_sync("PARAM_GATHER", s, t0, nbytes)
 
     def _optimizer_step(self, st, s, fp: FlatParams, pending) -> None:
-        dp = self.lay.dp
         if self.zero >= 1:
-            flat = pending[1] if pending is not None else fp.flat_grads()  # dp == 1: the whole stage
-            shard = flat if flat.numel() == fp.shard else flat[fp.dp_rank * fp.shard:(fp.dp_rank + 1) * fp.shard]
+            flat = pending[1] if pending is not None else fp.flat_grads()  # size 1: the whole stage
+            shard = flat if flat.numel() == fp.shard else fp.my_shard(flat)
             if self.keep_grads:
-                st.grads[s] = shard.detach().clone()
+                st.grads[(s, fp.kind)] = shard.detach().clone()
             fp.master.grad = shard.to(fp.master.dtype)
             fp.opt.step()
             fp.master.grad = None
-            for p in fp.params:
-                p.grad = None
-            if dp == 1:  # nothing to gather: the shard is the whole stage
+            fp.clear_grads()
+            if fp.size == 1:  # nothing to gather: the shard is the whole stage
                 fp.load_flat(fp.master.detach())
             return
         if pending is not None:
             fp.set_grads(pending[1])
         if self.keep_grads:
-            st.grads[s] = fp.flat_grads()[:fp.numel].detach().clone()
+            st.grads[(s, fp.kind)] = fp.flat_grads()[:fp.numel].detach().clone()
         fp.opt.step()
-        for p in fp.params:
-            p.grad = None
-
-
-def _gloo_all_gather(out: torch.Tensor, shard: torch.Tensor, lay: Layout):
-    """all_gather into one flat tensor with gloo (no all_gather_into_tensor there)."""
-    parts = list(out.chunk(lay.dp))
-    return dist.all_gather(parts, shard.contiguous(), group=lay.dp_group, async_op=True)
+        fp.clear_grads()

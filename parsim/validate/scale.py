@@ -17,20 +17,19 @@ from parsim.config.scenario import Scenario
 from parsim.errors import ConfigError, ScheduleError
 from parsim.model import ModelSpec, total_params
 from parsim.scenario import load_scenario
-from parsim.schedule.coverage import ALL_OPS, Coverage, Trait, check_runs
-from parsim.schedule.ir import Op
+from parsim.schedule.coverage import ALL_OPS, Coverage, check_runs
+from parsim.schedule.semantics import traits
 from parsim.simulate import schedule_for
 
-RUNTIME_COVERAGE = Coverage(
-    "torch runtime",
-    ops=ALL_OPS - {Op.OVERLAP_F_B},
-    refuses=frozenset(Trait),
-)
+RUNTIME_COVERAGE = Coverage("torch runtime", ops=ALL_OPS, refuses=frozenset())
 """What ``parsim.validate.runtime`` executes (declared here, torch-free, so that a schedule
-is refused before any rank process starts): every op but the composite OVERLAP_F_B
-(DualPipe, DualPipeV); one chain of stages (not Chimera's or DualPipe's two); one
-weight version, a flush every step and the forward's activations kept for B (not
-PipeDream's or PipeDream-2BW's stashing, nor GPipeRemat's re-materialisation)."""
+is refused before any rank process starts): every op, OVERLAP_F_B as its F then its B on
+one stream; two model chains (each rank holds its piece of each copy, the copies'
+gradients summed across pipeline ranks r and p-1-r); weight stashing and asynchronous
+updates as their stale-weight semantics (each step computes on the version the schedule's
+staleness says, STEP updates the newest; steps run one after the other, as the simulator's
+one-step timeline does); re-materialisation (F keeps the stage input only, B reruns F).
+Combinations the runtime does not build are refused by :func:`check_supported`."""
 
 
 @dataclass(frozen=True)
@@ -56,21 +55,51 @@ GPU_LIMITS = Limits(max_params=400e6, d_model=1024, max_head_dim=128, max_layers
 
 
 def check_supported(sc: Scenario) -> None:
-    """The runtime executes dense models with pipeline and data parallelism (tp = cp = ep = 1)
-    and the schedules :data:`RUNTIME_COVERAGE` declares; anything else is one line, here."""
-    par = sc.parallel
-    for axis in ("tp", "cp", "ep"):
-        if getattr(par, axis) != 1:
-            raise ConfigError(sc.file, f"parallel.{axis}",
-                              f"the validation runtime runs pp x dp only; {axis}={getattr(par, axis)} is not supported")
-    if sc.model.is_moe or sc.model.is_mla:
-        raise ConfigError(sc.file, "model", "the validation runtime builds dense (non-MoE, non-MLA) models only")
+    """Refuse, in one line, what the runtime does not build: the schedules beyond
+    :data:`RUNTIME_COVERAGE`, MLA models, and the parallel combinations below."""
+    par, m, tr, f = sc.parallel, sc.model, sc.training, sc.file
+    if m.is_mla:
+        raise ConfigError(f, "model", "the validation runtime builds multi-head / grouped-query attention, not MLA")
     if sc.costs is not None:
-        raise ConfigError(sc.file, "costs", "a [costs] table replaces the cost model; validate needs the model")
+        raise ConfigError(f, "costs", "a [costs] table replaces the cost model; validate needs the model")
+    if m.is_moe and m.n_moe_layers and par.tp > 1:
+        raise ConfigError(f, "parallel.tp", f"the validation runtime's experts are not tensor-parallel: MoE needs tp=1, got {par.tp}")
+    if m.is_moe and m.n_moe_layers and par.cp > 1:
+        raise ConfigError(f, "parallel.cp", f"the validation runtime routes whole sequences: MoE needs cp=1, got {par.cp}")
+    if par.cp > 1 and not tr.flash_attention:
+        raise ConfigError(f, "training.flash_attention", "context parallelism runs ring attention on the fused "
+                          "(FlashAttention-style) kernel: set it to true")
+    if getattr(par, "cp_comm", "p2p") != "p2p" and par.cp > 1:
+        raise ConfigError(f, "parallel.cp_comm", f"the validation runtime runs the K/V ring (p2p), not {par.cp_comm}")
+    if getattr(par, "dp_shard", None) is not None:
+        raise ConfigError(f, "parallel.dp_shard", "the validation runtime shards ZeRO states over all dp ranks (no HSDP)")
+    if par.zero >= 1 and (par.cp > 1 or traits(sc.schedule.name).n_chains > 1):
+        raise ConfigError(f, "parallel.zero", "the validation runtime shards ZeRO states over the data-parallel ranks "
+                          "only: with context parallelism or two model copies it needs zero=0")
+    if traits(sc.schedule.name).weight_versions is not None and par.zero >= 1:
+        raise ConfigError(f, "parallel.zero", f"weight stashing ({sc.schedule.name}) runs with whole optimizer "
+                          f"state on each rank: needs zero=0, got {par.zero}")
     try:
         check_runs(schedule_for(sc), RUNTIME_COVERAGE)
     except ScheduleError as e:
         raise ScheduleError(f"{sc.file}: schedule.name: {e.problem}") from None
+
+
+def check_shapes(sc: Scenario) -> None:
+    """The (scaled) model and sequence must split as the runtime cuts them: heads, hidden
+    units and vocabulary over tp; the sequence into 2*cp zig-zag chunks, then over tp under
+    sequence parallelism."""
+    par, seq, m = sc.parallel, sc.training.seq_len, sc.model
+    if par.tp > 1:
+        for what, n in (("model.n_heads", m.n_heads), ("model.n_kv_heads", m.n_kv_heads), ("model.d_ff", m.d_ff),
+                        ("model.vocab_size", m.vocab_size)):
+            if n % par.tp:
+                raise ConfigError(sc.file, what, f"{n} (after scaling to this machine) does not split over "
+                                  f"tp={par.tp}: the runtime shards it")
+    unit = (2 * par.cp if par.cp > 1 else 1) * (par.tp if par.sequence_parallel and par.tp > 1 else 1)
+    if seq % unit:
+        raise ConfigError(sc.file, "training.seq_len", f"{seq} tokens do not split into {unit} equal pieces "
+                          f"(2*cp zig-zag chunks x tp sequence-parallel shards)")
 
 
 def check_runnable(path: str, overrides: list[str] | None = None) -> None:
@@ -111,9 +140,14 @@ def prepare(path: str, overrides: list[str] | None, backend: str, profile: str |
     lim = limits or (Limits() if backend == "gloo" else GPU_LIMITS)
     tr, par = sc.training, sc.parallel
     seq = min(tr.seq_len, lim.max_seq_len)
-    model = scale_model(sc.model, par.n_stages, seq, lim)
+    t = traits(sc.schedule.name)
+    chain_len = par.n_stages // t.n_chains
+    model = scale_model(sc.model, chain_len, seq, lim)
     training = dataclasses.replace(tr, seq_len=seq, precision="fp32" if backend == "gloo" else tr.precision)
     hw_name = profile or default_profile(sc, backend)
     hardware = load_profile(hw_name) if hw_name else sc.hardware
-    layers = partition_layers(model.n_layers, par.n_stages, file=sc.file, interleaved=par.vpp > 1)
-    return dataclasses.replace(sc, model=model, training=training, hardware=hardware, layers_per_stage=layers)
+    layers = sc.layers_per_stage if model is sc.model else partition_layers(
+        model.n_layers, chain_len, file=sc.file, interleaved=par.vpp > 1 and t.stages_per_rank is None) * t.n_chains
+    out = dataclasses.replace(sc, model=model, training=training, hardware=hardware, layers_per_stage=layers)
+    check_shapes(out)
+    return out

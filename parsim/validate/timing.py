@@ -60,7 +60,7 @@ class Timer:
         self.spans: list[list] = []        # [stream, op, stage, mb, start, end, bytes]
         self.sends: list[list] = []        # [op, stage, mb, issue_time, bytes]
         self.recvs: dict[tuple, object] = {}  # (stage, kind, mb) -> time the data was there
-        self.asyncs: dict[int, list] = {}  # stage -> [op, stage, start, end|None, bytes]
+        self.asyncs: dict[tuple, list] = {}  # (op, stage, mb) -> [op, stage, start, end|None, bytes]
         self._events: list = []            # CUDA: (target list, index, event)
 
     def now(self) -> float:
@@ -102,6 +102,21 @@ class Timer:
         self._stamp(row, 5)
         self.spans.append(row)
 
+    def record_comm(self, action, rows: list) -> None:
+        """The tensor-/context-/expert-parallel communication inside one compute action, one
+        span per stream (tp, cp, ep): from its first collective's start, as long as all of
+        them together (the simulator's tp_comm / cp_comm / ep_comm part of that op)."""
+        if not rows:  # (host clock: on NCCL, where collectives are asynchronous, launch times only)
+            return
+        by: dict[str, list] = {}
+        for stream, t0, t1, nbytes in rows:
+            acc = by.setdefault(stream, [t0, 0.0, 0.0])
+            acc[1] += t1 - t0
+            acc[2] += nbytes
+        mb = -1 if action.microbatch is None else action.microbatch
+        for stream, (t0, dur, nbytes) in by.items():
+            self.spans.append([stream, action.op.value, action.stage, mb, t0, t0 + dur, nbytes])
+
     def mark_recv(self, key: tuple) -> None:
         box = [0.0]
         self._stamp(box, 0)
@@ -112,7 +127,7 @@ class Timer:
 
     def record_async(self, action, t0: float, work, nbytes: float) -> None:
         rec = [action.op.value, action.stage, t0, None, nbytes]
-        self.asyncs[(action.op.value, action.stage)] = rec
+        self.asyncs[(action.op.value, action.stage, action.microbatch)] = rec
         try:
             fut = work.get_future()
             fut.add_done_callback(lambda _f, r=rec: r.__setitem__(3, time.perf_counter()))
@@ -120,9 +135,10 @@ class Timer:
             pass  # no future on this backend/op: the end is taken when it is waited on
 
     def mark_async_done(self, stage: int, op: str = "REDUCE_GRAD") -> None:
-        rec = self.asyncs.get((op, stage))
-        if rec is not None and rec[3] is None:
-            rec[3] = time.perf_counter()
+        """Collectives of ``op`` on ``stage`` whose end no callback took end now (they were waited on)."""
+        for (o, s, _), rec in self.asyncs.items():
+            if o == op and s == stage and rec[3] is None:
+                rec[3] = time.perf_counter()
 
     def record_sync(self, op: str, stage: int, t0: float, nbytes: float) -> None:
         self.spans.append(["dp", op, stage, -1, t0, time.perf_counter(), nbytes])

@@ -90,42 +90,97 @@ def main(job_file: str) -> int:
     return 0
 
 
+def make_groups(par, rank: int, n_chains: int, backend: str) -> dict:
+    """Create every group of every kind on this process (all ranks, same order); keep its own."""
+    from parsim.validate.comm import Group
+    from parsim.validate.layout import all_groups
+
+    mine = {}
+    for kind, groups in all_groups(par, n_chains).items():
+        stream = {"grad": "dp", "edp": "dp"}.get(kind, kind)
+        for ranks in groups:
+            pg = dist.new_group(ranks) if len(ranks) > 1 else None
+            if rank in ranks:
+                mine[kind] = Group(tuple(ranks), ranks.index(rank), pg, stream)
+    return mine
+
+
 def run_variant(job: dict, overrides: list, rank: int, world: int, device, index: int) -> dict:
     """Prepare the scenario with ``overrides``, build groups, run it on this rank."""
     sc = prepare(job["scenario"], overrides, job["backend"], job.get("profile"))
     sched = schedule_for(sc, early_recv=early_recv(job))
     par = sc.parallel
-    if world != par.pp * par.dp:
-        raise SystemExit(f"world size {world} != pp*dp = {par.pp * par.dp} ({sc.file} with {overrides})")
+    if world != par.world_size:
+        raise SystemExit(f"world size {world} != dp*tp*pp*cp = {par.world_size} ({sc.file} with {overrides})")
     if job["backend"] == "nccl":
         check_p2p_order(sched)
-    groups = [dist.new_group([d * par.pp + r for d in range(par.dp)]) for r in range(par.pp)]
-    lay = Layout(par.pp, par.dp, rank, device, DTYPES[sc.training.precision], job["backend"])
-    lay.dp_group = groups[lay.pp_rank]
+    lay = Layout(par, rank, device, DTYPES[sc.training.precision], job["backend"])
+    lay.groups = make_groups(par, rank, sched.n_chains, job["backend"])
     return run({**job, "variant": index}, sc, sched, lay)
 
 
+def local_data(sc, lay: Layout, n: int, seed: int) -> list[tuple]:
+    """This rank's microbatches: its data-parallel replica's, its zig-zag part of the sequence."""
+    from parsim.validate.ring import zigzag_positions
+
+    tr, spec, c, par = sc.training, sc.model, lay.c, sc.parallel
+    data = microbatch_data(spec, n * par.dp, tr.microbatch_size, tr.seq_len, seed)
+    data = data[c.dp * n:(c.dp + 1) * n]
+    if par.cp > 1:
+        pos = zigzag_positions(tr.seq_len, par.cp, c.cp)
+        data = [(t[:, pos].contiguous(), y[:, pos].contiguous()) for t, y in data]
+    return [(t.to(lay.device), y.to(lay.device)) for t, y in data]
+
+
+def activation_shape(sc) -> tuple[int, int, int]:
+    """What crosses a stage boundary: (microbatch, this rank's tokens of the sequence, d_model)."""
+    tr, par = sc.training, sc.parallel
+    seq = tr.seq_len // par.cp // (par.tp if par.sequence_parallel and par.tp > 1 else 1)
+    return (tr.microbatch_size, seq, sc.model.d_model)
+
+
+def build_local(sc, sched, lay: Layout, seed: int) -> dict:
+    """This rank's stages, cut from the full model and wired to its groups."""
+    from parsim.validate.model import Par
+    from parsim.validate.shard import shard_stage
+
+    tr, par = sc.training, sc.parallel
+    full = build_stages(sc.model, sc.layers_per_stage, tr.seq_len, tr.flash_attention, seed, lay.dtype,
+                        chain_len=sched.chain_len)
+    g = lay.groups
+    px = Par(tp=g.get("tp") if par.tp > 1 else None, sp=par.sequence_parallel and par.tp > 1,
+             cp=g.get("cp") if par.cp > 1 else None, ep=g.get("ep") if par.ep > 1 else None)
+    mine = {}
+    for s in sched.stages_of(lay.pp_rank):
+        st = shard_stage(full[s], px, tr.seq_len)
+        for blk in st.blocks:
+            if blk.moe is not None:
+                blk.moe.drop = sc.moe.drop_tokens
+        mine[s] = st.to(lay.device)
+    return mine
+
+
 def run(job: dict, sc, sched, lay: Layout) -> dict:
-    tr, spec = sc.training, sc.model
+    from parsim.validate.shard import shard_descriptor
+
+    tr = sc.training
     seed = int(job.get("seed", 0))
-    all_stages = build_stages(spec, sc.layers_per_stage, tr.seq_len, tr.flash_attention, seed, lay.dtype)
-    mine = {s: all_stages[s].to(lay.device) for s in sched.stages_of(lay.pp_rank)}
+    mine = build_local(sc, sched, lay, seed)
     n = sched.n_microbatches
-    data = microbatch_data(spec, n * lay.dp, tr.microbatch_size, tr.seq_len, seed)[lay.dp_rank * n:(lay.dp_rank + 1) * n]
-    data = [(t.to(lay.device), y.to(lay.device)) for t, y in data]
-    act_shape = (tr.microbatch_size, tr.seq_len, spec.d_model)
+    data = local_data(sc, lay, n, seed)
+    act_shape = activation_shape(sc)
     memory = {}
     if job.get("mode", "time") == "time":
-        for s, st in mine.items():
-            x = data[0][0] if s == 0 else torch.randn(act_shape, dtype=lay.dtype, device=lay.device)
+        for s, st in mine.items():  # every rank of a tp/cp/ep group probes the same stages together
+            x = data[0][0] if st.first else torch.randn(act_shape, dtype=lay.dtype, device=lay.device)
             memory[str(s)] = stage_activation_bytes(st, x, data[0][1] if st.last else None)
     parity = job.get("mode") == "parity"
     rt = RankRuntime(sched, mine, lay, data, act_shape, sc.parallel.zero,
                      optimizer_factory(tr.optimizer), job.get("fault"), keep_grads=parity)
     steps = []
-    n_steps = 1 if parity else int(job.get("warmup", 2)) + int(job.get("steps", 5))
+    n_steps = int(job.get("parity_steps", 1)) if parity else int(job.get("warmup", 2)) + int(job.get("steps", 5))
     speed_probe = None if parity else probe(lay.device, lay.dtype)
-    for _ in range(n_steps):
+    for k in range(n_steps):
         dist.barrier()
         faults = _minor_faults()
         st = rt.run_step()
@@ -135,11 +190,15 @@ def run(job: dict, sc, sched, lay: Layout) -> dict:
             dist.barrier()
             steps[-1]["probe_s"] = speed_probe()
         if parity:
-            torch.save({s: g.cpu() for s, g in st.grads.items()},
-                       Path(job["out"]) / f"grads_rank{lay.rank}_v{job.get('variant', 0)}.pt")
-    return {"rank": lay.rank, "pp_rank": lay.pp_rank, "dp_rank": lay.dp_rank, "host": socket.gethostname(),
-            "warmup": 0 if parity else int(job.get("warmup", 2)), "steps": steps, "memory": memory,
-            "device": str(lay.device), "threads": torch.get_num_threads()}
+            torch.save({f"{s}:{fp.kind}": {"grad": st.grads[(s, fp.kind)].cpu(), "size": fp.size, "index": fp.index,
+                                            "sharded": sc.parallel.zero >= 1,
+                                            "params": shard_descriptor(mine[s], fp.params)}
+                        for s in mine for fp in rt.flat[s]},
+                       Path(job["out"]) / f"grads_rank{lay.rank}_v{job.get('variant', 0)}_s{k}.pt")
+    c = lay.c
+    return {"rank": lay.rank, "pp_rank": c.pp, "dp_rank": c.dp, "tp_rank": c.tp, "cp_rank": c.cp,
+            "host": socket.gethostname(), "warmup": 0 if parity else int(job.get("warmup", 2)), "steps": steps,
+            "memory": memory, "device": str(lay.device), "threads": torch.get_num_threads()}
 
 
 def _minor_faults() -> int:

@@ -1,0 +1,117 @@
+"""A stage's parameters as the runtime reduces, shards, updates and versions them.
+
+* :class:`FlatParams`: one reduction group's parameters of a stage (the dense ones over
+  the data x context parallel ranks, and the other model copy's with two chains; routed
+  experts over their expert-data-parallel ranks) seen as one flat buffer, padded to a
+  multiple of the group size, with its optimizer (ZeRO >= 1: on this rank's shard only);
+* :class:`Versions`: weight stashing (PipeDream, PipeDream-2BW). The step's forwards and
+  backwards run on the version ``delay`` updates old, kept from when it was current;
+  STEP updates the newest version in place (a fresh copy of it: the old one stays
+  stashed) with gradients computed on the stale one. ``delay`` = p - s - 1 for
+  PipeDream's stage s, 1 for PipeDream-2BW: W(t+1) = W(t) - lr * grad(W(t - delay)).
+"""
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+
+
+class FlatParams:
+    """Parameters reduced over one group, as one flat buffer (padded to a multiple of its size)."""
+
+    def __init__(self, params: list, group, size: int, index: int, zero: int, opt_factory, kind: str = "dense"):
+        self.params = params
+        self.kind = kind
+        self.numel = sum(p.numel() for p in params)
+        self.padded = -(-self.numel // size) * size
+        self.shard = self.padded // size
+        self.group, self.size, self.index, self.zero = group, size, index, zero
+        p0 = params[0]
+        self.dtype, self.device = p0.dtype, p0.device
+        if zero >= 1:
+            lo = index * self.shard
+            self.master = torch.nn.Parameter(self.flat_params()[lo:lo + self.shard].clone())
+            self.opt = opt_factory([self.master])
+        else:
+            self.opt = opt_factory(params)
+
+    def flat_params(self) -> torch.Tensor:
+        flat = torch.cat([p.detach().reshape(-1) for p in self.params])
+        return torch.nn.functional.pad(flat, (0, self.padded - self.numel))
+
+    def flat_grads(self) -> torch.Tensor:
+        gs = [p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), dtype=p.dtype, device=p.device)
+              for p in self.params]
+        return torch.nn.functional.pad(torch.cat(gs), (0, self.padded - self.numel))
+
+    def my_shard(self, flat: torch.Tensor) -> torch.Tensor:
+        return flat[self.index * self.shard:(self.index + 1) * self.shard]
+
+    def load_flat(self, flat: torch.Tensor) -> None:
+        with torch.no_grad():
+            off = 0
+            for p in self.params:
+                n = p.numel()
+                p.copy_(flat[off:off + n].view_as(p))
+                off += n
+
+    def point_at(self, flat: torch.Tensor) -> None:
+        """Make the parameters views of ``flat`` (a gathered buffer) without writing into them:
+        autograd keeps the tensors a forward saved, so their backward stays valid."""
+        off = 0
+        for p in self.params:
+            n = p.numel()
+            p.data = flat[off:off + n].view_as(p)
+            off += n
+
+    def set_grads(self, flat: torch.Tensor) -> None:
+        off = 0
+        for p in self.params:
+            n = p.numel()
+            p.grad = flat[off:off + n].view_as(p).clone()
+            off += n
+
+    def clear_grads(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+
+def sum_partial_grads(params: list, all_reduce) -> None:
+    """Sum over tensor parallelism the gradients of parameters that saw one sequence slice
+    each (sequence parallelism's norms and biases): one flat all-reduce."""
+    if not params:
+        return
+    flat = torch.cat([p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), dtype=p.dtype)
+                      for p in params])
+    all_reduce(flat)
+    off = 0
+    for p in params:
+        n = p.numel()
+        p.grad = flat[off:off + n].view_as(p).clone()
+        off += n
+
+
+class Versions:
+    """Stashed weight versions of some parameters (see the module doc)."""
+
+    def __init__(self, params: list, delay: int):
+        self.params, self.delay = params, delay
+        self.history: deque = deque([[p.data for p in params]], maxlen=delay + 1)
+
+    def use_stale(self) -> None:
+        """Point the parameters at the version the coming step computes with."""
+        for p, t in zip(self.params, self.history[0]):
+            p.data = t
+
+    def begin_update(self) -> None:
+        """Point the parameters at a fresh copy of the newest version (STEP updates it in place)."""
+        fresh = [t.clone() for t in self.history[-1]]
+        for p, t in zip(self.params, fresh):
+            p.data = t
+        self.history.append(fresh)
+
+    @property
+    def count(self) -> int:
+        """Versions held now."""
+        return len(self.history)
