@@ -329,3 +329,82 @@ def facts_to_table(kf: KernelFacts | None) -> dict[str, Any]:
         if shape is not None:
             out[f"mamf_{p}_shape"] = "x".join(str(x) for x in shape)
     return out
+
+
+# ------------------------------------------------------------------ grouped GEMM (MoE experts)
+def _slot_loads(problems: tuple[tuple[int, int, int], ...], tile: tuple[int, int, int], k_block: int,
+                slots: int) -> tuple[int, int]:
+    """(K blocks, tiles) of the busiest CTA slot of one grouped launch.
+
+    A grouped GEMM (CUTLASS ``GemmGrouped`` / its persistent SM90 and SM100 schedulers, the
+    kernels behind Transformer Engine's and Megatron-Core's grouped experts) numbers the
+    output tiles of every problem in order, problem after problem, and hands tile ``j`` to
+    slot ``j mod slots``; each tile walks its own problem's K. So the waves run over the
+    tiles of *all* problems together (one partial wave per launch, not one per expert), and
+    a problem's ragged M costs ``ceil(m / tm)`` tiles (tile quantization per expert).
+    """
+    tm, tn, _ = tile
+    loads = [0] * slots
+    tiles = [0] * slots
+    j = 0
+    for m, n, k in problems:
+        count = math.ceil(m / tm) * math.ceil(n / tn)
+        if count == 0 or k == 0:
+            continue
+        kb = math.ceil(k / k_block)
+        full, rest = divmod(count, slots)
+        # slots j, j+1, ... (mod slots) get one more tile than the others
+        for s in range(slots):
+            extra = 1 if (s - j) % slots < rest else 0
+            loads[s] += (full + extra) * kb
+            tiles[s] += full + extra
+        j = (j + count) % slots
+    busiest = max(range(slots), key=lambda s: (loads[s], tiles[s]))
+    return loads[busiest], tiles[busiest]
+
+
+def grouped_gemm_bytes(problems: tuple[tuple[int, int, int], ...], precision: str) -> float:
+    """HBM bytes of a grouped GEMM moved once: every problem's A, B read and C written."""
+    return sum(gemm_bytes(m, n, k, precision) for m, n, k in problems if m and n and k)
+
+
+def grouped_gemm_plan(dev: Any, problems: tuple[tuple[int, int, int], ...], precision: str) -> dict[str, Any]:
+    """One grouped launch of the GEMMs ``problems`` ((m, n, k) each) on ``dev``.
+
+    Per tile the same physics as :func:`gemm_plan` (main loop at the MAMF-calibrated rate
+    and the tile's shared-memory feed, the epilogue, one pipeline fill); across tiles the
+    round-robin slots of :func:`_slot_loads`, so the busiest slot sets the time. No
+    split-K or Stream-K (grouped kernels do not split a problem's K). Floor: the HBM
+    roofline of :func:`grouped_gemm_bytes` (each expert's weights are read once, so
+    small-M experts turn memory-bound).
+    """
+    mc = _machine(dev, precision)
+    rate = mainloop_rate(dev, precision)
+    probs = tuple((int(m), int(n), int(k)) for m, n, k in problems if m > 0 and n > 0 and k > 0)
+    if not probs:
+        return {"time_s": 0.0, "tile": None, "waves": 0, "memory_bound": False, "mainloop_flops": rate}
+    k_block = K_BLOCK_BYTES // int(mc.in_bytes)
+    clock = rate / (mc.sm * mc.flop_per_clock)
+    per_sm_bw = mc.bandwidth / mc.sm
+    hidden = mc.mma_style != "warp"
+    best: tuple[float, tuple[int, int, int], int] = (math.inf, mc.tiles[0], 0)
+    for tile in mc.tiles:
+        tm, tn, sms = tile
+        slots = mc.sm // sms
+        blocks, tiles = _slot_loads(probs, tile, k_block, slots)
+        block_time = 2.0 * tm * tn / sms * k_block / (rate / mc.sm * feed_fraction(mc, tm, tn, sms))
+        epilogue = 2.0 * tm * tn / sms * mc.out_bytes / mc.smem_per_clock / clock
+        fill = (tm + tn) / sms * k_block * mc.in_bytes / per_sm_bw
+        t = blocks * block_time + (1 if hidden else tiles) * epilogue + fill
+        if t < best[0]:
+            best = (t, tile, tiles)
+    floor = grouped_gemm_bytes(probs, precision) / mc.bandwidth
+    return {"time_s": max(best[0], floor), "tile": format_tile(best[1]), "waves": best[2],
+            "memory_bound": floor > best[0], "mainloop_flops": rate}
+
+
+def grouped_gemm_time(dev: Any, problems: tuple[tuple[int, int, int], ...], precision: str = "bf16") -> float:
+    """Seconds of one grouped GEMM launch over ``problems`` ((m, n, k), ragged m or k allowed)."""
+    if any(min(p) < 0 for p in problems):
+        raise ValueError(f"grouped gemm: negative dimension in {problems}")
+    return grouped_gemm_plan(dev, tuple(problems), precision)["time_s"]

@@ -26,6 +26,9 @@ class MoEConfig:
     """Tensor-parallel degree of the experts; default the dense tp. Must divide tp."""
     drop_tokens: bool = True
     """Drop assignments over an expert's capacity (capacity_factor); false = dropless."""
+    pad_to_capacity: bool = False
+    """With drop_tokens, every expert computes a full capacity of rows (padded; GShard/Switch
+    static shapes, Megatron-Core ``moe_pad_expert_input_to_capacity``); false: its kept rows."""
 
 
 def moe_from_table(t: dict, file: str) -> MoEConfig:
@@ -51,8 +54,9 @@ def moe_from_table(t: dict, file: str) -> MoEConfig:
             v = kw[key]
             if isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "seed" else 1):
                 raise ConfigError(file, p + key, f"expected a {'non-negative' if key == 'seed' else 'positive'} integer, got {v!r}")
-    if "drop_tokens" in kw and not isinstance(kw["drop_tokens"], bool):
-        raise ConfigError(file, p + "drop_tokens", f"expected true/false, got {kw['drop_tokens']!r}")
+    for key in ("drop_tokens", "pad_to_capacity"):
+        if key in kw and not isinstance(kw[key], bool):
+            raise ConfigError(file, p + key, f"expected true/false, got {kw[key]!r}")
     if "histogram" in kw:
         h = kw["histogram"]
         ok = isinstance(h, list) and h and all(
@@ -61,6 +65,8 @@ def moe_from_table(t: dict, file: str) -> MoEConfig:
             raise ConfigError(file, p + "histogram", "expected a list of non-negative numbers (tokens per expert), not all zero")
         kw["histogram"] = tuple(float(x) for x in h)
     cfg = MoEConfig(**kw)
+    if cfg.pad_to_capacity and not cfg.drop_tokens:
+        raise ConfigError(file, p + "pad_to_capacity", "needs drop_tokens = true (a dropless expert has no capacity)")
     if cfg.routing == "histogram" and cfg.histogram is None:
         raise ConfigError(file, p + "histogram", "missing (routing = \"histogram\" needs one value per expert)")
     return cfg

@@ -29,7 +29,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from parsim.cluster.collectives import collective_time
+from parsim.cluster.collectives import collective_time, placement
+from parsim.cluster.hardware import canonical_precision
+from parsim.cluster.kernels import grouped_gemm_time
 from parsim.cluster.precision import PRECISION_TABLE
 from parsim.config.moe import MoEConfig
 
@@ -129,17 +131,217 @@ def expert_dp_ranks(par) -> list[int]:
     return out
 
 
+# ---------------------------------------------------------------- kernels
+# Memory-bound MoE kernels as Megatron-Core runs them (megatron/core/transformer/moe:
+# router.py ``topk_softmax_with_capacity``, moe_utils.py ``permute``/``unpermute``,
+# token_dispatcher.py ``MoEAlltoAllTokenDispatcher``; Transformer Engine's fused
+# ``moe_permute``/``moe_unpermute``). Bytes are HBM reads + writes, counted per kernel.
+ROUTER_LOGIT_BYTES = 4
+"""Router logits and probabilities are fp32 (Megatron-Core ``moe_router_dtype`` fp32, the
+precision the MoE docs recommend for the softmax/top-k and the aux loss)."""
+ROUTER_FWD_PASSES = 6
+"""fp32 [T, E] passes of the router forward after its GEMM: softmax (or sigmoid) read +
+write, top-k read, the scatter of the top-k probs into the dense [T, E] ``probs`` write,
+the aux-loss (load-balancing) reads of probs and of the [T, E] routing map (counted as one
+fp32 pass: the map is 1 byte, the per-expert token count another read of it)."""
+ROUTER_BWD_PASSES = 4
+"""fp32 [T, E] passes of the router backward before its GEMMs: the aux-loss gradient write,
+the softmax backward's reads of probs and gradient and its write."""
+ROUTER_KERNELS = (8, 6)
+"""Kernels of the router in forward and backward (GEMM, softmax, top-k, scatter, aux loss
+sums; their backward), each with a launch gap (``device.kernel_launch_s``)."""
+PERMUTE_KERNELS = (6, 6)
+"""Kernels of dispatch + combine bookkeeping per pass: the permute, the sort of received
+chunks by local expert, its inverse, the unpermute (weighted combine), plus the routing-map
+index computation; the same number run their backward."""
+FP8_ROW_ALIGN = {"fp8": 16, "mxfp8": 32}
+"""Rows each expert pads to under FP8 (Megatron-Core ``moe_router_padding_for_fp8``:
+FP8 GEMMs need M a multiple of 16, MXFP8 of 32: one scale block of 32 rows)."""
+QUANT_BYTES_PER_ELEMENT = {"fp8": 2 + 1 + 1, "mxfp8": 2 + 2 * (1 + 1 / 32)}
+"""Bytes per element of one quantization pass before an FP8 GEMM (Transformer Engine):
+read the bf16 tensor, write the row-wise FP8 copy and the column-wise (transposed) copy the
+weight-gradient GEMM needs; MXFP8 adds one 8-bit scale per 32 elements to each copy."""
+
+
+def _dense_gemm(dev, m: int, n: int, k: int, prec: str) -> float:
+    """A plain GEMM by the kernel model where the profile has one, else the device's model."""
+    if m <= 0 or n <= 0 or k <= 0:
+        return 0.0
+    if dev.kernels is not None:
+        return dev.kernel_gemm_time(m, n, k, prec)
+    return dev.gemm_time(m, n, k, prec)
+
+
+def _grouped(dev, problems: list[tuple[int, int, int]], prec: str) -> float:
+    """One grouped-GEMM launch over the local experts (kernel model), else the sum of
+    per-expert GEMMs (the device's shape model) for profiles without kernel facts."""
+    if dev.kernels is not None:
+        return grouped_gemm_time(dev, tuple(problems), canonical_precision(prec))
+    return sum(dev.gemm_time(m, n, k, prec) for m, n, k in problems if m and n and k)
+
+
+def expert_rows(kept: np.ndarray, precision: str, capacity: float | None, pad_to_capacity: bool) -> list[int]:
+    """Rows each local expert's GEMMs compute: its kept assignments, the full capacity when
+    the expert input is padded to it, rounded up to the FP8 row alignment."""
+    align = FP8_ROW_ALIGN.get(canonical_precision(precision), 1)
+    out = []
+    for r in kept:
+        rows = capacity if (pad_to_capacity and capacity is not None) else float(r)
+        rows = int(math.ceil(rows - 1e-9))
+        out.append(-(-rows // align) * align)
+    return out
+
+
+def router_bytes(tokens: float, n_experts: int) -> tuple[float, float]:
+    """(forward, backward) HBM bytes of the router's memory-bound kernels for ``tokens`` tokens."""
+    per_pass = tokens * n_experts * ROUTER_LOGIT_BYTES
+    return ROUTER_FWD_PASSES * per_pass, ROUTER_BWD_PASSES * per_pass
+
+
+def permute_bytes(tokens: float, top_k: int, rows: float, d_model: int, bpe: float) -> tuple[float, float]:
+    """(forward, backward) HBM bytes of dispatch permutation and combine unpermutation.
+
+    Forward: permute (read T*k rows of d -- a token is read once per expert it goes to --
+    write T*k rows); sort the R received rows by local expert (read + write R rows); after
+    the experts, the inverse sort (R rows read + written); the unpermute with its weighted
+    sum (read T*k rows, write T). Backward: the same gathers and scatters on the gradients,
+    plus the combine's probability gradient reads the expert outputs again (T*k rows).
+    """
+    row = d_model * bpe
+    tk = tokens * top_k
+    fwd = (2 * tk + 2 * rows + 2 * rows + tk + tokens) * row
+    bwd = (2 * tk + 2 * rows + 2 * rows + 2 * tk + tokens) * row
+    return fwd, bwd
+
+
+def activation_bytes(rows: float, f: int, ffn_matrices: int, bpe: float) -> tuple[float, float]:
+    """(forward, backward) bytes of the expert activation on ``rows`` rows of local width f:
+    SwiGLU reads gate and up and writes their product (3f), its backward reads the gradient
+    and both inputs and writes two gradients (5f); GeLU 2f and 3f."""
+    if ffn_matrices == 3:
+        return 3.0 * rows * f * bpe, 5.0 * rows * f * bpe
+    return 2.0 * rows * f * bpe, 3.0 * rows * f * bpe
+
+
+def quantize_bytes(rows: float, d_model: int, f: int, ffn_matrices: int, precision: str) -> tuple[float, float]:
+    """(forward, backward) bytes of the FP8 quantization passes of the expert GEMMs' inputs:
+    forward the FC1 input (d) and the FC2 input (f); backward the FC2 output gradient (d)
+    and the FC1 output gradient ((ffn_matrices - 1) f). Zero for 16-bit precisions."""
+    per = QUANT_BYTES_PER_ELEMENT.get(canonical_precision(precision))
+    if per is None:
+        return 0.0, 0.0
+    return rows * (d_model + f) * per, rows * (d_model + (ffn_matrices - 1) * f) * per
+
+
+def all_to_all_time(hw, nbytes: float, group: tuple[int, ...]) -> float:
+    """One NCCL all-to-all (Megatron-Core's ``alltoall`` dispatcher, not DeepEP) of ``nbytes``
+    per rank (its send or, for the busiest rank, its receive buffer) over ``group``.
+
+    Each rank exchanges S/n with every peer at once: the (g-1)/n of S bound for its own node
+    go over NVLink, the (n-g)/n for other nodes over the network, both concurrently; every
+    GPU of a node sends off-node at once, so a rank gets its node's NIC bandwidth divided by
+    the GPUs per node (not the whole node's, as a ring crossing once would). Latency: the
+    ring convention of ``parsim.cluster.collectives`` ((n-1) steps of the slowest hop).
+    """
+    n = len(group)
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    pl = placement(hw, list(group))
+    if pl.nodes <= 1:
+        return collective_time(hw, "all_to_all", nbytes, list(group))
+    g = pl.per_node
+    intra = nbytes * (g - 1) / n / hw.nvlink.effective_bandwidth
+    nic = hw.nic.effective_bandwidth * hw.nics_per_node / hw.gpus_per_node
+    hops = 1
+    if pl.leaves > 1:
+        nic /= max(1.0, hw.spine_oversubscription)
+        hops = 3
+    inter = nbytes * (n - g) / n / nic
+    latency = (n - 1) * (hw.nic.latency_s + 2 * hops * hw.switch_latency_s)
+    return max(intra, inter) + latency
+
+
+PIECES = ("router", "permute", "grouped_gemm", "activation", "quantize")
+"""The named pieces of one MoE layer's compute (:class:`MoEKernels`)."""
+
+
+@dataclass(frozen=True)
+class MoEKernels:
+    """Seconds of one MoE layer's pieces on the slowest EP rank, one microbatch, by pass
+    (forward, backward-input, backward-weight)."""
+
+    router: tuple[float, float, float]
+    """Router GEMM, softmax/sigmoid + top-k, aux-loss (and its backward), launch gaps."""
+    permute: tuple[float, float, float]
+    """Token permute / sort-by-expert and unpermute with the weighted combine, launch gaps."""
+    grouped_gemm: tuple[float, float, float]
+    """The experts' grouped GEMMs (FC1, FC2; their dgrad; their wgrad): one launch each."""
+    activation: tuple[float, float, float]
+    """The expert activation (SwiGLU / GeLU) and its backward."""
+    quantize: tuple[float, float, float]
+    """FP8 / MXFP8 quantization (+ transpose) passes of the grouped GEMMs' inputs."""
+
+    def by_piece(self) -> tuple[tuple[str, float], ...]:
+        """(piece, forward + backward seconds) for each piece."""
+        return tuple((name, float(sum(getattr(self, name)))) for name in PIECES)
+
+    def total(self, i: int) -> float:
+        """All pieces of pass ``i`` (0 forward, 1 backward-input, 2 backward-weight)."""
+        return self.router[i] + self.permute[i] + self.grouped_gemm[i] + self.activation[i] + self.quantize[i]
+
+
+def layer_kernels(dev, model, cfg: MoEConfig, precision: str, r: Routing, kept: np.ndarray, rows: float,
+                  f: int, gemm_precision: str | None = None) -> MoEKernels:
+    """The pieces of one MoE layer on a rank whose local experts keep ``kept`` assignments
+    (``rows`` in all), routing ``r.tokens_per_rank`` tokens, expert width ``f``; the grouped
+    GEMMs (and their FP8 casts) at ``gemm_precision`` (default ``precision``)."""
+    gp = gemm_precision or precision
+    d, e, k = model.d_model, model.n_experts, model.top_k
+    bpe = PRECISION_TABLE[precision].activation_bytes
+    launch = dev.kernel_launch_s
+    t = r.tokens_per_rank
+    ti = int(math.ceil(t))
+    mem = dev.memory_time
+    rf, rb = router_bytes(t, e)
+    rp = precision if precision in ("fp16", "fp32", "tf32") else "bf16"  # never FP8 (Megatron, TE)
+    router = (_dense_gemm(dev, ti, e, d, rp) + mem(rf) + ROUTER_KERNELS[0] * launch,
+              _dense_gemm(dev, ti, d, e, rp) + mem(rb) + ROUTER_KERNELS[1] * launch,
+              _dense_gemm(dev, e, d, ti, rp))
+    pf, pb = permute_bytes(t, k, rows, d, bpe)
+    permute = (mem(pf) + PERMUTE_KERNELS[0] * launch, mem(pb) + PERMUTE_KERNELS[1] * launch, 0.0)
+    m = expert_rows(kept, gp, r.capacity, cfg.pad_to_capacity)
+    n1 = (model.ffn_matrices - 1) * f  # gate and up as one FC1 (Megatron-Core GroupedMLP)
+    fc1 = [(x, n1, d) for x in m]
+    fc2 = [(x, d, f) for x in m]
+    gg = (_grouped(dev, fc1, gp) + _grouped(dev, fc2, gp) + 2 * launch,
+          _grouped(dev, [(x, f, d) for x in m], gp) + _grouped(dev, [(x, d, n1) for x in m], gp)
+          + 2 * launch,
+          _grouped(dev, [(d, n1, x) for x in m], gp) + _grouped(dev, [(f, d, x) for x in m], gp)
+          + 2 * launch)
+    padded = float(sum(m))
+    af, ab = activation_bytes(padded, f, model.ffn_matrices, bpe)
+    activation = (mem(af) + launch, mem(ab) + launch, 0.0)
+    qf, qb = quantize_bytes(padded, d, f, model.ffn_matrices, gp)
+    quant = (mem(qf) + (2 * launch if qf else 0.0), mem(qb) + (2 * launch if qb else 0.0), 0.0)
+    return MoEKernels(router, permute, gg, activation, quant)
+
+
 @dataclass(frozen=True)
 class MoEPhase:
     """Per-layer, per-microbatch MoE costs on the slowest EP rank."""
 
     routing: Routing
+    """Where the assignments go (group-wide)."""
     group: tuple[int, ...]
+    """Global ranks of the EP group."""
     expert_tp: int
+    """Tensor-parallel degree of the experts."""
     rank_times: np.ndarray
-    """Per EP rank: (forward, backward-input, backward-weight) expert GEMM seconds, shape (G, 3)."""
+    """Per EP rank: (forward, backward-input, backward-weight) seconds of all MoE kernels, shape (G, 3)."""
     slowest: int
-    """Index (in the group) of the rank with the most expert work."""
+    """Index (in the group) of the rank with the most MoE work."""
+    kernels: MoEKernels
+    """The slowest rank's pieces by pass."""
     all_to_all_s: float
     """One dispatch (or combine) all-to-all as the slowest rank sees it."""
     forward_flops: float
@@ -160,62 +362,33 @@ class MoEPhase:
         return float(self.rank_times[self.slowest, 2])
 
 
-def _expert_times(dev, model, rows: np.ndarray, f: int, prec: str) -> tuple[float, float, float]:
-    """F, I, W seconds of the experts that compute ``rows`` assignments each (f: local hidden size)."""
-    d = model.d_model
-    shapes = [(f, d)] * (model.ffn_matrices - 1) + [(d, f)]  # (n, k) of gate/up (or fc1) and down
-    t = [0.0, 0.0, 0.0]
-    for r in rows:
-        m = int(math.ceil(r))
-        for n, k in shapes:
-            t[0] += dev.gemm_time(m, n, k, prec)
-            t[1] += dev.gemm_time(m, k, n, prec)
-            t[2] += dev.gemm_time(k, n, m, prec)
-    return t[0], t[1], t[2]
-
-
 def moe_phase(model, hw, cfg: MoEConfig, precision: str, tokens: int, group: tuple[int, ...], expert_tp: int,
-              tp: int) -> MoEPhase:
+              tp: int, gemm_precision: str | None = None) -> MoEPhase:
     """Costs of one MoE layer for one microbatch of ``tokens`` tokens per rank (after cp) on the
-    EP group ``group`` (:func:`ep_group_ranks`; experts sharded over ``expert_tp`` of the ``tp`` ranks)."""
+    EP group ``group`` (:func:`ep_group_ranks`; experts sharded over ``expert_tp`` of the ``tp``
+    ranks). ``precision``: the training precision (activations, dispatch); ``gemm_precision``:
+    what the grouped GEMMs run at (default the same; FP8 may run as MXFP8)."""
     m = model
     fold = tp // expert_tp
     g = len(group)
     r = route(m, cfg, tokens / fold, g)
     f = -(-m.d_ff_expert_ // expert_tp)
     per_rank = r.kept.reshape(g, m.n_experts // g)
-    times = np.array([_expert_times(hw.device, m, rows, f, precision) for rows in per_rank])
+    dev = hw.device
+    # ranks with the same local loads cost the same: compute each distinct load once
+    cache: dict[tuple, MoEKernels] = {}
+    pieces = []
+    for i, rows in enumerate(per_rank):
+        key = tuple(np.round(rows, 6))
+        if key not in cache:
+            cache[key] = layer_kernels(dev, m, cfg, precision, r, rows, float(r.received[i]), f,
+                                       gemm_precision or precision)
+        pieces.append(cache[key])
+    times = np.array([[p.total(0), p.total(1), p.total(2)] for p in pieces])
     slowest = int(np.argmax(times.sum(axis=1)))
     bpe = PRECISION_TABLE[precision].activation_bytes  # tokens are dispatched as activations
     buf = max(r.sent, float(r.received.max())) * m.d_model * bpe
-    a2a = collective_time(hw, "all_to_all", buf, group) if g > 1 else 0.0
+    a2a = all_to_all_time(hw, buf, tuple(group))
     flops = 2.0 * float(r.kept.sum()) / g * m.ffn_matrices * m.d_model * f
-    return MoEPhase(r, tuple(group), expert_tp, times, slowest, a2a, flops, float(r.received[slowest]))
-
-
-def moe_metrics(phase: MoEPhase, moe_layers_per_rank: list[int], n_microbatches: int,
-                recompute_full: bool, peak_memory_bytes: float, element_bytes: int, d_model: int) -> dict:
-    """The result's ``moe`` object (per-rank tokens, expert compute, all-to-all, drops, memory)."""
-    r = phase.routing
-    n_layers = float(np.mean(moe_layers_per_rank)) if moe_layers_per_rank else 0.0
-    per_layer_expert = phase.forward_s + phase.backward_input_s + phase.backward_weight_s
-    if recompute_full:
-        per_layer_expert += phase.forward_s
-    a2a_per_layer = (6 if recompute_full else 4) * phase.all_to_all_s
-    b = all_to_all_bytes(r, d_model, element_bytes)
-    return {
-        "ep_group_size": r.group_size,
-        "expert_tp": phase.expert_tp,
-        "tokens_per_rank": r.tokens_per_rank,
-        "routed_tokens_per_rank": [float(x) for x in r.received],
-        "imbalance": r.imbalance,
-        "capacity_tokens_per_expert": r.capacity,
-        "dropped_fraction": r.dropped_fraction,
-        "layer_expert_compute_s": {"forward": phase.forward_s, "backward_input": phase.backward_input_s,
-                                   "backward_weight": phase.backward_weight_s},
-        "layer_all_to_all_s": phase.all_to_all_s,
-        "all_to_all_bytes_per_rank": {"send": float(b["send"]), "recv_max": float(np.max(b["recv"]))},
-        "expert_compute_s": per_layer_expert * n_layers * n_microbatches,
-        "all_to_all_s": a2a_per_layer * n_layers * n_microbatches,
-        "worst_rank_peak_memory_bytes": peak_memory_bytes,
-    }
+    return MoEPhase(r, tuple(group), expert_tp, times, slowest, pieces[slowest], a2a, flops,
+                    float(r.received[slowest]))

@@ -59,6 +59,9 @@ class RankStatic:
     """Gradients (ZeRO-2/3: the shard)."""
     optimizer: float
     """Optimizer state incl. fp32 master weights (ZeRO-1/2/3: the shard)."""
+    buffers: tuple[tuple[str, float], ...] = ()
+    """The framework's other step-long buffers, (kind, bytes): grad_buckets (gradients in
+    flight to their reduction), comm_buffers (NCCL), fp8_weights (FP8 weight copies)."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,9 @@ class MoEFigures:
     """Bytes one rank sends in one dispatch (or combine)."""
     all_to_all_recv_max_bytes: float
     """Bytes the busiest rank receives in one dispatch (or combine)."""
+    kernels_s: tuple[tuple[str, float], ...] = ()
+    """One MoE layer, one microbatch, forward + backward on the slowest rank, seconds by piece
+    (router, permute, grouped_gemm, activation, quantize: ``parsim.costs.moe.MoEKernels``)."""
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,9 @@ def moe_metrics(fig: MoEFigures, layers_per_rank: list[int], n_microbatches: int
         "layer_expert_compute_s": {"forward": fig.forward_s, "backward_input": fig.backward_input_s,
                                    "backward_weight": fig.backward_weight_s},
         "layer_all_to_all_s": fig.all_to_all_s,
+        # one MoE layer, one microbatch, forward + backward (no recompute), the slowest EP rank
+        "layer_s": {**{f"{name}_s": t for name, t in fig.kernels_s},
+                    "all_to_all_s": 4 * fig.all_to_all_s},
         "all_to_all_bytes_per_rank": {"send": fig.all_to_all_send_bytes, "recv_max": fig.all_to_all_recv_max_bytes},
         "expert_compute_s": per_layer_expert * n_layers * n_microbatches,
         "all_to_all_s": a2a_per_layer * n_layers * n_microbatches,
