@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import parsim.costs.compute as _compute
 import parsim.costs.dp as _dp
 import parsim.costs.inputs as _inputs
 import parsim.costs.layer as _layer
@@ -24,7 +23,7 @@ from parsim.config.scenario import Scenario
 from parsim.costs.dp import DPInputs, DPOps, DPSetting, dp_ops
 from parsim.costs.inputs import CostInputs, cost_inputs, layer_inputs, rank_groups, schedule_traits_of
 from parsim.costs.layer import moe_phase
-from parsim.costs.memory import FP8_WEIGHT_COPIES, framework_states, nccl_buffer_bytes
+from parsim.costs.memory import model_state_bytes
 from parsim.costs.moe import all_to_all_bytes
 from parsim.costs.parts import AxisBytes, Parts
 from parsim.costs.stage import (
@@ -81,8 +80,7 @@ class ModelCosts:
         if mc is None:  # equal stages share one StageCost and one DPOps
             shared = [stage_cost(self.layer_inputs, sh) for sh in layout.shapes]
             tr = inputs.training
-            setting = DPSetting(inputs.cluster, par, tr.optimizer, tr.precision, inputs.overlap,
-                                inputs.model, self.traits.n_chains)
+            setting = DPSetting(inputs.cluster, par, tr.optimizer, tr.precision, inputs.overlap)
             dp = [self._dp_of(setting, st) for st in shared]
             costs = [shared[i] for i in layout.shape_of]
             self.dp_ops: tuple[DPOps | None, ...] = tuple(dp[i] for i in layout.shape_of)
@@ -103,8 +101,7 @@ class ModelCosts:
         return cls(cost_inputs(sc))
 
     def _dp_of(self, setting: DPSetting, st: StageCost) -> DPOps:
-        return dp_ops(DPInputs(setting, st.params, st.expert_params, st.parts[Op.B].total, st.n_layers,
-                               st.parts[Op.F].total, st.moe_layers))
+        return dp_ops(DPInputs(setting, st.params, st.expert_params, st.parts[Op.B].total, st.n_layers))
 
     # ---- CostTable protocol (the engine's questions) -------------------------
     def stage_ops(self, stage: int) -> dict[Op, OpCost]:
@@ -153,31 +150,18 @@ class ModelCosts:
         """Model-state bytes of a pipeline rank (all its stages)."""
         return self.model_states([s for s in range(len(self.stage_costs)) if stage_to_rank[s] == rank], rank)
 
-    def model_states(self, stages: list[int], rank: int) -> dict:
-        """Model-state bytes of pipeline rank ``rank`` holding ``stages`` (ascending): params,
-        grads, optimizer, and ``buffers`` ((kind, bytes) pairs: parsim.costs.memory's
-        framework buffers, all zero under ``parallel.framework = "zero"``)."""
+    def model_states(self, stages: list[int], rank: int) -> dict[str, float]:
+        """Model-state bytes of pipeline rank ``rank`` holding ``stages`` (ascending)."""
         par, tr = self.inputs.parallel, self.inputs.training
         n = sum(self.stage_costs[s].params for s in stages)
         ne = sum(self.stage_costs[s].expert_params for s in stages)
-        unit = max((self.stage_costs[s].params / max(1, self.stage_costs[s].n_layers) for s in stages), default=0.0)
-        per_mb = par.dp > 1 and par.grad_per_microbatch
-        ms = framework_states(par.framework, n - ne, par.shard_degree, par.zero, tr.optimizer, tr.precision,
-                              per_mb, unit)
+        ms = model_state_bytes(n - ne, par.dp, par.zero, tr.optimizer, tr.precision)
         # experts: ZeRO shards them over the ranks that hold the same experts (dp*cp/ep)
-        me = framework_states(par.framework, ne, len(self.groups.edp), par.zero, tr.optimizer, tr.precision, per_mb)
+        me = model_state_bytes(ne, len(self.groups.edp), par.zero, tr.optimizer, tr.precision)
         extra = self.weight_versions(rank) - 1  # PipeDream / 2BW stashed weight versions (16-bit copies)
         stash = extra * n * PRECISION_TABLE[tr.precision].weight_bytes
-        buffers = {"grad_buckets": ms["grad_buckets"] + me["grad_buckets"]}
-        if par.framework != "zero":
-            comms = sum(getattr(par, a) > 1 for a in ("tp", "pp", "cp", "ep", "dp"))
-            comms += par.shard_degree < par.dp  # HSDP: a shard and a replica communicator
-            buffers["comm_buffers"] = nccl_buffer_bytes(comms)
-            if tr.precision == "fp8" and par.framework != "fsdp":
-                buffers["fp8_weights"] = FP8_WEIGHT_COPIES * n  # Transformer Engine's FP8 weight + transpose
-        return {"params": ms["params"] + me["params"] + stash, "grads": ms["grads"] + me["grads"],
-                "optimizer": ms["optimizer"] + me["optimizer"],
-                "buffers": tuple((k, v) for k, v in buffers.items() if v)}
+        return {"params": ms.params + me.params + stash, "grads": ms.grads + me.grads,
+                "optimizer": ms.optimizer + me.optimizer}
 
     def weight_versions(self, rank: int) -> int:
         """Weight versions a pipeline rank holds (1 unless PipeDream / PipeDream-2BW)."""
@@ -216,7 +200,7 @@ class ModelCosts:
 
 def clear_caches() -> None:
     """Empty every cache of the cost model's pure parts (a cold start, for benchmarks and tests)."""
-    for module in (_inputs, _compute, _layer, _stage, _dp):
+    for module in (_inputs, _layer, _stage, _dp):
         module.clear_caches()
 
 
