@@ -131,3 +131,31 @@ def test_pad_to_capacity_needs_drop_tokens():
     with pytest.raises(ConfigError, match="pad_to_capacity"):
         moe_from_table({"pad_to_capacity": True, "drop_tokens": False}, "x.toml")
     assert moe_from_table({"pad_to_capacity": True}, "x.toml").pad_to_capacity
+
+
+def test_routing_stash_by_hand():
+    # 4096 tokens x 128 experts x (1 map + 4 probs + 4 row ids) bytes = 4.72 MB
+    assert moe.routing_stash_bytes(4096, 128) == 4096 * 128 * 9
+
+
+def test_deepep_crosses_each_node_once():
+    # 8 experts on 2 nodes (4 each), top-2: P(a node holds neither) = (4/8)(3/7) = 3/14
+    assert moe.distinct_nodes(8, 2, 2) == pytest.approx(2 * (1 - 3 / 14))
+    assert moe.distinct_nodes(8, 2, 1) == 1.0
+    hw = H100
+    group = tuple(range(16))
+    t, k, e, row = 4096, 8, 128, 2048 * 2
+    remote = moe.distinct_nodes(e, k, 2) / 2  # the one other node, when hit
+    nic = hw.nic.effective_bandwidth * hw.nics_per_node / hw.gpus_per_node
+    rdma = t * remote * row / nic
+    nvl = t * k * row * 7 / 8 / hw.nvlink.effective_bandwidth
+    lat = hw.nic.latency_s + 2 * hw.switch_latency_s
+    assert moe.deepep_time(hw, t, k, e, row, group) == pytest.approx(max(rdma, nvl) + lat)
+    # fewer bytes over the network than the NCCL all-to-all of the same dispatch
+    assert moe.deepep_time(hw, t, k, e, row, group) < moe.all_to_all_time(hw, t * k * row, group)
+
+
+def test_dispatcher_key_checked():
+    with pytest.raises(ConfigError, match="moe.dispatcher"):
+        moe_from_table({"dispatcher": "nccl"}, "x.toml")
+    assert moe_from_table({"dispatcher": "deepep"}, "x.toml").dispatcher == "deepep"

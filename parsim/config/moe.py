@@ -6,6 +6,7 @@ from dataclasses import dataclass, fields
 from parsim.errors import ConfigError
 
 ROUTINGS = ("balanced", "zipf", "lognormal", "histogram")
+DISPATCHERS = ("alltoall", "deepep")
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,11 @@ class MoEConfig:
     """Tensor-parallel degree of the experts; default the dense tp. Must divide tp."""
     drop_tokens: bool = True
     """Drop assignments over an expert's capacity (capacity_factor); false = dropless."""
+    dispatcher: str = "alltoall"
+    """How tokens reach their experts: ``alltoall`` (NCCL all-to-all, Megatron-Core's
+    ``moe_token_dispatcher_type = "alltoall"``) or ``deepep`` (DeepEP normal kernels, Megatron's
+    ``flex`` dispatcher: a token crosses the network once per destination node, then fans out
+    over NVLink)."""
     pad_to_capacity: bool = False
     """With drop_tokens, every expert computes a full capacity of rows (padded; GShard/Switch
     static shapes, Megatron-Core ``moe_pad_expert_input_to_capacity``); false: its kept rows."""
@@ -41,6 +47,8 @@ def moe_from_table(t: dict, file: str) -> MoEConfig:
         if k not in names:
             raise ConfigError(file, p + k, f"unknown key (known: {', '.join(sorted(names))})")
     kw = dict(t)
+    if kw.get("dispatcher", "alltoall") not in DISPATCHERS:
+        raise ConfigError(file, p + "dispatcher", f"{kw['dispatcher']!r} is not one of {', '.join(DISPATCHERS)}")
     if kw.get("routing", "balanced") not in ROUTINGS:
         raise ConfigError(file, p + "routing", f"{kw['routing']!r} is not one of {', '.join(ROUTINGS)}")
     for key in ("zipf_s", "lognormal_sigma"):

@@ -233,6 +233,19 @@ def quantize_bytes(rows: float, d_model: int, f: int, ffn_matrices: int, precisi
     return rows * (d_model + f) * per, rows * (d_model + (ffn_matrices - 1) * f) * per
 
 
+ROUTING_MAP_BYTES = 1 + 4 + 4
+"""Bytes per (token, expert) the routing keeps for the backward: the boolean routing map and
+the fp32 probabilities (Megatron-Core ``topk_softmax_with_capacity`` returns both as dense
+[T, E]; the softmax backward needs the probabilities), and the int32 row-id map of Transformer
+Engine's ``moe_permute`` ([E, T]) that its backward gathers through."""
+
+
+def routing_stash_bytes(tokens: float, n_experts: int) -> float:
+    """Bytes one MoE layer keeps for its backward besides the dispatched rows: the routing
+    map, probabilities and permutation row-id map of :data:`ROUTING_MAP_BYTES` per entry."""
+    return tokens * n_experts * ROUTING_MAP_BYTES
+
+
 def all_to_all_time(hw, nbytes: float, group: tuple[int, ...]) -> float:
     """One NCCL all-to-all (Megatron-Core's ``alltoall`` dispatcher, not DeepEP) of ``nbytes``
     per rank (its send or, for the busiest rank, its receive buffer) over ``group``.
@@ -263,6 +276,51 @@ def all_to_all_time(hw, nbytes: float, group: tuple[int, ...]) -> float:
 
 PIECES = ("router", "permute", "grouped_gemm", "activation", "quantize")
 """The named pieces of one MoE layer's compute (:class:`MoEKernels`)."""
+
+
+def distinct_nodes(n_experts: int, top_k: int, nodes: int) -> float:
+    """Expected distinct nodes one token's top_k experts sit on, experts spread evenly over
+    ``nodes`` and chosen uniformly without replacement (balanced routing): nodes times the
+    chance that a node holds at least one of them (hypergeometric)."""
+    if nodes <= 1:
+        return 1.0
+    per = n_experts / nodes
+    miss = 1.0
+    for i in range(top_k):  # P(none of the k picks on a given node)
+        miss *= max(0.0, (n_experts - per - i) / (n_experts - i))
+    return nodes * (1.0 - miss)
+
+
+def deepep_time(hw, tokens: float, top_k: int, n_experts: int, row_bytes: float, group: tuple[int, ...],
+                imbalance: float = 1.0) -> float:
+    """One DeepEP normal-kernel dispatch (or combine) of ``tokens`` tokens per rank.
+
+    DeepEP (github.com/deepseek-ai/DeepEP, the DeepSeek-V3 report Sec. 3.2.2) sends a token
+    over RDMA once to each other node that holds one of its experts (to the GPU of the same
+    local index), which forwards it over NVLink to the experts' GPUs there. Per rank: RDMA
+    bytes T * (remote distinct nodes) * row, NVLink bytes T * k * row * (g-1)/g (the forward
+    fan-out, each destination GPU once per expert it hosts -- counted per expert as its
+    receive buffer is laid out). The README's normal-kernel table (H800, CX7 400 Gb/s)
+    reaches 43-58 GB/s RDMA and ~155 GB/s NVLink per GPU: the profile's NIC and NVLink
+    bandwidths are used for them. The busiest rank's receive scales by ``imbalance``.
+    """
+    n = len(group)
+    if n <= 1 or tokens <= 0:
+        return 0.0
+    pl = placement(hw, list(group))
+    g = pl.per_node
+    nodes = pl.nodes
+    nvl = tokens * top_k * row_bytes * (g - 1) / max(1, n) * nodes * imbalance
+    if nodes <= 1:
+        return nvl / hw.nvlink.effective_bandwidth + (n - 1) * hw.nvlink.latency_s
+    remote = distinct_nodes(n_experts, top_k, nodes) * (nodes - 1) / nodes
+    nic = hw.nic.effective_bandwidth * hw.nics_per_node / hw.gpus_per_node
+    hops = 1
+    if pl.leaves > 1:
+        nic /= max(1.0, hw.spine_oversubscription)
+        hops = 3
+    rdma = tokens * remote * row_bytes * imbalance / nic
+    return max(rdma, nvl / hw.nvlink.effective_bandwidth) + (nodes - 1) * (hw.nic.latency_s + 2 * hops * hw.switch_latency_s)
 
 
 @dataclass(frozen=True)
@@ -348,6 +406,8 @@ class MoEPhase:
     """Mean rank's expert GEMM FLOPs of one forward."""
     routed_rows: float
     """Assignments the slowest rank computes (its dispatched-token activations)."""
+    routing_stash_bytes: float = 0.0
+    """Routing map, probabilities and row-id map one layer keeps for the backward."""
 
     @property
     def forward_s(self) -> float:
@@ -387,8 +447,12 @@ def moe_phase(model, hw, cfg: MoEConfig, precision: str, tokens: int, group: tup
     times = np.array([[p.total(0), p.total(1), p.total(2)] for p in pieces])
     slowest = int(np.argmax(times.sum(axis=1)))
     bpe = PRECISION_TABLE[precision].activation_bytes  # tokens are dispatched as activations
-    buf = max(r.sent, float(r.received.max())) * m.d_model * bpe
-    a2a = all_to_all_time(hw, buf, tuple(group))
+    if cfg.dispatcher == "deepep":
+        a2a = deepep_time(hw, r.tokens_per_rank * (1.0 - r.dropped_fraction), m.top_k, m.n_experts,
+                          m.d_model * bpe, tuple(group), r.imbalance)
+    else:
+        buf = max(r.sent, float(r.received.max())) * m.d_model * bpe
+        a2a = all_to_all_time(hw, buf, tuple(group))
     flops = 2.0 * float(r.kept.sum()) / g * m.ffn_matrices * m.d_model * f
     return MoEPhase(r, tuple(group), expert_tp, times, slowest, pieces[slowest], a2a, flops,
-                    float(r.received[slowest]))
+                    float(r.received[slowest]), routing_stash_bytes(r.tokens_per_rank, m.n_experts))
