@@ -17,8 +17,14 @@ weigh alike):
 * the one-element op -> ``kernel_launch_us``;
 * one-way p2p with the sender computing after its isend (``p2p``) -> link ``latency`` alpha
   and ``bandwidth`` beta of ``t = alpha + S/beta`` (the ping-pong ``p2p_idle`` rows are reported)
-  (non-negative least squares on relative error); collectives are reported against the
-  alpha-beta ring formulas of ``parsim.collectives`` with those alpha/beta (not fitted).
+  (non-negative least squares on relative error);
+* collectives (all-reduce, all-gather, reduce-scatter, all-to-all, broadcast, as the runtime
+  calls them) -> per kind, group size and size range (:data:`SIZE_RANGES`) a latency alpha and
+  bandwidth beta in the ring formulas' terms of ``parsim.cluster.collectives``
+  (t = hops(n) alpha + busbw_factor(n) S / beta): :class:`CollectiveFit`, written into the
+  profile's ``[calibration]`` table (``collective_<kind>_<n>``). Each row is reported both
+  against its fit (family ``collective``) and against the ring formulas on the fitted
+  point-to-point link (``collective_ring``: what the cost model charges today).
 
 When a fitted efficiency would exceed 1 the matching peak/bandwidth is raised to the
 measured value and the efficiency set to 1 (a profile stores fractions in (0, 1]).
@@ -31,11 +37,69 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from parsim.cluster.collectives import alpha_beta_time
+from parsim.cluster.collectives import BUSBW_FACTOR, HOPS, alpha_beta_time
 from parsim.cluster.hardware import Device, HardwareProfile, LinkTier
 from parsim.costs.layer import scores_pass_bytes
 
 H_GRID = np.concatenate([[0.0], np.geomspace(0.5, 1024, 160)])
+SIZE_RANGES = (64 * 2 ** 10, 2 ** 20)
+"""Upper ends (bytes) of the collective fits' size ranges; the last range is open. Small
+messages are latency-bound, large ones bandwidth-bound, and gloo switches algorithms in
+between: one alpha-beta line per range follows the measured curve where one line cannot."""
+
+
+@dataclass(frozen=True)
+class CollectiveFit:
+    """One collective on one group size over one size range, in the ring formulas' terms."""
+
+    kind: str
+    """all_reduce | all_gather | reduce_scatter | all_to_all | broadcast."""
+    group: int
+    """Ranks in the group."""
+    max_bytes: float
+    """Largest size (nccl-tests' convention) this line covers; inf for the last range."""
+    alpha_s: float
+    """Per-step latency (the ring's hops(n) steps each pay it)."""
+    beta: float
+    """Link bandwidth, bytes/s (the ring moves busbw_factor(n) S over it)."""
+
+    def time(self, nbytes: float) -> float:
+        return HOPS[self.kind](self.group) * self.alpha_s + BUSBW_FACTOR[self.kind](self.group) * nbytes / self.beta
+
+    def as_row(self) -> list[float]:
+        """[max bytes, latency us, GB/s]: one row of the profile's ``collective_<kind>_<n>`` key."""
+        return [float(self.max_bytes), self.alpha_s * 1e6, self.beta / 1e9]
+
+
+def fit_collectives(rows: pd.DataFrame) -> tuple[CollectiveFit, ...]:
+    """Per (kind, group size): one alpha-beta line per size range with two sizes or more
+    (ranges with fewer are merged into their neighbour), least squares on relative error."""
+    out = []
+    for (kind, n), g in rows.groupby(["name", "group"]):
+        kind, n = str(kind), int(n)
+        if kind not in HOPS or n < 2:
+            continue
+        g = g.sort_values("bytes")
+        edges, lo = [], 0.0
+        for e in SIZE_RANGES:  # a range needs two sizes to fit a line, and so does what is left
+            if ((g["bytes"] > lo) & (g["bytes"] <= e)).sum() >= 2 and (g["bytes"] > e).sum() >= 2:
+                edges.append(e)
+                lo = e
+        lo = 0.0
+        for hi in [*edges, np.inf]:
+            part = g[(g["bytes"] > lo) & (g["bytes"] <= hi)]
+            a, b = fit_alpha_beta(part)
+            out.append(CollectiveFit(kind, n, float(hi), a / HOPS[kind](n), b * BUSBW_FACTOR[kind](n)))
+            lo = hi
+    return tuple(out)
+
+
+def collective_fit_time(fits: tuple[CollectiveFit, ...], kind: str, nbytes: float, n: int) -> float | None:
+    """Seconds of one collective from the fits (None when none covers this kind and group)."""
+    for f in sorted((f for f in fits if f.kind == kind and f.group == n), key=lambda f: f.max_bytes):
+        if nbytes <= f.max_bytes:
+            return f.time(nbytes)
+    return None
 
 
 @dataclass(frozen=True)
@@ -49,6 +113,16 @@ class Fit:
     """Median absolute relative error of each fitted family (gemm, memory, attention, p2p, ...)."""
     predictions: pd.DataFrame
     """The data rows with the fitted model's prediction and relative error."""
+    collectives: tuple[CollectiveFit, ...] = ()
+    """Per collective kind, group size and size range: the fitted alpha-beta line."""
+
+    def calibration_table(self) -> dict[str, list]:
+        """The collective fits as ``[calibration]`` keys: ``collective_<kind>_<n>`` =
+        [[max bytes, latency us, GB/s], ...] in size order."""
+        out: dict[str, list] = {}
+        for f in sorted(self.collectives, key=lambda f: (f.kind, f.group, f.max_bytes)):
+            out.setdefault(f"collective_{f.kind}_{f.group}", []).append(f.as_row())
+        return out
 
 
 def _gemm_model(dev: Device, m, n, k, precision: str) -> np.ndarray:
@@ -192,13 +266,21 @@ def fit_profile(base: HardwareProfile, data: pd.DataFrame, name: str, precision:
             prof = dataclasses.replace(prof, nic=LinkTier(base.nic.name, beta, alpha, 1.0))
             note = f"{tag}: one host only, set to the measured intra-node (loopback) tier"
             src.update({"network.nic_gbit_per_s": note, "network.nic_latency_us": note, "network.nic_efficiency": note})
-    pred = predictions(prof, data, precision)
+    colls = fit_collectives(kinds["collective"]) if "collective" in kinds else ()
+    pred = predictions(prof, data, precision, colls)
     quality = {k: float(np.median(np.abs(g["relative_error"]))) for k, g in pred.groupby("kind")}
-    return Fit(prof, src, quality, pred)
+    if "ring_relative_error" in pred:
+        ring = pred["ring_relative_error"].dropna()
+        if len(ring):
+            quality["collective_ring"] = float(np.median(np.abs(ring)))
+    return Fit(prof, src, quality, pred, colls)
 
 
-def predictions(prof: HardwareProfile, data: pd.DataFrame, precision: str) -> pd.DataFrame:
-    """Each data row with the profile's predicted seconds and the relative error."""
+def predictions(prof: HardwareProfile, data: pd.DataFrame, precision: str,
+                collectives: tuple[CollectiveFit, ...] = ()) -> pd.DataFrame:
+    """Each data row with the profile's predicted seconds and the relative error; a collective
+    row is predicted by its fit when there is one (``ring_predicted_s``: the ring formulas on
+    the fitted link, beside it)."""
     dev = prof.device
     out = []
     for _, r in data.iterrows():
@@ -216,11 +298,16 @@ def predictions(prof: HardwareProfile, data: pd.DataFrame, precision: str) -> pd
         elif kind in ("p2p", "p2p_idle"):  # p2p_idle: reported against the fitted (busy-sender) link
             p = prof.nvlink.transfer_time(float(r["bytes"]))
         elif kind == "collective":
-            p = alpha_beta_time(r["name"], float(r["bytes"]), int(r["group"]),
-                                prof.nvlink.effective_bandwidth, prof.nvlink.latency_s)
+            ring = alpha_beta_time(r["name"], float(r["bytes"]), int(r["group"]),
+                                   prof.nvlink.effective_bandwidth, prof.nvlink.latency_s)
+            fitted = collective_fit_time(collectives, r["name"], float(r["bytes"]), int(r["group"]))
+            out.append({**r.to_dict(), "predicted_s": ring if fitted is None else fitted, "ring_predicted_s": ring})
+            continue
         else:
             continue
         out.append({**r.to_dict(), "predicted_s": p})
     df = pd.DataFrame(out)
     df["relative_error"] = _rel(df["predicted_s"], df["seconds"])
+    if "ring_predicted_s" in df:
+        df["ring_relative_error"] = _rel(df["ring_predicted_s"], df["seconds"])
     return df

@@ -60,7 +60,7 @@ def cmd_calibrate(args) -> int:
             "passes": args.passes or "default",
             "base_profile": base.source_path or base.name, "data": f"{name}.csv",
             "load_average_1min_before": round(load_before, 2), "load_average_1min_after": round(os.getloadavg()[0], 2),
-            **quality}
+            **quality, **fit.calibration_table()}
     (out / f"{name}.toml").write_text(dumps_profile(fit.profile, fit.sources, meta))
     fit.predictions.to_csv(out / f"{name}.csv", index=False)
     d, lk = fit.profile.device, fit.profile.nvlink

@@ -2,7 +2,7 @@
 
 The scenario is scaled down to fit the machine (:mod:`parsim.validate.scale`), simulated
 with the calibrated profile (``hardware_profiles/calibrated/<profile>.toml`` when present,
-or ``--profile``), executed by one process per rank (pp x dp ranks) through
+or ``--profile``), executed by one process per rank (dp x tp x pp x cp ranks) through
 :mod:`parsim.validate.launch`, and compared (:mod:`parsim.validate.compare`).
 """
 from __future__ import annotations
@@ -50,7 +50,7 @@ class ValidationRun:
     job: dict
     """What every rank process reads (parsim.validate.worker)."""
     world: int
-    """Number of rank processes (pp x dp)."""
+    """Number of rank processes (dp x tp x pp x cp)."""
     launches: list = field(default_factory=list)
     """Rank results of each launch."""
     load_average_1min: list = field(default_factory=list)
@@ -74,7 +74,7 @@ def plan_validation(scenario: str, overrides=None, backend: str = "gloo", profil
     sc = prepare(scenario, overrides, backend, profile)
     job["profile"] = profile or default_profile(sc, backend)
     res = simulate(sc, schedule=schedule_for(sc, early_recv=early_recv(job)))  # the schedule the ranks run
-    return ValidationRun(sc, res, job, sc.parallel.pp * sc.parallel.dp)
+    return ValidationRun(sc, res, job, sc.parallel.world_size)
 
 
 def launch_once(run: ValidationRun, workdir: str | None = None) -> None:

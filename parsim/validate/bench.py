@@ -16,7 +16,8 @@ of a real run shares the machine with the others, so the device being calibrated
 * p2p: isend/irecv ping-pong between rank 0 and every other rank over message sizes
   (``p2p_idle``: both sides waiting), and one-way sends whose sender goes on computing
   (``p2p``: what a pipeline does; this is what the link's alpha/beta are fitted to);
-* collectives: all_reduce, all_gather, broadcast over message sizes and group sizes.
+* collectives: all_reduce, all_gather, reduce_scatter, all_to_all (as the runtime calls
+  them) and broadcast over message sizes and group sizes.
 
 Compute cases are timed in interleaved passes (every case once per pass, ``PASSES``
 passes, median per case): this shared VM's speed drifts by +-10% over seconds to
@@ -52,7 +53,7 @@ GEMM_NK = ((256, 256), (768, 256), (1024, 256), (256, 1024), (1024, 1024), (3072
 MEM_SHAPES = ((256, 256), (1024, 256), (256, 1024), (1024, 1024), (2048, 1024))
 ATTN = ((128, 8, 64), (256, 8, 64), (512, 4, 64), (64, 16, 64))  # (seq, batch*heads, head_dim)
 COLD_BYTES = 64 * 2 ** 20  # operands cycled per benchmark: beyond the per-core caches
-MSG_BYTES = tuple(4 ** i * 1024 for i in range(0, 7))  # 1 KiB .. 4 MiB
+MSG_BYTES = tuple(4 ** i * 1024 for i in range(0, 8))  # 1 KiB .. 16 MiB (a stage's gradients: ~8 MB)
 PASSES = 7
 QUICK = {"GEMM_M": (256,), "GEMM_NK": GEMM_NK[:2], "MEM_SHAPES": MEM_SHAPES[:2], "ATTN": ATTN[:1],
          "MSG_BYTES": (4096, 1048576)}
@@ -259,15 +260,23 @@ class Bench:
                          group=2, peers="0-1")
 
     def collectives(self, sizes):
+        """The collectives the runtime runs, called as it calls them (``parsim.validate.comm``),
+        all ranks of the group waiting: all-reduce (DP gradients, Megatron's f/g), all-gather and
+        reduce-scatter of one flat buffer (ZeRO, sequence parallelism), all-to-all of equal
+        splits (expert dispatch/combine). ``bytes``: nccl-tests' size convention (the all-reduce
+        buffer, all-gather's output, reduce-scatter's input, the all-to-all send buffer)."""
+        from parsim.validate.comm import all_gather_flat, reduce_scatter_flat
         for n in range(2, self.world + 1):
             group = dist.new_group(list(range(n)))
             for nbytes in sizes:
                 el = max(n, (nbytes // 4) // n * n)
                 buf = torch.zeros(el, dtype=torch.float32, device=self.dev)
-                parts = list(buf.chunk(n))
+                out = torch.zeros(el, dtype=torch.float32, device=self.dev)
                 shard = torch.zeros(el // n, dtype=torch.float32, device=self.dev)
                 cases = {"all_reduce": lambda: dist.all_reduce(buf, group=group),
-                         "all_gather": lambda: dist.all_gather(parts, shard, group=group),
+                         "all_gather": lambda: all_gather_flat(out, shard, group),
+                         "reduce_scatter": lambda: reduce_scatter_flat(shard, buf, group),
+                         "all_to_all": lambda: dist.all_to_all_single(out, buf, group=group),
                          "broadcast": lambda: dist.broadcast(buf, 0, group=group)}
                 for name, fn in cases.items():
                     dist.barrier()
@@ -286,7 +295,8 @@ def main(job_file: str) -> int:
     sizes = QUICK["MSG_BYTES"] if quick else MSG_BYTES
     b.gemms(); b.memory(); b.attention(); b.launch()
     if world > 1:
-        b.p2p(sizes); b.p2p_busy_sender(sizes); b.collectives(sizes)
+        p2p_sizes = sizes if quick else MSG_BYTES[:7]  # 1 KiB .. 4 MiB: what a pipeline sends
+        b.p2p(p2p_sizes); b.p2p_busy_sender(p2p_sizes); b.collectives(sizes)
     (Path(job["out"]) / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "rows": b.rows}))
     dist.barrier()
     dist.destroy_process_group()

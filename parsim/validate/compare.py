@@ -18,9 +18,15 @@ import pandas as pd
 from parsim.results.result import Result, spans_frame
 
 
+def representatives(ranks: list[dict]) -> list[dict]:
+    """One rank per pipeline rank: data-, tensor- and context-parallel index 0 (the simulator's
+    representative replica)."""
+    return [r for r in ranks if r["dp_rank"] == 0 and r.get("tp_rank", 0) == 0 and r.get("cp_rank", 0) == 0]
+
+
 def step_timeline(ranks: list[dict], step: int, pp: int) -> pd.DataFrame:
     """Spans of measured step ``step`` of the first data-parallel replica."""
-    reps = [r for r in ranks if r["dp_rank"] == 0]
+    reps = representatives(ranks)
     same_host = len({r["host"] for r in ranks}) == 1
     origin = min(r["steps"][step]["start"] for r in reps)
     rows, recv_at = [], {}
@@ -145,7 +151,7 @@ def compare(res: Result, runs) -> dict:
     measured, tl_med, tls = measured_summary(runs, pp)
     ranks = _launch_list(runs)[0]
     mem_pred = {st.stage: st.activation_bytes for st in res.tables.stages}
-    mem_meas = {int(s): v for r in ranks if r["dp_rank"] == 0 for s, v in r["memory"].items()}
+    mem_meas = {int(s): v for r in representatives(ranks) for s, v in r["memory"].items()}
     predicted["activation_bytes"] = [mem_pred[s] for s in sorted(mem_pred)]
     measured["activation_bytes"] = [mem_meas.get(s, {}).get("activation_bytes") for s in sorted(mem_pred)]
     err = {
@@ -156,7 +162,7 @@ def compare(res: Result, runs) -> dict:
         "activation_bytes": [None if m is None else _rel(p, m)
                              for p, m in zip(predicted["activation_bytes"], measured["activation_bytes"])],
     }
-    actions = compare_actions(res.timeline, tls)
+    actions = compare_actions(res.timeline, tls, predicted_comm(res))
     return {"scenario": res.scenario.name, "hardware": res.scenario.hardware.name,
             "hardware_file": res.scenario.hardware.source_path, "schedule": res.schedule.name,
             "model": res.scenario.model.name, "predicted": predicted, "measured": measured,
@@ -164,9 +170,33 @@ def compare(res: Result, runs) -> dict:
             "_timelines": (res.timeline, tl_med)}
 
 
-def compare_actions(pred_tl: pd.DataFrame, meas_tls: list[pd.DataFrame]) -> pd.DataFrame:
-    """Per (rank, op, stage): predicted vs measured median action duration (compute and dp streams)."""
+COMM_PARTS = {"tp_comm": "tp", "cp_comm": "cp", "ep_comm": "ep"}
+"""Cost-model parts of an op -> the stream the runtime times them on (``parsim.validate.comm``)."""
+
+
+def predicted_comm(res: Result) -> pd.DataFrame:
+    """The tensor-/context-/expert-parallel communication the cost model puts inside each
+    F/B/I (its ``tp_comm``/``cp_comm``/``ep_comm`` parts), one row per (rank, stream, op, stage)."""
+    rows = []
+    for r in res.tables.ops:
+        if r.op not in ("F", "B", "I", "W"):
+            continue
+        for part, stream in COMM_PARTS.items():
+            v = getattr(r.parts, part)
+            if v > 0:
+                rows.append({"rank": res.schedule.rank_of(r.stage), "stream": stream, "op": r.op, "stage": r.stage,
+                             "duration_s": v, "count": 1})
+    return pd.DataFrame(rows, columns=["rank", "stream", "op", "stage", "duration_s", "count"])
+
+
+def compare_actions(pred_tl: pd.DataFrame, meas_tls: list[pd.DataFrame],
+                    pred_comm: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per (rank, stream, op, stage): predicted vs measured median action duration (compute and
+    dp streams; the tp / cp / ep communication inside F/B/I when there is any)."""
     pred = action_durations(pred_tl)
+    if pred_comm is not None and len(pred_comm):
+        ops = set(pred["op"].astype(str))  # only the ops this schedule runs (B, or I and W)
+        pred = pd.concat([pred, pred_comm[pred_comm["op"].isin(ops)]], ignore_index=True)
     meas = action_durations(pd.concat(meas_tls, ignore_index=True))
     keep = ["rank", "stream", "op", "stage"]
     for df in (pred, meas):
