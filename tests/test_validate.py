@@ -1,5 +1,7 @@
 """The torch.distributed validation backend (gloo, 2 CPU ranks): gradient parity for every
-schedule it runs, DP/ZeRO, the comparison with the simulator, and process hygiene.
+synchronous schedule (two-copy, overlapped F&B and re-materialising ones included), DP/ZeRO,
+the comparison with the simulator, and process hygiene. Asynchronous schedules:
+tests/test_validate_async.py; tensor/context/expert parallelism: tests/test_validate_parallel.py.
 
 Oracle for parity: single-process training of the same model on the same data
 (parsim.validate.reference). Activation memory oracle: autograd's saved tensors.
@@ -31,6 +33,11 @@ TWO_RANKS = {
     "ZBH2": ["schedule.name=ZBH2"],
     "Naive": ["schedule.name=Naive"],
     "ZBV": ["schedule.name=ZBV"],  # two stages per rank in a V: the loss on rank 0, local hand-offs
+    # F and B overlapped (run as F then B), two model copies whose gradients are summed over ranks r, p-1-r
+    "DualPipe": ["schedule.name=DualPipe"],
+    "DualPipeV": ["schedule.name=DualPipeV"],
+    "Chimera": ["schedule.name=Chimera"],
+    "GPipeRemat": ["schedule.name=GPipeRemat"],  # F keeps the stage input only, B reruns F
     "Interleaved1F1B": ["schedule.name=Interleaved1F1B", "parallel.vpp=2"],
     # Llama structure: fused RMSNorm and SwiGLU, grouped-query attention (explicit and SDPA)
     "1F1B-llama": ["model.ffn=swiglu", "model.norm=rmsnorm", "model.n_kv_heads=2", "model.bias=false"],
@@ -38,11 +45,14 @@ TWO_RANKS = {
                         "training.flash_attention=true"],
     "dp2-zero0": ["parallel.pp=1", "parallel.dp=2", "parallel.zero=0"],
     "dp2-zero1": ["parallel.pp=1", "parallel.dp=2", "parallel.zero=1"],
-    "dp2-zero3": ["parallel.pp=1", "parallel.dp=2", "parallel.zero=3"],
+    "dp2-zero3": ["parallel.pp=1", "parallel.dp=2", "parallel.zero=3"],  # gathers per microbatch, RS per microbatch
+    "dp2-zero3-kept": ["parallel.pp=1", "parallel.dp=2", "parallel.zero=3", "parallel.reshard_after_forward=false"],
 }
 FOUR_RANKS = {  # pp=2 x dp=2 on 2 cores (oversubscribed; correctness only)
     "1F1B-dp2-zero0": ["gpus=4", "parallel.dp=2", "parallel.zero=0"],
     "ZBH1-dp2-zero1": ["gpus=4", "schedule.name=ZBH1", "parallel.dp=2", "parallel.zero=1"],
+    # the copies' gradient sum and the data-parallel one in one group: ranks r, p-1-r of both replicas
+    "DualPipe-dp2": ["gpus=4", "schedule.name=DualPipe", "parallel.dp=2", "training.global_batch=16"],
 }
 
 
@@ -73,19 +83,19 @@ def test_pipeline_and_dp_gradients_equal_single_process(parity_two, i, name):
     assert res["max_abs_diff"] < 1e-6
 
 
-def test_every_schedule_the_runtime_accepts_is_checked_for_parity():
-    """What RUNTIME_COVERAGE does not refuse, the runtime must run right: each registered
-    schedule is either one of the parity variants above or refused in one line."""
-    from parsim.errors import ScheduleError
+def test_every_registered_schedule_runs_and_is_checked_for_parity():
+    """The runtime runs every registered schedule (RUNTIME_COVERAGE refuses nothing), and each
+    one is a parity variant here (synchronous) or in tests/test_validate_async.py."""
     from parsim.schedule import BUILDERS
+    from parsim.schedule.semantics import traits
+    from parsim.validate.scale import RUNTIME_COVERAGE
+    from test_validate_async import ASYNC
+    assert not RUNTIME_COVERAGE.refuses
     checked = {o.split("=")[1] for v in TWO_RANKS.values() for o in v if o.startswith("schedule.name=")} | {"1F1B"}
     for name in BUILDERS:
         over = [f"schedule.name={name}"] + (["parallel.vpp=2"] if name == "Interleaved1F1B" else [])
-        if name in checked:
-            prepare(TINY, over, "gloo")  # accepted
-        else:
-            with pytest.raises(ScheduleError, match=f"schedule {name}: the torch runtime does not run"):
-                prepare(TINY, over, "gloo")
+        prepare(TINY, over, "gloo")  # accepted
+        assert name in (ASYNC if traits(name).asynchronous else checked), name
 
 
 def test_pp2_dp2_zero_gradients_equal_single_process(tmp_path):
@@ -150,10 +160,29 @@ def test_scale_model_keeps_structure():
     assert scale_model(small, 4, 128, Limits()) is small
 
 
-def test_unsupported_axes_are_one_line_errors():
+@pytest.mark.parametrize("over,key", [
+    (["parallel.pp=1", "parallel.cp=2"], "training.flash_attention"),  # ring attention is the fused kernel's
+    (["parallel.pp=1", "parallel.cp=2", "training.flash_attention=true", "parallel.cp_comm=all_gather"],
+     "parallel.cp_comm"),
+    (["parallel.pp=1", "parallel.tp=2", "model.n_kv_heads=1", "model.n_heads=2"], "model.n_kv_heads"),
+    (["schedule.name=PipeDream", "gpus=4", "parallel.dp=2", "parallel.zero=1"], "parallel.zero"),
+    (["schedule.name=DualPipe", "gpus=4", "parallel.dp=2", "parallel.zero=1", "training.global_batch=16"],
+     "parallel.zero"),
+    (["parallel.pp=1", "parallel.tp=2", "model.n_experts=4"], "parallel.tp"),
+    (["parallel.pp=1", "parallel.cp=2", "model.n_experts=4", "training.flash_attention=true"], "parallel.cp"),
+])
+def test_what_the_runtime_does_not_build_is_a_one_line_error(over, key):
     from parsim.errors import ConfigError
-    with pytest.raises(ConfigError, match="parallel.tp"):
-        prepare("scenarios/llama3-70b-h100.toml", None, "gloo")
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        prepare(TINY, over, "gloo")
+
+
+def test_validate_refuses_before_any_rank_starts(capsys):
+    """The CLI's torch-free check: exit 2, one line naming the file and key."""
+    from parsim.cli.main import main
+    assert main(["validate", TINY, "--set", "parallel.pp=1", "--set", "parallel.cp=2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "training.flash_attention" in err[0] and "validate-tiny.toml" in err[0]
 
 
 def test_fused_rmsnorm_and_swiglu_match_their_unfused_definitions():

@@ -1,0 +1,90 @@
+"""`parsim validate` end to end on the bundled tiny scenarios: every registered schedule, the
+tensor-, context- and expert-parallel runs (exit 0, measured step times, the new ops in the
+per-action table), and their gradient parity on the scenarios themselves. Each run starts
+fresh rank processes: all of it is marked slow except the comparison's unit test (the fast
+representatives of each capability are in test_validate*.py)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from parsim.schedule import BUILDERS
+
+TINY = "scenarios/tiny-cpu.toml"
+MOE = "scenarios/tiny-moe-cpu.toml"
+AXES = {
+    "tp": (TINY, ["parallel.tp=2", "parallel.pp=1"]),
+    "tp-sp": (TINY, ["parallel.tp=2", "parallel.pp=1", "parallel.sequence_parallel=true"]),
+    "cp": (TINY, ["parallel.cp=2", "parallel.pp=1", "training.flash_attention=true"]),
+    "ep": (MOE, []),
+}
+
+
+def _validate(scenario: str, sets: list[str]) -> dict:
+    cmd = [sys.executable, "-m", "parsim", "validate", scenario, "--steps", "1", "--warmup", "0", "--repeat", "1",
+           "--json"] + [a for s in sets for a in ("--set", s)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return json.loads(p.stdout)
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_every_registered_schedule_validates(name):
+    pytest.importorskip("torch")
+    c = _validate(TINY, [f"schedule.name={name}"] + (["parallel.vpp=2"] if name == "Interleaved1F1B" else []))
+    assert c["schedule"] == name
+    assert c["measured"]["step_time_s"] > 0 and len(c["measured"]["step_time_all_s"]) == 1
+    assert all(s["busy_s"] > 0 for s in c["measured"]["stages"])
+    ops = {a["op"] for a in c["actions"] if a["duration_s_measured"] is not None}
+    assert {"F", "STEP"} <= ops and ops & {"B", "I"}
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.parametrize("case", list(AXES))
+def test_parallel_axes_validate_with_their_communication_in_the_table(case):
+    pytest.importorskip("torch")
+    scenario, sets = AXES[case]
+    c = _validate(scenario, sets)
+    stream = case.split("-")[0]
+    rows = [a for a in c["actions"] if a["stream"] == stream]
+    assert rows and all(a["duration_s_measured"] and a["duration_s_measured"] > 0 for a in rows)
+    assert all(a["duration_s_predicted"] and a["duration_s_predicted"] > 0 for a in rows)
+    assert c["world"] == 2 and c["measured"]["step_time_s"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.parametrize("scenario,variants", [
+    (TINY, [AXES["tp"][1], AXES["tp-sp"][1], AXES["cp"][1]]),
+    (MOE, [[]]),
+])
+def test_bundled_scenarios_pass_gradient_parity(tmp_path, scenario, variants):
+    torch = pytest.importorskip("torch")
+    torch.set_num_threads(1)
+    from parsim.validate.launch import launch
+    from parsim.validate.reference import check_parity
+    from parsim.validate.scale import prepare
+    ranks = launch({"scenario": scenario, "backend": "gloo", "mode": "parity", "variants": variants,
+                    "timeout": 120}, 2, tmp_path, 300)
+    for i, over in enumerate(variants):
+        res = check_parity(prepare(scenario, over, "gloo"), tmp_path, [r["variants"][i] for r in ranks], variant=i)
+        assert res["max_abs_diff"] < 1e-5
+
+
+def test_predicted_communication_rows_come_from_the_cost_parts():
+    """tp = 2: F and B of the one stage carry tp_comm; the rows hold exactly those parts."""
+    from parsim.scenario import load_scenario
+    from parsim.simulate import simulate
+    from parsim.validate.compare import predicted_comm
+    res = simulate(load_scenario(TINY, ["parallel.tp=2", "parallel.pp=1", "gpus=2"]))
+    rows = predicted_comm(res)
+    assert set(rows["stream"]) == {"tp"} and {"F", "B"} <= set(rows["op"])
+    for r in rows.itertuples():
+        assert r.duration_s == res.tables.op(r.stage, r.op).parts.tp_comm
+    assert len(predicted_comm(simulate(load_scenario(TINY)))) == 0
