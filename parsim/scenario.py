@@ -202,8 +202,12 @@ def _simulation(t: dict, file: str) -> SimulationConfig:
 def _simple(cls, table: dict, file: str, prefix: str):
     names = {f.name for f in fields(cls)}
     _check_keys(table, names, file, prefix)
+    ints = {f.name for f in fields(cls) if isinstance(f.default, int) and not isinstance(f.default, bool)}
     for k, v in table.items():
-        if not isinstance(v, bool):
+        if k in ints:  # a count (overlap.prefetch): a non-negative integer
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(file, f"{prefix}{k}", f"expected a non-negative integer, got {v!r}")
+        elif not isinstance(v, bool):
             raise ConfigError(file, f"{prefix}{k}", f"expected true/false, got {v!r}")
     return cls(**table)
 
@@ -243,6 +247,10 @@ def _parallel(t: dict, file: str, gpus: int) -> ParallelConfig:
     kw["zero"] = zero
     kw["sequence_parallel"] = _typed(t, "sequence_parallel", bool, file, p, False)
     kw["dp_comm"] = _typed(t, "dp_comm", str, file, p, "allreduce")
+    kw["reshard_after_forward"] = _typed(t, "reshard_after_forward", bool, file, p, True)
+    kw["grad_reduce"] = _typed(t, "grad_reduce", str, file, p, None)
+    kw["dp_shard"] = _typed(t, "dp_shard", int, file, p, None)
+    kw["framework"] = _typed(t, "framework", str, file, p, "zero")
     if "order" in t:
         order = t["order"]
         if not isinstance(order, list) or sorted(order) != sorted(AXES):

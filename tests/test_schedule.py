@@ -61,7 +61,7 @@ def test_parse_inverts_str(stage, op, mb):
     assert parse(str(a)) == a
 
 
-@pytest.mark.parametrize("bad", ["", "F0", "2X0", "2F", "2SEND_F", "1UNSHARD3", "-1F0", "2F0 2F1", "2f0"])
+@pytest.mark.parametrize("bad", ["", "F0", "2X0", "2F", "2SEND_F", "1STEP3", "-1F0", "2F0 2F1", "2f0"])
 def test_parse_rejects_with_the_text(bad):
     with pytest.raises(ValueError, match="not an action"):
         parse(bad)

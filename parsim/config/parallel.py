@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from parsim.errors import ConfigError
 
 AXES = ("dp", "pp", "cp", "ep", "tp")
+FRAMEWORKS = ("zero", "megatron", "deepspeed", "fsdp")
+"""Memory conventions ``parallel.framework`` names (parsim.costs.framework)."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,36 @@ class ParallelConfig:
     the pre-all-reduce design, for comparison; needs zero = 0)."""
     order: tuple[str, ...] = field(default=AXES)
     """Axis order of the rank grid, slowest-varying first; the last axis is the innermost (consecutive ranks)."""
+    reshard_after_forward: bool = True
+    """ZeRO-3/FSDP (FSDP2's flag): free each unit's gathered parameters after its forward and
+    gather them again before its backward (true, FSDP's and DeepSpeed ZeRO-3's default); false
+    keeps the stage gathered from its first forward to its last backward (ZeRO-2 style for params)."""
+    grad_reduce: str | None = None
+    """When gradients are reduced: "microbatch" (reduce-scatter after every microbatch's backward:
+    DeepSpeed ZeRO-2/3 and FSDP) or "step" (once per step after the last backward, unsharded
+    gradients accumulated in between: more memory; DDP's no_sync, Megatron). None: the
+    frameworks' default, "microbatch" for zero >= 2, "step" otherwise."""
+    dp_shard: int | None = None
+    """HSDP: shard ZeRO states within groups of this many data-parallel ranks and replicate
+    across the dp / dp_shard groups (reduce-scatter and all-gather inside a shard group, an
+    all-reduce of the shard across replicas). None: shard over all dp ranks."""
+    framework: str = "zero"
+    """Whose model-state and buffer memory: "zero" (the ZeRO paper's 2+2+K bytes per
+    parameter, no buffers), "megatron" (fp32 main gradients, distributed-optimizer buffers),
+    "deepspeed" (ZeRO's states plus its reduce/prefetch buckets), "fsdp" (FSDP2: fp32 sharded
+    parameters and gradients, unit buffers). See parsim.costs.framework."""
+
+    @property
+    def shard_degree(self) -> int:
+        """Data-parallel ranks the ZeRO states are sharded over (dp, or dp_shard with HSDP)."""
+        return self.dp if self.dp_shard is None else self.dp_shard
+
+    @property
+    def grad_per_microbatch(self) -> bool:
+        """Gradients reduced after every microbatch (see ``grad_reduce``)."""
+        if self.grad_reduce is None:
+            return self.zero >= 2
+        return self.grad_reduce == "microbatch"
 
     @property
     def world_size(self) -> int:
@@ -89,6 +121,22 @@ def check_parallel(par: ParallelConfig, gpus: int, file: str | None) -> None:
         raise ConfigError(file, "parallel.dp_comm", f"must be \"allreduce\" or \"parameter_server\", got {par.dp_comm!r}")
     if par.dp_comm == "parameter_server" and par.zero:
         raise ConfigError(file, "parallel.dp_comm", f"a parameter server keeps whole optimizer state: needs zero = 0, got {par.zero}")
+    if par.grad_reduce not in (None, "microbatch", "step"):
+        raise ConfigError(file, "parallel.grad_reduce", f"must be \"microbatch\" or \"step\", got {par.grad_reduce!r}")
+    if par.dp_shard is not None:
+        if isinstance(par.dp_shard, bool) or not isinstance(par.dp_shard, int) or par.dp_shard < 1 \
+                or par.dp % par.dp_shard:
+            raise ConfigError(file, "parallel.dp_shard", f"must be a positive divisor of dp={par.dp}, got {par.dp_shard!r}")
+        if par.zero == 0:
+            raise ConfigError(file, "parallel.dp_shard", "HSDP shards ZeRO states: needs zero >= 1")
+    if par.framework not in FRAMEWORKS:
+        raise ConfigError(file, "parallel.framework", f"must be one of {', '.join(FRAMEWORKS)}, got {par.framework!r}")
+    if par.framework == "fsdp" and par.zero != 3:
+        raise ConfigError(file, "parallel.framework", f"FSDP2 shards parameters (fully_shard): needs zero = 3 "
+                                                      f"(reshard_after_forward = false for ZeRO-2 style), got {par.zero}")
+    if par.framework == "megatron" and par.zero > 1:
+        raise ConfigError(file, "parallel.framework", f"Megatron's distributed optimizer is ZeRO-1: needs zero <= 1, "
+                                                      f"got {par.zero}")
     if par.world_size != gpus:
         raise ConfigError(
             file, "gpus",

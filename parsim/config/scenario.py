@@ -86,6 +86,9 @@ class OverlapConfig:
     """TP collectives pipelined with their GEMMs (--tp-comm-overlap)."""
     ep_comm: bool = False
     """Expert all-to-alls hidden behind another microbatch's compute (DualPipe-style overlap)."""
+    prefetch: int = 1
+    """ZeRO-3/FSDP units whose parameter all-gather is issued ahead of the unit computing
+    (FSDP2's default 1; 0: each unit gathered only when reached, nothing hidden)."""
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from functools import lru_cache
 from parsim.cluster.collectives import bytes_sent_per_rank, parameter_server_time
 from parsim.config.parallel import ParallelConfig
 from parsim.config.scenario import OverlapConfig
-from parsim.costs.inputs import CachedHash, Cluster, rank_groups
+from parsim.costs.inputs import CachedHash, Cluster, Ranks, rank_groups
 from parsim.costs.layer import cached_collective_time
 from parsim.costs.memory import state_bytes_per_param
 from parsim.schedule.ir import Op
@@ -51,7 +51,9 @@ class DPInputs:
     backward_s: float
     """The stage's backward (B) seconds for one microbatch: what bucketed reduction hides under."""
     n_layers: int
-    """Blocks of the stage (gradient buckets; ZeRO-3 gathers two blocks at a time)."""
+    """Blocks of the stage (gradient buckets; ZeRO-3/FSDP units)."""
+    forward_s: float = 0.0
+    """The stage's forward (F) seconds for one microbatch: what ZeRO-3's prefetched gathers hide under."""
 
 
 @dataclass(frozen=True)
@@ -59,33 +61,49 @@ class DPOps:
     """A stage's data-parallel ops and the bytes each sends per execution."""
 
     ops: dict[Op, OpCost]
-    """REDUCE_GRAD (dp > 1), STEP, UNSHARD/RESHARD (ZeRO-3, dp > 1): read only."""
+    """REDUCE_GRAD (dp > 1; one execution per step, or per microbatch with
+    ``parallel.grad_per_microbatch``), STEP, UNSHARD/RESHARD (ZeRO-3, dp > 1; per execution:
+    one gather of the stage's parameters): read only."""
     sent: dict[str, float]
     """Bytes one GPU sends per execution, by the engine's span name (REDUCE_GRAD, UNSHARD, PARAM_GATHER)."""
 
 
 def dp_ops(inp: DPInputs) -> DPOps:
     """The stage's data-parallel and optimizer ops."""
-    reduce_s, grad_bytes, rest = _stage_dp(inp.setting, inp.params, inp.expert_params, inp.n_layers)
+    reduce_s, grad_bytes, rest = _stage_dp(inp.setting, inp.params, inp.expert_params, inp.n_layers,
+                                           inp.forward_s if inp.setting.parallel.zero == 3 else 0.0)
     if reduce_s is None:
         return rest
     t = reduce_s
     if inp.setting.overlap.grad_reduce and inp.n_layers:
-        # buckets of later layers reduce while earlier layers still run backward
+        # buckets of later layers reduce while earlier layers still run backward -- on the
+        # dp stream, which ZeRO-3's re-gather for that backward occupies first
         n = inp.n_layers
-        t = max(t - inp.backward_s * (n - 1) / n, t / n)
+        un = rest.ops.get(Op.UNSHARD)  # the part of it still running once the backward starts
+        regather = un.duration_s - (un.wait_s or 0.0) if un is not None and \
+            inp.setting.parallel.reshard_after_forward else 0.0
+        t = max(t - max(0.0, inp.backward_s - regather) * (n - 1) / n, t / n)
     return DPOps({Op.REDUCE_GRAD: OpCost(t, bytes=grad_bytes), **rest.ops}, rest.sent)
 
 
 @lru_cache(maxsize=65536)
 def _stage_dp(st: DPSetting, params: float, expert_params: float,
-              n_layers: int) -> tuple[float | None, float, DPOps]:
+              n_layers: int, forward_s: float = 0.0) -> tuple[float | None, float, DPOps]:
     """(gradient reduction seconds before overlap or None when dp = 1, the gradient bytes,
-    the other ops and the bytes of all): what does not depend on the backward's length."""
+    the other ops and the bytes of all): what does not depend on the backward's length.
+
+    ZeRO >= 1 shards over ``parallel.shard_degree`` ranks (all of dp, or HSDP's dp_shard):
+    the gradient reduce-scatter and the parameter all-gathers run inside that shard group;
+    with HSDP each rank's reduced shard is then all-reduced across the dp / dp_shard
+    replicas (FSDP2's HSDP). Expert parameters shard over their expert-dp group as before.
+    """
     hw, par = st.cluster, st.parallel
     groups = rank_groups(par)
     w, g, k = state_bytes_per_param(st.optimizer, st.precision)
     dense, expert = params - expert_params, expert_params
+    n_s = par.shard_degree if par.zero >= 1 else par.dp
+    shard_group = Ranks(groups.dp[:n_s]) if n_s < par.dp else groups.dp
+    replicas = Ranks(groups.dp[::n_s]) if n_s < par.dp else Ranks()
     ops: dict[Op, OpCost] = {}
     sent: dict[str, float] = {}
     t = None
@@ -94,32 +112,64 @@ def _stage_dp(st: DPSetting, params: float, expert_params: float,
         if par.dp_comm == "parameter_server":  # push gradients to one rank, pull the update back
             t = parameter_server_time(hw.profile, dense * g, groups.dp)
         else:
-            t = cached_collective_time(hw, kind, dense * g, groups.dp)
+            t = cached_collective_time(hw, kind, dense * g, shard_group)
         # a parameter server moves what a ring all-reduce moves, on average per rank: 2(n-1)/n
-        sent["REDUCE_GRAD"] = bytes_sent_per_rank(kind, dense * g, par.dp)
+        sent["REDUCE_GRAD"] = bytes_sent_per_rank(kind, dense * g, n_s)
+        if len(replicas) > 1:  # HSDP: the shard each rank reduced, all-reduced across replicas
+            t += cached_collective_time(hw, "all_reduce", dense * g / n_s, replicas)
+            sent["REDUCE_GRAD"] += bytes_sent_per_rank("all_reduce", dense * g / n_s, len(replicas))
         if expert:  # expert gradients reduce over the expert-data-parallel ranks
             t += cached_collective_time(hw, kind, expert * g, groups.edp)
             sent["REDUCE_GRAD"] += bytes_sent_per_rank(kind, expert * g, len(groups.edp))
-    shard = dense / (par.dp if par.zero >= 1 else 1)
+    shard = dense / (n_s if par.zero >= 1 else 1)
     shard += expert / (len(groups.edp) if par.zero >= 1 else 1)
     step_bytes = shard * (2 * k + g + w)  # read+write optimizer state, read grads, write weights
     then, then_bytes = 0.0, 0.0
-    if par.zero in (1, 2) and par.dp > 1:
+    if par.zero in (1, 2) and par.dp > 1 and n_s > 1:
         # ZeRO-1/2: all-gather of the updated parameter shards (reduce-scatter + all-gather
         # = the all-reduce's bytes); overlapped with the next step's forward when asked
         then_bytes = params * w
-        sent[PARAM_GATHER] = bytes_sent_per_rank("all_gather", then_bytes, par.dp)
+        sent[PARAM_GATHER] = bytes_sent_per_rank("all_gather", then_bytes, n_s)
         if not st.overlap.param_gather:
-            then = cached_collective_time(hw, "all_gather", then_bytes, groups.dp)
+            then = cached_collective_time(hw, "all_gather", then_bytes, shard_group)
     ops[Op.STEP] = OpCost(hw.profile.device.memory_time(step_bytes), then_comm_s=then, then_comm_bytes=then_bytes)
-    if par.zero == 3 and par.dp > 1:
+    if par.zero == 3 and par.dp > 1 and n_s > 1:
         gathered = params * w
-        gather = cached_collective_time(hw, "all_gather", gathered, groups.dp)
-        window = 2 * params * w / max(1, n_layers)  # two blocks gathered at a time
-        ops[Op.UNSHARD] = OpCost(gather, bytes=gathered, stash_bytes=window, mem_kind="other")
-        ops[Op.RESHARD] = OpCost(0.0, free_bytes=window, mem_kind="other")
-        sent["UNSHARD"] = bytes_sent_per_rank("all_gather", gathered, par.dp)
+        gather = cached_collective_time(hw, "all_gather", gathered, shard_group)
+        window, exposed = unit_buffers(par, st.overlap.prefetch, gathered, n_layers, gather, forward_s)
+        # the dp stream carries the whole gather; the stage's compute waits for the exposed part
+        ops[Op.UNSHARD] = OpCost(gather, bytes=gathered, stash_bytes=window, mem_kind=UNIT_KIND, wait_s=exposed)
+        ops[Op.RESHARD] = OpCost(0.0, free_bytes=window, mem_kind=UNIT_KIND)
+        sent["UNSHARD"] = bytes_sent_per_rank("all_gather", gathered, n_s)
     return t, params * g, DPOps(ops, sent)
+
+
+
+UNIT_KIND = "param_units"
+"""Memory kind of ZeRO-3/FSDP's gathered (unsharded) parameter buffers."""
+
+
+def unit_buffers(par: ParallelConfig, prefetch: int, gathered: float, n_units: int, gather_s: float,
+                 forward_s: float) -> tuple[float, float]:
+    """(bytes gathered while a stage computes, seconds its compute waits per UNSHARD).
+
+    Resharding after forward (per-microbatch UNSHARDs): the stage is FSDP units of one block
+    each; the unit computing and ``prefetch`` units gathered ahead are alive (FSDP2 frees a
+    unit after its pass; DeepSpeed's prefetch bucket likewise). Gathering unit i+1 hides under
+    unit i's compute: the pass waits for the first unit's gather, then for whatever of each
+    later unit's gather the unit before it did not cover, g + (n-1) max(0, g - c) with g and
+    c a unit's gather and compute (the forward's compute: the backward's is longer, so this
+    is the larger of the two waits). Without prefetch nothing hides: the whole gather waits.
+    Kept gathered (reshard_after_forward = false): the whole stage, gathered once per window.
+    """
+    n = max(1, n_units)
+    if not par.reshard_after_forward:
+        return gathered, gather_s
+    live = min(n, 1 + prefetch)
+    if prefetch == 0:
+        return gathered * live / n, gather_s
+    g, c = gather_s / n, forward_s / n
+    return gathered * live / n, g + (n - 1) * max(0.0, g - c)
 
 
 def clear_caches() -> None:

@@ -198,3 +198,85 @@ def embedding_output_bytes(spec: ModelSpec, seq_len: int, microbatch: int, tp: i
                            sequence_parallel: bool) -> float:
     """The embedding output (input of the first layer) kept on the first stage."""
     return 2.0 * seq_len * microbatch * spec.d_model / (tp if sequence_parallel else 1)
+
+
+# ----------------------------------------------------------------------------- framework memory
+
+ALLOCATOR_FRAGMENTATION = 0.15
+"""Share of reserved memory the PyTorch caching allocator holds but cannot hand out
+(1 - allocated/reserved). GMLake (Guo et al., ASPLOS 2024, "Efficient and Transparent GPU
+Memory Defragmentation for Large-scale DNN Training with Virtual Memory Stitching") measures
+this on eight LLM fine-tuning jobs on A100-80G and removes 15% of it on average (up to 33%)
+by stitching virtual memory: we take that average as the fraction lost. Peak reserved
+memory = peak allocated / (1 - ALLOCATOR_FRAGMENTATION)."""
+
+NCCL_BUFFSIZE = 4 * 2**20
+"""NCCL_BUFFSIZE's default (NCCL environment-variable docs): 4 MiB per channel and peer for
+the Simple protocol."""
+NCCL_CHANNELS = 16
+"""Channels a communicator opens (NCCL picks 2-32 by topology; 16 is an estimate for an
+NVLink ring on H100). Each channel of a ring holds a send and a receive buffer."""
+
+DEEPSPEED_REDUCE_BUCKET = 5e8
+"""DeepSpeed's ``reduce_bucket_size`` default (elements): ZeRO-1/2's gradient bucket."""
+
+FP8_WEIGHT_COPIES = 2
+"""Bytes per parameter Transformer Engine keeps for FP8 GEMMs on Hopper: the FP8 weight
+and its transpose (an FP8 GEMM needs both operand layouts), alongside the 16-bit weight."""
+
+
+def nccl_buffer_bytes(n_communicators: int) -> float:
+    """NCCL's buffers for ``n_communicators`` ring communicators (a send and a receive buffer
+    per channel each)."""
+    return n_communicators * 2 * NCCL_CHANNELS * NCCL_BUFFSIZE
+
+
+def framework_states(framework: str, n_params: float, shard: int, zero: int, optimizer: str = "adam",
+                     precision: str = "bf16", grad_per_microbatch: bool = False,
+                     unit_params: float = 0.0) -> dict[str, float]:
+    """Per-GPU model states and state buffers, by kind, as each framework keeps them.
+
+    ``n_params``: parameters this GPU holds before ZeRO sharding; ``shard``: the ranks ZeRO
+    shards over (dp, or HSDP's dp_shard); ``unit_params``: the largest FSDP/ZeRO-3 unit
+    (a block). Kinds: params, grads, optimizer, grad_buckets (gradients in flight to the
+    reduction). Mixed precision with K optimizer bytes (12 for Adam: fp32 master, m, v):
+
+    * ``zero`` -- the ZeRO paper's 2 + 2 + K per parameter, ZeRO dividing K (stage 1), the
+      gradients (2) and the weights (3) by ``shard``; gradients reduced once per step are
+      kept whole until then (zero >= 2 with ``grad_reduce = "step"``).
+    * ``deepspeed`` -- DeepSpeed's estimator (docs "Memory Requirements"): ZeRO-1/2
+      ``4 P + 16 P / N`` (16-bit weights and gradients, fp32 master, m, v and the fp32
+      gradient partition), ZeRO-3 ``18 P / N + 4 L`` (with L the largest layer: its gathered
+      16-bit parameters -- the unit buffers the UNSHARD actions hold -- and its 16-bit
+      gradients, here grad_buckets).
+    * ``megatron`` -- Megatron-LM with bf16: 16-bit weights, fp32 main gradients (its
+      default for bf16), the distributed optimizer's fp32 main parameters, m and v divided
+      by N (zero = 1): 6 + 12/N bytes per parameter (Megatron's distributed-optimizer docs).
+    * ``fsdp`` -- FSDP2 with bf16 compute and fp32 reduction (torchtitan's default): fp32
+      sharded parameters and gradients and Adam's m, v, all over N (16 P / N); the 16-bit
+      gathered units are the UNSHARD actions' buffers; a unit's 16-bit gradient and its fp32
+      reduce-scatter input are in flight per microbatch (grad_buckets); with gradients
+      reduced per step the unsharded 16-bit gradients stay whole.
+    """
+    w, g, k = state_bytes_per_param(optimizer, precision)
+    P, N = n_params, max(1, shard)
+    if framework == "zero":
+        ms = model_state_bytes(P, N, zero, optimizer, precision)
+        grads = ms.grads if (zero < 2 or grad_per_microbatch) else P * g
+        return {"params": ms.params, "grads": grads, "optimizer": ms.optimizer, "grad_buckets": 0.0}
+    if framework == "deepspeed":
+        if zero == 3:
+            return {"params": w * P / N, "grads": 4 * P / N, "optimizer": k * P / N, "grad_buckets": g * unit_params}
+        opt = k * P / N if zero >= 1 else k * P
+        if zero >= 1:  # the fp32 gradient partition, and the 16-bit gradients (reduce buffer)
+            return {"params": w * P, "grads": g * P + 4 * P / N, "optimizer": opt, "grad_buckets": 0.0}
+        return {"params": w * P, "grads": g * P, "optimizer": opt, "grad_buckets": 0.0}
+    if framework == "megatron":
+        return {"params": w * P, "grads": 4 * P, "optimizer": k * P / (N if zero >= 1 else 1), "grad_buckets": 0.0}
+    if framework == "fsdp":
+        opt = max(0, k - 4)  # Adam's m and v: the fp32 master copy *is* the sharded parameter
+        if grad_per_microbatch:
+            bucket = (g + 4) * unit_params  # a unit's 16-bit gradient and its fp32 reduce-scatter input
+            return {"params": 4 * P / N, "grads": 4 * P / N, "optimizer": opt * P / N, "grad_buckets": bucket}
+        return {"params": 4 * P / N, "grads": 4 * P / N + g * P, "optimizer": opt * P / N, "grad_buckets": 0.0}
+    raise ValueError(framework)

@@ -23,7 +23,7 @@ from parsim.config.scenario import Scenario
 from parsim.costs.dp import DPInputs, DPOps, DPSetting, dp_ops
 from parsim.costs.inputs import CostInputs, cost_inputs, layer_inputs, rank_groups, schedule_traits_of
 from parsim.costs.layer import moe_phase
-from parsim.costs.memory import model_state_bytes
+from parsim.costs.memory import FP8_WEIGHT_COPIES, framework_states, nccl_buffer_bytes
 from parsim.costs.moe import all_to_all_bytes
 from parsim.costs.parts import AxisBytes, Parts
 from parsim.costs.stage import (
@@ -101,7 +101,8 @@ class ModelCosts:
         return cls(cost_inputs(sc))
 
     def _dp_of(self, setting: DPSetting, st: StageCost) -> DPOps:
-        return dp_ops(DPInputs(setting, st.params, st.expert_params, st.parts[Op.B].total, st.n_layers))
+        return dp_ops(DPInputs(setting, st.params, st.expert_params, st.parts[Op.B].total, st.n_layers,
+                               st.parts[Op.F].total))
 
     # ---- CostTable protocol (the engine's questions) -------------------------
     def stage_ops(self, stage: int) -> dict[Op, OpCost]:
@@ -150,18 +151,31 @@ class ModelCosts:
         """Model-state bytes of a pipeline rank (all its stages)."""
         return self.model_states([s for s in range(len(self.stage_costs)) if stage_to_rank[s] == rank], rank)
 
-    def model_states(self, stages: list[int], rank: int) -> dict[str, float]:
-        """Model-state bytes of pipeline rank ``rank`` holding ``stages`` (ascending)."""
+    def model_states(self, stages: list[int], rank: int) -> dict:
+        """Model-state bytes of pipeline rank ``rank`` holding ``stages`` (ascending): params,
+        grads, optimizer, and ``buffers`` ((kind, bytes) pairs: parsim.costs.memory's
+        framework buffers, all zero under ``parallel.framework = "zero"``)."""
         par, tr = self.inputs.parallel, self.inputs.training
         n = sum(self.stage_costs[s].params for s in stages)
         ne = sum(self.stage_costs[s].expert_params for s in stages)
-        ms = model_state_bytes(n - ne, par.dp, par.zero, tr.optimizer, tr.precision)
+        unit = max((self.stage_costs[s].params / max(1, self.stage_costs[s].n_layers) for s in stages), default=0.0)
+        per_mb = par.dp > 1 and par.grad_per_microbatch
+        ms = framework_states(par.framework, n - ne, par.shard_degree, par.zero, tr.optimizer, tr.precision,
+                              per_mb, unit)
         # experts: ZeRO shards them over the ranks that hold the same experts (dp*cp/ep)
-        me = model_state_bytes(ne, len(self.groups.edp), par.zero, tr.optimizer, tr.precision)
+        me = framework_states(par.framework, ne, len(self.groups.edp), par.zero, tr.optimizer, tr.precision, per_mb)
         extra = self.weight_versions(rank) - 1  # PipeDream / 2BW stashed weight versions (16-bit copies)
         stash = extra * n * PRECISION_TABLE[tr.precision].weight_bytes
-        return {"params": ms.params + me.params + stash, "grads": ms.grads + me.grads,
-                "optimizer": ms.optimizer + me.optimizer}
+        buffers = {"grad_buckets": ms["grad_buckets"] + me["grad_buckets"]}
+        if par.framework != "zero":
+            comms = sum(getattr(par, a) > 1 for a in ("tp", "pp", "cp", "ep", "dp"))
+            comms += par.shard_degree < par.dp  # HSDP: a shard and a replica communicator
+            buffers["comm_buffers"] = nccl_buffer_bytes(comms)
+            if tr.precision == "fp8" and par.framework != "fsdp":
+                buffers["fp8_weights"] = FP8_WEIGHT_COPIES * n  # Transformer Engine's FP8 weight + transpose
+        return {"params": ms["params"] + me["params"] + stash, "grads": ms["grads"] + me["grads"],
+                "optimizer": ms["optimizer"] + me["optimizer"],
+                "buffers": tuple((k, v) for k, v in buffers.items() if v)}
 
     def weight_versions(self, rank: int) -> int:
         """Weight versions a pipeline rank holds (1 unless PipeDream / PipeDream-2BW)."""

@@ -59,6 +59,9 @@ class RankStatic:
     """Gradients (ZeRO-2/3: the shard)."""
     optimizer: float
     """Optimizer state incl. fp32 master weights (ZeRO-1/2/3: the shard)."""
+    buffers: tuple[tuple[str, float], ...] = ()
+    """The framework's other step-long buffers, (kind, bytes): grad_buckets (gradients in
+    flight to their reduction), comm_buffers (NCCL), fp8_weights (FP8 weight copies)."""
 
 
 @dataclass(frozen=True)

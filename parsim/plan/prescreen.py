@@ -233,9 +233,11 @@ class DPSummary:
     tail_s: float
     """Largest rank tail: its last reduction, then every stage's step and parameter gather."""
     unshard_s: float
-    """ZeRO-3: the first stage's parameter gather."""
+    """ZeRO-3: what the largest rank's compute waits for its parameter gathers per step."""
     static: list[float]
     """Per pipeline rank: model states + ZeRO-3 gather windows."""
+    dp_busy_s: float = 0.0
+    """Largest rank's data-parallel stream time per step (gathers and per-microbatch reductions)."""
 
 
 def _rank_groups(costs: ModelCosts, pp: int) -> tuple[tuple[int, ...], ...]:
@@ -281,24 +283,38 @@ _NO_OP = OpCost(0.0)
 
 
 def dp_summary(costs: ModelCosts, pp: int) -> DPSummary:
-    """The part of the estimate a ZeRO stage changes: the data-parallel tail and model states."""
+    """The part of the estimate a ZeRO stage changes: the data-parallel tail and model states.
+
+    ZeRO-3/FSDP resharding after forward gathers each stage's parameters before every F and
+    every B (2 m per stage and step), and ZeRO-2/3 reduce every microbatch's gradients: the
+    compute waits for each gather's exposed part, and the data-parallel stream must carry
+    all of it (``unshard_s``: the larger of the waits and what the stream carries beyond the
+    rank's work, added by :func:`_estimate`)."""
     n = len(costs.stage_costs)
-    tail, static = 0.0, [0.0] * pp
+    par, m = costs.inputs.parallel, costs.inputs.n_microbatches
+    gathers = 2 * m if par.reshard_after_forward else 1
+    reductions = m if par.dp > 1 and par.grad_per_microbatch else 1
+    tail, static, waits, busy = 0.0, [0.0] * pp, 0.0, 0.0
     for ranks in _rank_groups(costs, pp):
-        tl, rl, other = 0.0, 0.0, 0
+        tl, rl, other, wt, bz = 0.0, 0.0, 0, 0.0, 0.0
         mine = list(range(ranks[0], n, pp))
         for s in mine:
             ops = costs.dp_ops[s].ops
             step = ops[Op.STEP]
             # the last-finishing stage's reduction is exposed; every stage's step and gather run after
             tl += step.duration_s + step.then_comm_s
-            rl = max(rl, ops.get(Op.REDUCE_GRAD, _NO_OP).duration_s)
-            other += ops.get(Op.UNSHARD, _NO_OP).stash_bytes
+            red = ops.get(Op.REDUCE_GRAD, _NO_OP).duration_s
+            rl = max(rl, red)
+            un = ops.get(Op.UNSHARD, _NO_OP)
+            other += un.stash_bytes
+            wt += gathers * (un.duration_s if un.wait_s is None else un.wait_s)
+            bz += gathers * un.duration_s + reductions * red
         tail = max(tail, tl + rl)
+        waits, busy = max(waits, wt), max(busy, bz)
         ms = costs.model_states(mine, ranks[0])
         for r in ranks:
-            static[r] = other + ms["params"] + ms["grads"] + ms["optimizer"]
-    return DPSummary(tail, costs.dp_ops[0].ops.get(Op.UNSHARD, _NO_OP).duration_s, static)
+            static[r] = other + ms["params"] + ms["grads"] + ms["optimizer"] + sum(v for _, v in ms["buffers"])
+    return DPSummary(tail, waits, static, busy)
 
 
 def _schedule_part(c: Candidate, s: PipelineSummary) -> tuple[float, list[float]]:
@@ -312,9 +328,10 @@ def _schedule_part(c: Candidate, s: PipelineSummary) -> tuple[float, list[float]
 
 def _estimate(c: Candidate, s: PipelineSummary, d: DPSummary, bubble: float, peaks: list[float],
               capacity: float) -> Estimate:
-    T = s.work_s + bubble + s.p2p_s + d.tail_s + d.unshard_s
+    gathers = max(d.unshard_s, d.dp_busy_s - s.work_s - d.tail_s)  # waits, or a stream busier than compute
+    T = s.work_s + bubble + s.p2p_s + d.tail_s + gathers
     peak = max(map(add, peaks, d.static))
-    return Estimate(c, T, bubble, s.p2p_s + d.tail_s + d.unshard_s, peak, peak <= capacity)
+    return Estimate(c, T, bubble, s.p2p_s + d.tail_s + gathers, peak, peak <= capacity)
 
 
 def estimate(spec: PlanSpec, c: Candidate, costs: ModelCosts) -> Estimate:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from parsim.costs.memory import ALLOCATOR_FRAGMENTATION
 from parsim.costs.tables import RankStatic
 
 MEMORY_KINDS = ("params", "grads", "optimizer", "activations", "other")
+"""Kinds every breakdown shows; the framework's buffers (grad_buckets, comm_buffers,
+fp8_weights, param_units: ZeRO-3/FSDP's gathered units) are added where present."""
 
 
 def rank_memory(static: RankStatic, time: np.ndarray, delta: np.ndarray,
@@ -20,4 +23,12 @@ def rank_memory(static: RankStatic, time: np.ndarray, delta: np.ndarray,
         for k in np.unique(kind[upto]):
             kinds[str(k)] = kinds.get(str(k), 0.0) + float(delta[upto][kind[upto] == k].sum())
     breakdown = {"params": static.params, "grads": static.grads, "optimizer": static.optimizer, **kinds}
+    for k, v in static.buffers:
+        breakdown[k] = breakdown.get(k, 0.0) + v
     return float(sum(breakdown.values())), breakdown
+
+
+def reserved_bytes(allocated: float) -> float:
+    """Peak memory the caching allocator reserves for ``allocated`` bytes at peak
+    (parsim.costs.memory.ALLOCATOR_FRAGMENTATION)."""
+    return allocated / (1.0 - ALLOCATOR_FRAGMENTATION)

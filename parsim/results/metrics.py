@@ -17,12 +17,13 @@ import numpy as np
 import pandas as pd
 
 from parsim.config.scenario import Scenario
+from parsim.costs.memory import ALLOCATOR_FRAGMENTATION
 from parsim.costs.parts import PART_NAMES
 from parsim.costs.tables import CostTables
 from parsim.model import active_params, total_params
 from parsim.results.comm import bytes_by_axis
 from parsim.results.frames import parts_frame, sent_frame
-from parsim.results.memory import MEMORY_KINDS, rank_memory
+from parsim.results.memory import MEMORY_KINDS, rank_memory, reserved_bytes
 from parsim.results.moe import moe_layers_per_rank, moe_metrics
 from parsim.results.throughput import throughput
 from parsim.results.timeline import rank_slices, rank_times, span_bubble
@@ -62,6 +63,8 @@ def metrics(sc: Scenario, schedule: Schedule, tables: CostTables, tl: pd.DataFra
         "comm_bytes_by_axis": bytes_by_axis(tl, sent_frame(tables), pp),
         "breakdown_s": {k: mean[k] for k in BREAKDOWN},
         "peak_memory_bytes": peak_all,
+        "peak_reserved_bytes": reserved_bytes(peak_all),
+        "allocator_fragmentation": ALLOCATOR_FRAGMENTATION,
         "memory_capacity_bytes": capacity,
         "fits_in_memory": worst is None,
         "oom": None if worst is None else {"rank": worst[0], "over_by_bytes": worst[1]},
@@ -108,7 +111,9 @@ def _per_rank(sc: Scenario, schedule: Schedule, tables: CostTables, tl: pd.DataF
             "exposed_dp_comm_s": rt.exposed_dp_s,
             "exposed_pp_comm_s": rt.exposed_pp_s,
             "peak_memory_bytes": peak,
-            "memory": {k: float(breakdown.get(k, 0.0)) for k in MEMORY_KINDS},
+            "peak_reserved_bytes": reserved_bytes(peak),
+            "memory": {**{k: float(breakdown.get(k, 0.0)) for k in MEMORY_KINDS},
+                       **{k: float(v) for k, v in breakdown.items() if k not in MEMORY_KINDS}},
         })
     return stages_out, totals, peak_all, worst, hw_flops
 

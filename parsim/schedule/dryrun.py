@@ -201,7 +201,8 @@ class _Runner:
                 self._set(("done", part.stage, part.op, part.microbatch), end, ready)
                 self._produced(part, end, ready)
         elif op is Op.W:
-            t = max(t, self._params(r, a), self._local(("done", s, Op.I, m)))
+            # W reads no parameters (dW = x^T dy): it may run after its stage resharded
+            t = max(t, self.gathered[r].get(s, 0.0), self._local(("done", s, Op.I, m)))
             self._compute(r, a, t, ready)
             self.bwd_done[s] += 1
         elif op is Op.SEND_F or op is Op.SEND_B:
@@ -246,7 +247,8 @@ class _Runner:
                 raise _LocalError(f"RESHARD of stage {s} without a preceding UNSHARD")
             start = end = t
         elif op is Op.REDUCE_GRAD:
-            if self.bwd_done[s] < len(self.s.microbatches_of(s)):
+            # per microbatch (ZeRO-2/3, FSDP): its place after that backward is checked by validate
+            if a.microbatch is None and self.bwd_done[s] < len(self.s.microbatches_of(s)):
                 raise _LocalError(f"comes before the last backward of stage {s}")
             start = max(t, self.dp_free[r])
             end = self.dp_free[r] = start + self.d.reduce

@@ -115,6 +115,8 @@ _COMPUTE = frozenset({Op.F, Op.B, Op.I, Op.W, Op.STEP, Op.OVERLAP_F_B})
 _P2P = frozenset({Op.SEND_F, Op.RECV_F, Op.SEND_B, Op.RECV_B})
 _BACKWARD = frozenset({Op.B, Op.I, Op.W})
 _PER_MICROBATCH = frozenset({Op.F, Op.B, Op.I, Op.W}) | _P2P
+_OPTIONAL_MICROBATCH = frozenset({Op.UNSHARD, Op.RESHARD, Op.REDUCE_GRAD})
+"""Ops that name a microbatch when they run per microbatch (ZeRO-2/3, FSDP) and none when per step."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +146,7 @@ class Action:
         if self.op.has_microbatch:
             if self.microbatch is None or self.microbatch < 0:
                 raise ValueError(f"{self.op.value} needs a microbatch >= 0, got {self.microbatch}")
-        elif self.microbatch is not None:
+        elif self.microbatch is not None and (self.op not in _OPTIONAL_MICROBATCH or self.microbatch < 0):
             raise ValueError(f"{self.op.value} takes no microbatch, got {self.microbatch}")
 
     @property

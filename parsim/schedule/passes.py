@@ -2,17 +2,25 @@
 
 Passes are small functions Schedule -> Schedule; :func:`lower` composes them:
 
-1. :func:`add_unshard_reshard` (ZeRO-3 only): ``sUNSHARD`` right before the first F of
-   stage s and ``sRESHARD`` right after its last F; again before its first backward and
-   after its last. When the forward and backward windows overlap (1F1B and every
-   schedule that mixes them), the stage stays gathered from its first F to its last
-   backward: one window.
+1. ZeRO-3 / FSDP parameter gathers, one of:
+
+   * :func:`add_unshard_per_microbatch` (``reshard_after_forward``, FSDP's and DeepSpeed
+     ZeRO-3's default): ``sUNSHARDm`` right before every F and every B/I of stage s,
+     ``sRESHARDm`` right after it -- each microbatch gathers the parameters for its
+     forward and again for its backward. W needs no parameters (dW = x^T dy).
+   * :func:`add_unshard_reshard` (kept gathered): ``sUNSHARD`` right before the first F of
+     stage s and ``sRESHARD`` right after its last F; again before its first backward and
+     after its last. When the forward and backward windows overlap (1F1B and every
+     schedule that mixes them), the stage stays gathered from its first F to its last
+     backward: one window.
 2. :func:`add_send_recv`: ``RECV_F`` right before each F whose input comes from another
    rank, ``SEND_F`` right after each F whose consumer is on another rank; ``RECV_B``
    before and ``SEND_B`` after each B/I likewise. Nothing between stages on one rank.
 3. :func:`add_grad_reduction`: ``sREDUCE_GRAD`` right after the last backward of s (the
    last B, or the last W when split; after the SEND that follows it, if any), and
-   ``sSTEP`` for each stage at the end of its rank's list, in reduction order.
+   ``sSTEP`` for each stage at the end of its rank's list, in reduction order. With
+   ``per_microbatch`` (ZeRO-2/3 and FSDP's reduce-scatter of every microbatch's
+   gradients) ``sREDUCE_GRADm`` follows the last backward of every (s, m) instead.
 4. :func:`post_recvs_early` (optional, ``lower(..., early_recv=True)``): each RECV moves
    before the compute action that precedes its consumer, so a runtime whose transport
    needs both sides posted (gloo's rendezvous) moves the data while that compute runs.
@@ -189,8 +197,45 @@ def add_unshard_reshard(schedule: Schedule) -> Schedule:
     return schedule.with_actions(rows)
 
 
-def add_grad_reduction(schedule: Schedule, reduce: bool = True, step: bool = True) -> Schedule:
-    """REDUCE_GRAD after each stage's last backward (if ``reduce``); STEPs at the end."""
+def add_unshard_per_microbatch(schedule: Schedule) -> Schedule:
+    """ZeRO-3/FSDP with resharding after forward: gather around every F and every B/I."""
+    _refuse_if_present(schedule, (Op.UNSHARD, Op.RESHARD), "add_unshard_per_microbatch")
+    rows = []
+    F, B, I, OV = Op.F, Op.B, Op.I, Op.OVERLAP_F_B
+    for row in schedule.actions:
+        out: list[Action] = []
+        for a in row:
+            op = a.op
+            if op is F or op is B or op is I or op is OV:
+                # the parts needing parameters, each stage once (a composite's two stages differ)
+                need = list(dict.fromkeys((p.stage, p.microbatch) for p in a.parts if p.op is not Op.W))
+                out += [act(s, Op.UNSHARD, m) for s, m in need]
+                out.append(a)
+                out += [act(s, Op.RESHARD, m) for s, m in need]
+            else:
+                out.append(a)
+        rows.append(tuple(out))
+    return _same_shape(schedule, tuple(rows))
+
+
+def last_backward_per_microbatch(row) -> dict[tuple[int, int], int]:
+    """(stage, microbatch) -> index of the action ending its backward (B, or W when split)."""
+    last: dict[tuple[int, int], int] = {}
+    for k, a in enumerate(row):
+        for p in a.parts:
+            if p.op is Op.B or p.op is Op.W:
+                last[(p.stage, p.microbatch)] = k
+    return last
+
+
+_AFTER_BACKWARD = (Op.SEND_B, Op.SEND_F, Op.RESHARD)
+"""What stays right after a backward: its sends and the release of its gathered parameters."""
+
+
+def add_grad_reduction(schedule: Schedule, reduce: bool = True, step: bool = True,
+                       per_microbatch: bool = False) -> Schedule:
+    """REDUCE_GRAD after each stage's last backward (if ``reduce``; ``per_microbatch``: after
+    every microbatch's backward); STEPs at the end."""
     _refuse_if_present(schedule, (Op.REDUCE_GRAD, Op.STEP), "add_grad_reduction")
     rows = []
     per_rank = [0] * schedule.pp
@@ -200,11 +245,13 @@ def add_grad_reduction(schedule: Schedule, reduce: bool = True, step: bool = Tru
         last = last_backward(row, per_rank[r])
         order = sorted(last.items(), key=lambda kv: kv[1])
         at: dict[int, list[Action]] = {}
-        for s, k in order:
-            while k + 1 < len(row) and row[k + 1].op in (Op.SEND_B, Op.SEND_F):
+        points = (sorted(((k, s, m) for (s, m), k in last_backward_per_microbatch(row).items()))
+                  if per_microbatch else [(k, s, None) for s, k in order])
+        for k, s, m in points:
+            while k + 1 < len(row) and row[k + 1].op in _AFTER_BACKWARD:
                 k += 1
             if reduce:
-                at.setdefault(k, []).append(act(s, Op.REDUCE_GRAD))
+                at.setdefault(k, []).append(act(s, Op.REDUCE_GRAD, m))
         out: list[Action] = []
         if at:
             prev = 0
@@ -228,17 +275,21 @@ def lower(
     reduce_grad: bool = True,
     optimizer_step: bool = True,
     early_recv: bool = False,
+    reshard_after_forward: bool = False,
+    grad_per_microbatch: bool = False,
 ) -> Schedule:
-    """Compose the passes: UNSHARD/RESHARD (zero3), SEND/RECV, REDUCE_GRAD and STEP,
-    then (``early_recv``) :func:`post_recvs_early`.
+    """Compose the passes: UNSHARD/RESHARD (zero3: per microbatch when
+    ``reshard_after_forward``, else one window per stage), SEND/RECV, REDUCE_GRAD (per
+    microbatch when ``grad_per_microbatch``) and STEP, then (``early_recv``)
+    :func:`post_recvs_early`.
 
     Cached on the (immutable) schedule and the flags: lowering the same build twice is free.
     """
-    key = (id(schedule), zero3, reduce_grad, optimizer_step, early_recv)
+    key = (id(schedule), zero3, reduce_grad, optimizer_step, early_recv, reshard_after_forward, grad_per_microbatch)
     hit = _LOWERED.get(key)
     if hit is not None and hit[0] is schedule:
         return hit[1]
-    low = _lower(schedule, zero3, reduce_grad, optimizer_step)
+    low = _lower(schedule, zero3, reduce_grad, optimizer_step, reshard_after_forward, grad_per_microbatch)
     if early_recv:
         low = post_recvs_early(low)
     if len(_LOWERED) >= 32:
@@ -250,12 +301,15 @@ def lower(
 _LOWERED: dict[tuple, tuple[Schedule, Schedule]] = {}
 
 
-def _lower(schedule: Schedule, zero3: bool, reduce_grad: bool, optimizer_step: bool) -> Schedule:
+def _lower(schedule: Schedule, zero3: bool, reduce_grad: bool, optimizer_step: bool,
+           reshard_after_forward: bool, grad_per_microbatch: bool) -> Schedule:
     with no_gc():
-        s = add_unshard_reshard(schedule) if zero3 else schedule
+        s = schedule
+        if zero3:
+            s = add_unshard_per_microbatch(s) if reshard_after_forward else add_unshard_reshard(s)
         s = add_send_recv(s)
         if reduce_grad or optimizer_step:
-            s = add_grad_reduction(s, reduce=reduce_grad, step=optimizer_step)
+            s = add_grad_reduction(s, reduce=reduce_grad, step=optimizer_step, per_microbatch=grad_per_microbatch)
     return s
 
 
@@ -289,7 +343,10 @@ def _check_rank_order(schedule: Schedule, r: int, lowered: bool) -> None:
     row = schedule.actions[r]
     managed = {a.stage for a in row if a.op is Op.UNSHARD}
     last_bwd = last_backward(row)
-    reduced = {a.stage for a in row if a.op is Op.REDUCE_GRAD}
+    reduced: dict[int, set] = {}  # stage -> the microbatches (or None) of its REDUCE_GRADs
+    for a in row:
+        if a.op is Op.REDUCE_GRAD:
+            reduced.setdefault(a.stage, set()).add(a.microbatch)
     seen: set[tuple] = set()  # (stage, op, microbatch) of the actions issued so far
     gathered: set[int] = set()
     for k, a in ((k, p) for k, whole in enumerate(row) for p in whole.parts):
@@ -297,13 +354,19 @@ def _check_rank_order(schedule: Schedule, r: int, lowered: bool) -> None:
         key = (s, op, m)
         if key in seen and op not in (Op.UNSHARD, Op.RESHARD):
             problem = "appears twice"
-        elif op in (Op.F, Op.B, Op.I, Op.W) and s in managed and s not in gathered:
+        elif op in (Op.F, Op.B, Op.I) and s in managed and s not in gathered:
+            # W (dW = x^T dy) reads no parameters: it may run resharded
             problem = f"stage {s} parameters are not gathered here (UNSHARD missing or RESHARD too early)"
         elif op in (Op.F, Op.B, Op.I, Op.W, Op.SEND_F, Op.SEND_B):
             problem = _check_compute(schedule, r, a, seen, lowered)
+        elif op is Op.REDUCE_GRAD and m is not None:
+            if (s, Op.B, m) not in seen and (s, Op.W, m) not in seen:
+                problem = f"comes before the backward of stage {s} microbatch {m}"
+            else:
+                problem = None
         elif op in (Op.REDUCE_GRAD, Op.STEP) and last_bwd.get(s, -1) > k:
             problem = f"comes before the last backward of stage {s} (step {last_bwd[s]})"
-        elif op is Op.STEP and s in reduced and (s, Op.REDUCE_GRAD, None) not in seen:
+        elif op is Op.STEP and any((s, Op.REDUCE_GRAD, x) not in seen for x in reduced.get(s, ())):
             problem = f"comes before {s}REDUCE_GRAD"
         elif op is Op.UNSHARD and s in gathered:
             problem = f"stage {s} is already gathered"

@@ -14,7 +14,8 @@ Semantics (the same the torch runtime implements):
 * ``RECV_*`` posts a receive; the compute action that consumes the data waits for it;
 * ``REDUCE_GRAD`` and ``UNSHARD`` run asynchronously on the rank's data-parallel
   stream (one collective at a time per stream); STEP waits for its stage's
-  REDUCE_GRAD, compute of a stage waits for its pending UNSHARD;
+  REDUCE_GRAD (the last one when they run per microbatch: the stream is in order),
+  compute of a stage waits for its pending UNSHARD;
 * memory: F stashes activations until the matching backward frees them; each
   action may hold transient bytes while it runs.
 * ``OVERLAP_F_B`` (DualPipe): one compute that waits for the F part's input and the
@@ -61,6 +62,9 @@ class OpCost:
     """Asynchronous collective launched on the dp stream when the action ends (ZeRO param all-gather after STEP)."""
     then_comm_bytes: float = 0.0
     """Bytes of that collective."""
+    wait_s: float | None = None
+    """UNSHARD: the part of ``duration_s`` its stage's compute waits for (ZeRO-3/FSDP's
+    prefetched per-unit gathers hide the rest under that compute); None: all of it."""
 
 
 @dataclass
@@ -240,8 +244,12 @@ def _rank_process(rank, actions, costs, link_of, box, out, nbr, s2r):
         if op is Op.REDUCE_GRAD or op is Op.UNSHARD:
             start = t if t > dp_free else dp_free
             dp_free = start + c.duration_s
-            (reduce_done if op is Op.REDUCE_GRAD else unshard_done)[stage] = dp_free
-            spans_append((rank, "dp", name, stage, -1, start, dp_free, c.bytes))
+            if op is Op.REDUCE_GRAD:
+                reduce_done[stage] = dp_free
+            else:
+                unshard_done[stage] = dp_free if c.wait_s is None else start + c.wait_s
+            spans_append((rank, "dp", name, stage, -1 if a.microbatch is None else a.microbatch, start, dp_free,
+                          c.bytes))
             if c.stash_bytes:
                 mem_append((rank, start, c.stash_bytes, c.mem_kind))
             continue

@@ -37,7 +37,7 @@ import simpy
 
 from parsim.schedule.coverage import Coverage
 from parsim.schedule.ir import Op, Schedule
-from parsim.schedule.passes import last_backward
+from parsim.schedule.passes import last_backward, last_backward_per_microbatch
 from parsim.sim.collective_flows import plan_collective, plan_parameter_server
 from parsim.sim.engine import RawTimeline, _needs, _run_overlap
 from parsim.sim.network import FlowNetwork, Topology
@@ -162,9 +162,13 @@ def _rank(job: _Job, rep: int, rank: int, actions):
     seq: dict[tuple, int] = {}
     # step index -> the stage whose REDUCE_GRAD the lowering put right after that step
     anchor = {k: s for s, k in last_backward(actions).items()}
+    if any(a.op is Op.REDUCE_GRAD and a.microbatch is not None for a in actions):
+        # ZeRO-2/3, FSDP: every microbatch's reduction hides under that microbatch's backward
+        anchor = {k: s for (s, _), k in last_backward_per_microbatch(actions).items()}
     bucketed = sc.overlap.grad_reduce
+    under: dict[int, bool] = {}  # stage -> its reduction was launched under its last backward
 
-    def dp_op(op_name, stage, op, nbytes, window=None, run=True):
+    def dp_op(op_name, stage, op, nbytes, window=None, run=True, mb=None, wait_s=None):
         """Queue a DP collective on the dp stream (``run=False``: a zero-length span with
         its bytes); ``window`` = (start, duration) of the backward its buckets hide under."""
         k = (stage, op_name)
@@ -173,9 +177,12 @@ def _rank(job: _Job, rep: int, rank: int, actions):
         n = _n_layers(costs, stage) if window is not None else 1
         prev, ev = dp_tail[0], env.event()
         dp_tail[0] = ev
+        early = env.event() if wait_s is not None else None  # what the stage's compute waits for
 
         def go():
             yield prev
+            if early is not None:
+                env.process(_after(env, wait_s, early))
             start = None
             for b in range(n):
                 if window is not None:
@@ -185,15 +192,16 @@ def _rank(job: _Job, rep: int, rank: int, actions):
                 start = env.now if start is None else start
                 for i, part in enumerate(parts):
                     yield env.process(job.collective((rank, stage, op_name, seq[k], b, i), rep, rank, part, 1 / n))
-            keep((rank, "dp", op_name, stage, -1, start, env.now, nbytes))
+            keep((rank, "dp", op_name, stage, -1 if mb is None else mb, start, env.now, nbytes))
             ev.succeed()
         env.process(go())
-        return ev
+        return ev if early is None else early
 
     def reduce_under(stage: int, start: float, duration: float) -> None:
         """overlap.grad_reduce: the stage's bucketed reduction, under the backward just started."""
         g = costs.op_cost(stage, Op.REDUCE_GRAD)
-        if g.bytes > 0 and (stage, "REDUCE_GRAD") not in pending:
+        if g.bytes > 0 and not under.get(stage):
+            under[stage] = True
             pending[(stage, "REDUCE_GRAD")] = dp_op("REDUCE_GRAD", stage, Op.REDUCE_GRAD, g.bytes,
                                                     window=(start, duration))
 
@@ -223,11 +231,14 @@ def _rank(job: _Job, rep: int, rank: int, actions):
             continue
         c = costs.op_cost(a.stage, op)
         if op is Op.REDUCE_GRAD:
-            if (a.stage, "REDUCE_GRAD") not in pending:
-                pending[(a.stage, "REDUCE_GRAD")] = dp_op("REDUCE_GRAD", a.stage, op, c.bytes)
+            # launched already under its backward (overlap.grad_reduce) unless an earlier
+            # microbatch's reduction is what is pending (ZeRO-2/3 reduce every microbatch;
+            # the dp stream runs in order, so STEP waits for the newest)
+            if not under.pop(a.stage, False):
+                pending[(a.stage, "REDUCE_GRAD")] = dp_op("REDUCE_GRAD", a.stage, op, c.bytes, mb=a.microbatch)
             continue
         if op is Op.UNSHARD:
-            pending[(a.stage, "UNSHARD")] = dp_op("UNSHARD", a.stage, op, c.bytes)
+            pending[(a.stage, "UNSHARD")] = dp_op("UNSHARD", a.stage, op, c.bytes, mb=a.microbatch, wait_s=c.wait_s)
             if c.stash_bytes:
                 keep_mem((rank, env.now, c.stash_bytes, c.mem_kind))
             continue
@@ -267,6 +278,12 @@ def _wait_inputs(job: _Job, rep: int, rank: int, a, pending):
     un = pending.pop((a.stage, "UNSHARD"), None)
     if un is not None:
         yield un
+
+
+def _after(env, seconds: float, ev):
+    """Succeed ``ev`` ``seconds`` from now (the exposed part of a prefetched gather)."""
+    yield env.timeout(seconds)
+    ev.succeed()
 
 
 def _drop(_row) -> None:
