@@ -53,8 +53,10 @@ def test_parallel_axes_validate_with_their_communication_in_the_table(case):
     c = _validate(scenario, sets)
     stream = case.split("-")[0]
     rows = [a for a in c["actions"] if a["stream"] == stream]
-    assert rows and all(a["duration_s_measured"] and a["duration_s_measured"] > 0 for a in rows)
-    assert all(a["duration_s_predicted"] and a["duration_s_predicted"] > 0 for a in rows)
+    assert {a["op"] for a in rows} >= {"F", "B"}
+    assert all(a["duration_s_measured"] and a["duration_s_measured"] > 0 for a in rows)
+    if stream != "cp":  # the K/V ring may hide entirely under attention in the model (no exposed part)
+        assert all(a["duration_s_predicted"] and a["duration_s_predicted"] > 0 for a in rows)
     assert c["world"] == 2 and c["measured"]["step_time_s"] > 0
 
 
