@@ -118,6 +118,73 @@ def test_calibrate_quick_run_writes_profile_and_data(tmp_path):
     data = pd.read_csv(tmp_path / "quick-cpu.csv")
     assert {"gemm", "memory", "attention", "p2p", "collective"} <= set(data["kind"])
     assert {"seconds", "predicted_s", "relative_error"} <= set(data.columns)
+    # the collectives the runtime runs, each fitted on the 2-rank group
+    assert {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"} <= set(data[data["kind"] == "collective"]["name"])
+    import tomllib
+    cal = tomllib.loads((tmp_path / "quick-cpu.toml").read_text())["calibration"]
+    for kind in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
+        rows = cal[f"collective_{kind}_2"]
+        assert rows and all(len(r) == 3 and r[1] >= 0 and r[2] > 0 for r in rows)
+
+
+def _collective_rows(truth: dict, sizes) -> pd.DataFrame:
+    """Rows a gloo collective would give if each size range followed the ring formula with
+    that range's (alpha, beta): truth[(kind, range upper end)] = (alpha_s, beta)."""
+    from parsim.cluster.collectives import BUSBW_FACTOR, HOPS
+    rows = []
+    for (kind, hi), (a, b) in truth.items():
+        lo = max([h for (k, h) in truth if k == kind and h < hi], default=0.0)
+        for s in sizes:
+            if lo < s <= hi:
+                rows.append({"kind": "collective", "name": kind, "bytes": float(s), "group": 2,
+                             "seconds": HOPS[kind](2) * a + BUSBW_FACTOR[kind](2) * s / b})
+    return pd.DataFrame(rows)
+
+
+def test_collective_fits_recover_each_size_range():
+    """Closed form: three ranges per kind (latency-bound, middle, bandwidth-bound), each its own line."""
+    from parsim.calibrate.fit import SIZE_RANGES, collective_fit_time, fit_collectives
+    inf = float("inf")
+    truth = {}
+    for kind, scale in (("all_reduce", 1.0), ("all_gather", 0.7), ("reduce_scatter", 0.9), ("all_to_all", 1.3)):
+        truth[(kind, float(SIZE_RANGES[0]))] = (40e-6 * scale, 0.8e9)
+        truth[(kind, float(SIZE_RANGES[1]))] = (150e-6 * scale, 2.0e9)
+        truth[(kind, inf)] = (600e-6 * scale, 4.0e9 / scale)
+    sizes = [4 ** i * 1024 for i in range(8)]
+    fits = fit_collectives(_collective_rows(truth, sizes))
+    assert len(fits) == 12
+    for f in fits:
+        a, b = truth[(f.kind, f.max_bytes)]
+        assert f.alpha_s == pytest.approx(a, rel=1e-6) and f.beta == pytest.approx(b, rel=1e-6)
+    # a size is priced by its own range's line
+    assert collective_fit_time(fits, "all_reduce", 2 ** 21, 2) == pytest.approx(2 * 600e-6 + 2 ** 21 / 4.0e9)
+    assert collective_fit_time(fits, "all_reduce", 2 ** 21, 4) is None  # no fit for that group size
+
+
+def test_collective_fits_merge_ranges_with_too_few_sizes():
+    """Two sizes only (as --quick measures): one line over everything, through both points."""
+    from parsim.calibrate.fit import fit_collectives
+    df = pd.DataFrame([{"kind": "collective", "name": "all_reduce", "bytes": s, "group": 2,
+                        "seconds": 2 * 100e-6 + s / 1e9} for s in (4096.0, 1048576.0)])
+    (f,) = fit_collectives(df)
+    assert f.max_bytes == float("inf") and f.alpha_s == pytest.approx(100e-6, rel=1e-6)
+    assert f.beta == pytest.approx(1e9, rel=1e-6)
+
+
+def test_profile_reports_collectives_against_fit_and_ring(tmp_path):
+    """fit_profile: the collective family's error is the fit's (exact here), the ring
+    formulas on the fitted link are reported beside it; the fits go into [calibration]."""
+    base = load_profile("cpu-gloo")
+    truth = {("all_reduce", float("inf")): (300e-6, 1.5e9)}
+    data = pd.concat([_synthetic(base.device, 50e-6, 3e9), _collective_rows(truth, [4 ** i * 1024 for i in range(8)])])
+    fit = fit_profile(base, data, "coll")
+    assert fit.quality["collective"] < 1e-9
+    assert fit.quality["collective_ring"] > 0.05  # a 50 us / 3 GB/s link is not this all-reduce
+    table = fit.calibration_table()
+    assert list(table) == ["collective_all_reduce_2"]
+    path = tmp_path / "coll.toml"
+    path.write_text(dumps_profile(fit.profile, fit.sources, {"data": "coll.csv", **table}))
+    assert load_profile(str(path)).name == "coll"
 
 
 def test_unfused_attention_efficiency_prices_only_non_flash_attention():

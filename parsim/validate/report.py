@@ -60,13 +60,15 @@ def markdown(c: dict) -> str:
     faults = m.get("minor_faults_per_step")
     if faults is not None:
         lines += ["", f"Page faults per measured step (median over ranks and steps): {faults:.0f}."]
-    lines += ["", "Per-action durations (median over microbatches and steps):", "",
-              "| rank | stage | op | predicted (ms) | measured (ms) | error |", "|---:|---:|---|---:|---:|---:|"]
+    lines += ["", "Per-action durations (median over microbatches and steps; streams: compute, dp = data-parallel "
+              "collectives, tp / cp / ep = the tensor-, context- and expert-parallel communication inside that "
+              "F/B/I, all of it per action):", "",
+              "| rank | stage | stream | op | predicted (ms) | measured (ms) | error |", "|---:|---:|---|---|---:|---:|---:|"]
     for a in c["actions"]:
         pr, me = a.get("duration_s_predicted"), a.get("duration_s_measured")
         f = (lambda v: "n/a" if v is None or v != v else f"{v * 1e3:.3f}")
         err = a.get("relative_error")
-        lines.append(f"| {a['rank']} | {a['stage']} | {a['op']} | {f(pr)} | {f(me)} | "
+        lines.append(f"| {a['rank']} | {a['stage']} | {a['stream']} | {a['op']} | {f(pr)} | {f(me)} | "
                      f"{'n/a' if err is None or err != err else _pct(err)} |")
     lines += ["", "![predicted (top) and measured (bottom)](gantt.png)", "",
               "Files: `comparison.json` (this table), `predicted.csv` and `measured.csv` (span rows)."]
