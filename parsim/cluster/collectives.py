@@ -159,6 +159,9 @@ def algorithm_times(hw: HardwareProfile, kind: str, nbytes: float, ranks: list[i
     if n <= 1 or nbytes <= 0:
         return {"ring": 0.0}
     pl = placement(hw, ranks, concurrent)
+    fitted = fitted_time(hw, kind, nbytes, n) if pl.nodes <= 1 else None
+    if fitted is not None:  # measured on this machine (parsim calibrate): what its library runs
+        return {"ring": fitted}
     flat = group_path(hw, ranks, concurrent)
     out = {"ring": alpha_beta_time(kind, nbytes, n, flat.bandwidth, flat.latency_s)}
     if kind in TREE_KINDS and n > 2 and pl.nodes > 1:  # NCCL's trees span nodes
@@ -182,6 +185,15 @@ def _hierarchical(hw: HardwareProfile, kind: str, nbytes: float, pl: GroupPlacem
     rail = GroupPlacement(k, k, 1, pl.leaves, pl.concurrent * g)
     inter = _nic_share(hw, rail)
     return intra + alpha_beta_time(kind, nbytes / g, k, inter.bandwidth, inter.latency_s)
+
+
+def fitted_time(hw: HardwareProfile, kind: str, nbytes: float, n: int) -> float | None:
+    """``kind`` of ``nbytes`` on n ranks from the profile's measured fits (``collective_fits``),
+    the size's range; None when none was measured for this kind and group size."""
+    for k, g, max_bytes, alpha, beta in getattr(hw, "collective_fits", ()):
+        if k == kind and g == n and nbytes <= max_bytes:
+            return HOPS[kind](n) * alpha + BUSBW_FACTOR[kind](n) * nbytes / beta
+    return None
 
 
 def select_algorithm(hw: HardwareProfile, kind: str, nbytes: float, ranks: list[int],

@@ -259,6 +259,11 @@ class HardwareProfile:
     nvls_bandwidth: float = 0.0
     """NVLink SHARP (in-switch reduction) all-reduce algorithm bandwidth S/t inside a node,
     bytes/s; 0 = the NVSwitch cannot reduce (optional key ``node.nvls_gbyte_per_s``)."""
+    collective_fits: tuple[tuple[str, int, float, float, float], ...] = ()
+    """Measured collectives inside one node, from ``parsim calibrate`` (``[calibration]`` keys
+    ``collective_<kind>_<n>`` = [[max bytes, latency us, GB/s], ...]): (kind, group size, max
+    bytes, per-step latency s, link bandwidth B/s) in the ring formulas' terms. A group inside
+    one node with a fit for its kind and size is priced by it (``parsim.cluster.collectives``)."""
 
     @property
     def node_nic_bandwidth(self) -> float:
@@ -446,7 +451,26 @@ def parse_profile(data: Mapping[str, Any], file: str = "<profile>") -> HardwareP
         switch_latency_s=to_si("switch_latency_us", nw["switch_latency_us"]),
         source_path="" if file.startswith("<") else file,
         nvls_bandwidth=to_si("nvls_gbyte_per_s", nd["nvls_gbyte_per_s"]) if "nvls_gbyte_per_s" in nd else 0.0,
+        collective_fits=_collective_fits(data.get("calibration", {}), file),
     )
+
+
+def _collective_fits(cal: Mapping[str, Any], file: str) -> tuple[tuple[str, int, float, float, float], ...]:
+    """The ``collective_<kind>_<n>`` keys of a ``[calibration]`` table (see HardwareProfile)."""
+    out = []
+    for key, rows in cal.items():
+        if not key.startswith("collective_"):
+            continue
+        kind, _, n = key[len("collective_"):].rpartition("_")
+        ok = n.isdigit() and int(n) >= 2 and isinstance(rows, list) and rows and all(
+            isinstance(r, list) and len(r) == 3 and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                        for x in r) and r[0] > 0 and r[1] >= 0 and r[2] > 0
+            for r in rows)
+        if not ok:
+            raise ConfigError(file, f"calibration.{key}", "expected collective_<kind>_<group size> = "
+                              "[[max bytes, latency us, GB/s], ...] with positive sizes and bandwidths")
+        out += [(kind, int(n), float(r[0]), r[1] * 1e-6, r[2] * 1e9) for r in sorted(rows)]
+    return tuple(out)
 
 
 # --------------------------------------------------------------------------- loading
