@@ -222,3 +222,23 @@ def test_unfused_attention_forward_pays_the_head_layout_copies():
     per_tok = 2 * m.n_heads * m.head_dim_ / par.tp + 2 * m.n_kv_heads * m.head_dim_ / par.tp
     want = gqa.hardware.device.memory_time(2 * tr.microbatch_size * tr.seq_len / par.cp * per_tok * 2)
     assert traffic(gqa) == pytest.approx(want)
+
+
+def test_measured_collectives_price_groups_inside_the_node(tmp_path):
+    """A calibrated profile's collective fits replace the ring formulas for the kinds and group
+    sizes measured (inside one node), by size range; everything else keeps the formulas."""
+    from parsim.cluster.collectives import collective_time
+    from parsim.errors import ConfigError
+    base = load_profile("cpu-gloo")
+    cal = {"collective_all_reduce_2": [[65536, 40.0, 0.5], [float("inf"), 300.0, 2.0]]}
+    path = tmp_path / "fitted.toml"
+    path.write_text(dumps_profile(base, {}, cal))
+    prof = load_profile(str(path))
+    assert collective_time(prof, "all_reduce", 1024.0, [0, 1]) == pytest.approx(2 * 40e-6 + 1024 / 0.5e9)
+    assert collective_time(prof, "all_reduce", 8e6, [0, 1]) == pytest.approx(2 * 300e-6 + 8e6 / 2.0e9)
+    # not measured: the ring formulas on the link, as before
+    assert collective_time(prof, "all_gather", 8e6, [0, 1]) == collective_time(base, "all_gather", 8e6, [0, 1])
+    bad = tmp_path / "bad.toml"
+    bad.write_text(dumps_profile(base, {}, {"collective_all_reduce_2": [[1, 2]]}))
+    with pytest.raises(ConfigError, match="calibration.collective_all_reduce_2"):
+        load_profile(str(bad))
