@@ -83,6 +83,11 @@ def dp_ops(inp: DPInputs) -> DPOps:
         regather = un.duration_s - (un.wait_s or 0.0) if un is not None and \
             inp.setting.parallel.reshard_after_forward else 0.0
         t = max(t - max(0.0, inp.backward_s - regather) * (n - 1) / n, t / n)
+    par = inp.setting.parallel
+    if par.grad_per_microbatch:
+        # per microbatch the dp stream carries the whole reduction, its buckets starting under
+        # the backward (lead_s before it ends): when reductions outlast the backwards they queue
+        return DPOps({Op.REDUCE_GRAD: OpCost(reduce_s, bytes=grad_bytes, lead_s=reduce_s - t), **rest.ops}, rest.sent)
     return DPOps({Op.REDUCE_GRAD: OpCost(t, bytes=grad_bytes), **rest.ops}, rest.sent)
 
 

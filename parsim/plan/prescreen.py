@@ -303,8 +303,9 @@ def dp_summary(costs: ModelCosts, pp: int) -> DPSummary:
             step = ops[Op.STEP]
             # the last-finishing stage's reduction is exposed; every stage's step and gather run after
             tl += step.duration_s + step.then_comm_s
-            red = ops.get(Op.REDUCE_GRAD, _NO_OP).duration_s
-            rl = max(rl, red)
+            rg = ops.get(Op.REDUCE_GRAD, _NO_OP)
+            red = rg.duration_s
+            rl = max(rl, red - rg.lead_s)  # what outlasts the backward
             un = ops.get(Op.UNSHARD, _NO_OP)
             other += un.stash_bytes
             wt += gathers * (un.duration_s if un.wait_s is None else un.wait_s)

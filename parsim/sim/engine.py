@@ -62,6 +62,9 @@ class OpCost:
     """Asynchronous collective launched on the dp stream when the action ends (ZeRO param all-gather after STEP)."""
     then_comm_bytes: float = 0.0
     """Bytes of that collective."""
+    lead_s: float = 0.0
+    """REDUCE_GRAD per microbatch: how long before it is issued (the end of its backward) its
+    first buckets may start on the dp stream (the part of the backward it hides under)."""
     wait_s: float | None = None
     """UNSHARD: the part of ``duration_s`` its stage's compute waits for (ZeRO-3/FSDP's
     prefetched per-unit gathers hide the rest under that compute); None: all of it."""
@@ -242,7 +245,7 @@ def _rank_process(rank, actions, costs, link_of, box, out, nbr, s2r):
             info = compute_info[(stage, op)] = (op_cost(stage, op), _need_tag(stage, op, nbr, s2r, rank), op.value)
         c, tag, name = info
         if op is Op.REDUCE_GRAD or op is Op.UNSHARD:
-            start = t if t > dp_free else dp_free
+            start = t - c.lead_s if t - c.lead_s > dp_free else dp_free
             dp_free = start + c.duration_s
             if op is Op.REDUCE_GRAD:
                 reduce_done[stage] = dp_free
