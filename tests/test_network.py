@@ -104,3 +104,164 @@ def test_zero_bytes_per_axis_follow_the_zero_paper():
     assert dp_bytes(1) == pytest.approx(base)
     assert dp_bytes(2) == pytest.approx(base)
     assert dp_bytes(3) == pytest.approx(1.5 * base)
+
+
+# ----------------------------------------------------------------------------- max-min vs brute force
+# The oracle is the textbook definition, computed the slow way: every unfixed flow's rate
+# rises together until some link is full; that link's flows are fixed; repeat over the
+# remaining flows. No components, no heap, no batching: all flows, every time.
+
+
+def _brute_max_min(flows: dict[int, tuple[int, ...]], capacity: list[float]) -> dict[int, float]:
+    rate = {f: 0.0 for f in flows}
+    fixed: set[int] = set()
+    while len(fixed) < len(flows):
+        free = [f for f in flows if f not in fixed]
+        # how much every free flow can still grow before some link is full
+        step = min((capacity[lk] - sum(rate[f] for f in flows if lk in flows[f]))
+                   / sum(1 for f in free if lk in flows[f])
+                   for lk in {lk for f in free for lk in flows[f]})
+        for f in free:
+            rate[f] += step
+        for lk in {lk for f in free for lk in flows[f]}:
+            used = sum(rate[f] for f in flows if lk in flows[f])
+            if used >= capacity[lk] * (1 - 1e-12):
+                fixed |= {f for f in free if lk in flows[f]}
+    return rate
+
+
+def _random_flows(rng, n_links: int, n_flows: int) -> dict[int, tuple[int, ...]]:
+    return {f: tuple(rng.sample(range(n_links), rng.randint(1, min(4, n_links)))) for f in range(n_flows)}
+
+
+def test_max_min_rates_equal_brute_force_on_random_networks():
+    import random
+    rng = random.Random(7)
+    for _ in range(300):
+        n_links = rng.randint(1, 9)
+        capacity = [rng.choice([1.0, 2.0, 3.0, 10.0, rng.uniform(0.5, 20.0)]) for _ in range(n_links)]
+        flows = _random_flows(rng, n_links, rng.randint(1, 12))
+        got = max_min_rates(flows, capacity)
+        want = _brute_max_min(flows, capacity)
+        assert got.keys() == want.keys()
+        for f in flows:
+            assert got[f] == pytest.approx(want[f], rel=1e-9), (flows, capacity)
+        # and it is max-min fair by definition: feasible, and every flow has a full link
+        # on which no other flow gets more
+        for lk in range(n_links):
+            assert sum(got[f] for f in flows if lk in flows[f]) <= capacity[lk] * (1 + 1e-9)
+        for f, links in flows.items():
+            assert any(sum(got[g] for g in flows if lk in flows[g]) >= capacity[lk] * (1 - 1e-9)
+                       and all(got[g] <= got[f] * (1 + 1e-9) for g in flows if lk in flows[g]) for lk in links)
+
+
+def _brute_network(capacity: list[float], transfers) -> list[float]:
+    """Completion time of each (start, links, bytes): global max-min over every active flow,
+    recomputed at every start and every finish."""
+    t, left = 0.0, {i: x[2] for i, x in enumerate(transfers)}
+    done: dict[int, float] = {}
+    pending = sorted(range(len(transfers)), key=lambda i: transfers[i][0])
+    active: set[int] = set()
+    while len(done) < len(transfers):
+        while pending and transfers[pending[0]][0] <= t:
+            active.add(pending.pop(0))
+        rates = _brute_max_min({i: transfers[i][1] for i in active}, capacity) if active else {}
+        nxt_start = transfers[pending[0]][0] if pending else float("inf")
+        nxt_end = min((t + left[i] / rates[i] for i in active), default=float("inf"))
+        t_next = min(nxt_start, nxt_end)
+        for i in active:
+            left[i] -= rates[i] * (t_next - t)
+        t = t_next
+        for i in [i for i in active if left[i] <= 1e-9 * transfers[i][2]]:
+            active.discard(i)
+            done[i] = t
+    return [done[i] for i in range(len(transfers))]
+
+
+def _flow_network(capacity: list[float], transfers, batched: bool) -> list[float]:
+    env = simpy.Environment()
+    net = FlowNetwork(env, capacity)
+    done = [0.0] * len(transfers)
+
+    def one(i, at, links, nbytes):
+        yield env.timeout(at)
+        yield net.transfer(list(links), nbytes)
+        done[i] = env.now
+
+    def together(at, group):
+        yield env.timeout(at)
+        yield net.start([(transfers[i][1], transfers[i][2]) for i in group])
+        for i in group:
+            done[i] = env.now
+
+    if batched:  # one call per start instant: then all of them end when the last one does
+        by_start: dict[float, list[int]] = {}
+        for i, (at, _l, _b) in enumerate(transfers):
+            by_start.setdefault(at, []).append(i)
+        for at, group in by_start.items():
+            env.process(together(at, group))
+    else:
+        for i, (at, links, nbytes) in enumerate(transfers):
+            env.process(one(i, at, links, nbytes))
+    env.run()
+    return done
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_flow_network_matches_global_recomputation(seed):
+    """Random networks, flows starting at random and at shared instants: every completion
+    time equals the brute force's (global max-min re-computed at every event)."""
+    import random
+    rng = random.Random(seed)
+    n_links = rng.randint(2, 8)
+    capacity = [rng.choice([1.0, 4.0, rng.uniform(0.5, 8.0)]) for _ in range(n_links)]
+    starts = [0.0, 0.0, 0.5, 1.0, rng.uniform(0, 3), rng.uniform(0, 3)]
+    transfers = [(rng.choice(starts), tuple(rng.sample(range(n_links), rng.randint(1, min(3, n_links)))),
+                  rng.choice([1.0, 2.0, rng.uniform(0.1, 5.0)])) for _ in range(rng.randint(1, 14))]
+    want = _brute_network(capacity, transfers)
+    got = _flow_network(capacity, transfers, batched=False)
+    assert got == pytest.approx(want, rel=1e-9, abs=1e-12)
+    # started together in one call, each group ends with its last flow
+    batched = _flow_network(capacity, transfers, batched=True)
+    for i, (at, _l, _b) in enumerate(transfers):
+        group_end = max(want[j] for j, x in enumerate(transfers) if x[0] == at)
+        assert batched[i] == pytest.approx(group_end, rel=1e-9, abs=1e-12)
+
+
+def test_a_flow_with_latency_arrives_one_latency_after_its_last_byte():
+    env = simpy.Environment()
+    net = FlowNetwork(env, [2.0])
+    ev = net.transfer([0], 4.0, latency_s=0.25)
+    env.run(ev)
+    assert env.now == pytest.approx(2.25)
+    assert net.stats.flows == 1
+
+
+def test_link_ids_names_and_capacities():
+    topo = Topology(A100, 32)
+    n = 0
+    for kind, count in (("nv_up", 32), ("nv_down", 32), ("nic_up", topo.n_nics), ("nic_down", topo.n_nics),
+                        ("leaf_up", topo.n_leaves), ("leaf_down", topo.n_leaves)):
+        for i in range(count):
+            lk = topo.link(kind, i)
+            assert topo.names[lk] == f"{kind}[{i}]"
+            n += 1
+    assert n == len(topo.capacity) == len(topo.names)
+    assert topo.capacity[topo.link("nv_up", 5)] == A100.nvlink.effective_bandwidth
+    assert topo.capacity[topo.link("nic_down", 3)] == A100.nic.effective_bandwidth
+    with pytest.raises(KeyError):
+        topo.link("nic_up", topo.n_nics)
+
+
+def test_block_capacity_divides_only_what_a_block_shares():
+    from dataclasses import replace
+    over = replace(A100, spine_oversubscription=4.0, gpus_per_leaf=16)
+    topo = Topology(over, 64)
+    cap = topo.block_capacity(4)
+    nv, nic, leaf = topo.link("nv_up", 1), topo.link("nic_up", 1), topo.link("leaf_down", 1)
+    assert cap[nv] == topo.capacity[nv] and cap[nic] == topo.capacity[nic]   # the GPU's own
+    assert cap[leaf] == topo.capacity[leaf] / 4                               # the block's four flows
+    one_nic = Topology(replace(over, nics_per_node=1), 64).block_capacity(2)
+    assert one_nic[topo.link("nic_up", 0)] == A100.nic.effective_bandwidth / 2  # the node's one NIC
+    assert Topology(replace(A100, nics_per_node=4), 16).block_capacity(4) is None  # 2 NICs in a block of 4
+    assert Topology(A100, 16).block_capacity(3) is None                           # 3 does not divide a node

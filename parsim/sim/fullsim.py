@@ -10,7 +10,12 @@ engine's (``parsim.sim.engine``); only where the time of communication comes fro
 * a process drives one pipeline rank of one replica: its tp GPUs run in lockstep
   (the TP collectives inside F/B synchronise them; they stay in the op costs, with
   ``overlap.tp_comm`` / ``overlap.ep_comm`` applied there, as in fast mode), but every
-  one of those GPUs sends its own flows on its own NVLink port / NIC;
+  one of those GPUs sends its own flows on its own NVLink port / NIC. Those tp copies
+  of every flow are one weighted flow class wherever the topology is symmetric under
+  shifting GPUs inside their TP group (``Topology.block_capacity``: the group inside one
+  node, on NICs of their own or all on one): the first TP rank's flows run on the
+  quotient network, exactly (the max-min allocation is unique, so symmetric), at 1/tp
+  of the cost; elsewhere every TP rank's flows run;
 * SEND_F/SEND_B: one flow per TP rank to the same TP rank of the neighbouring stage;
 * ``OVERLAP_F_B``: as the fast engine (both parts' inputs, one duration, two spans);
 * DP collectives (REDUCE_GRAD, UNSHARD, the ZeRO-1/2 parameter all-gather) wait until
@@ -33,6 +38,10 @@ ends when every replica's last collective is done, since replica 0 waits on them
 """
 from __future__ import annotations
 
+import gc
+from contextlib import contextmanager
+from dataclasses import dataclass
+
 import simpy
 
 from parsim.schedule.coverage import Coverage
@@ -40,39 +49,51 @@ from parsim.schedule.ir import Op, Schedule
 from parsim.schedule.passes import last_backward, last_backward_per_microbatch
 from parsim.sim.collective_flows import plan_collective, plan_parameter_server
 from parsim.sim.engine import RawTimeline, _needs, _run_overlap
-from parsim.sim.network import FlowNetwork, Topology
+from parsim.sim.network import FlowNetwork, NetworkStats, Topology
 
 COVERAGE = Coverage("full engine")
 """Every op, every schedule trait (weights and memory semantics come from the cost table)."""
 
 
 class _Job:
-    def __init__(self, sc, schedule: Schedule, costs):
+    def __init__(self, sc, schedule: Schedule, costs, lump: bool = True):
         self.sc, self.sched, self.costs = sc, schedule, costs
         self.par = par = sc.parallel
         self.env = simpy.Environment()
         self.topo = Topology(sc.hardware, par.world_size)
-        self.net = FlowNetwork(self.env, self.topo.capacity)
+        # the TP ranks of a process send identical flows on symmetric links: simulate the
+        # first one on the quotient network where it stands for all (Topology.block_capacity)
+        cap = self.topo.block_capacity(par.tp) if lump and par.stride("tp") == 1 else None
+        self.lanes = par.tp if cap is None else 1
+        """TP ranks whose flows are simulated: every one, or the first standing for all."""
+        self.net = FlowNetwork(self.env, self.topo.capacity if cap is None else cap)
         self.out = RawTimeline()
         self.arrival: dict[tuple, simpy.Event] = {}
         self.barriers: dict[tuple, tuple[list, simpy.Event]] = {}
+        self._replicas: dict[tuple[str, int], list[int]] = {}
         n = schedule.n_stages
         self.nbr = ([schedule.prev_stage(s) for s in range(n)], [schedule.next_stage(s) for s in range(n)])
 
     def gpus(self, rep: int, rank: int) -> list[int]:
-        """Global GPU ids of the TP group of pipeline rank ``rank`` in replica ``rep`` (= d * cp + c)."""
+        """Global GPU ids of the simulated TP ranks of pipeline rank ``rank`` in replica ``rep`` (= d * cp + c)."""
         par = self.par
         d, c = divmod(rep, par.cp)
         base = d * par.stride("dp") + rank * par.stride("pp") + c * par.stride("cp")
-        return par.group_ranks("tp", base)
+        return par.group_ranks("tp", base)[:self.lanes]
 
     def replicas(self, group: str, rep: int) -> list[int]:
         """Replicas in ``rep``'s data-parallel group: "dp" (same cp index) or "edp" (the
         replicas holding the same experts: dp*cp/ep of them, as ``expert_dp_ranks``)."""
         par = self.par
-        if group == "edp":
-            return [j for j in range(par.dp * par.cp) if j % par.ep == rep % par.ep]
-        return [d * par.cp + rep % par.cp for d in range(par.dp)]
+        key = (group, rep % (par.ep if group == "edp" else par.cp))
+        reps = self._replicas.get(key)
+        if reps is None:  # every replica asks once per collective: O(dp) each, built once
+            if group == "edp":
+                reps = [j for j in range(par.dp * par.cp) if j % par.ep == key[1]]
+            else:
+                reps = [d * par.cp + key[1] for d in range(par.dp)]
+            self._replicas[key] = reps
+        return reps
 
     def box(self, key: tuple) -> simpy.Event:
         ev = self.arrival.get(key)
@@ -82,28 +103,32 @@ class _Job:
 
     def flows(self, triples, scale: float = 1.0):
         """Start flows (src GPU, dst GPU, bytes x scale); (all-arrived event, largest path latency)."""
-        evs, lat = [], 0.0
+        route = self.topo.route
+        lat, transfers = 0.0, []
         for a, b, nbytes in triples:
-            links, la = self.topo.route(a, b)
-            lat = max(lat, la)
-            evs.append(self.net.transfer(links, nbytes * scale))
-        return self.env.all_of(evs), lat
+            links, la = route(a, b)
+            if la > lat:
+                lat = la
+            transfers.append((links, nbytes * scale))
+        return self.net.start(transfers), lat
 
-    def collective(self, key: tuple, rep: int, rank: int, part: tuple, scale: float):
-        """Process: join ``rep``'s group of the collective ``key``; returns when it completes."""
+    def join(self, key: tuple, rep: int, rank: int, part: tuple, scale: float) -> simpy.Event:
+        """Join ``rep``'s group of the collective ``key``; the event fires when it completes."""
         group, kind, nbytes = part
         reps = self.replicas(group, rep)
-        members, done = self.barriers.setdefault(key + (reps[0],), ([], self.env.event()))
+        k = key + (reps[0],)
+        members, done = self.barriers.setdefault(k, ([], self.env.event()))
         members.append(rep)
         if len(members) == len(reps):
+            del self.barriers[k]
             self.env.process(self._run(kind, nbytes, scale, rank, reps, done))
-        yield done
+        return done
 
     def _run(self, kind, nbytes, scale, rank, reps, done):
         """The collective's phases for every TP rank's group at once (fast mode's concurrent groups)."""
         hw = self.sc.hardware
         plans = []
-        for i in range(self.par.tp):
+        for i in range(self.lanes):
             ranks = [self.gpus(j, rank)[i] for j in reps]
             plans.append(plan_parameter_server(hw, nbytes, ranks) if kind == "parameter_server"
                          else plan_collective(hw, kind, nbytes, ranks))
@@ -119,13 +144,54 @@ class _Job:
 
 def simulate_full(sc, schedule: Schedule, costs) -> RawTimeline:
     """Simulate one optimizer step of every replica on the shared network."""
-    job = _Job(sc, schedule, costs)
+    return run_full(sc, schedule, costs)[0]
+
+
+@dataclass(frozen=True)
+class FullStats:
+    """What a full-mode run did: the work its wall time is spent on."""
+
+    events: int
+    """SimPy events processed (process steps, timers, flow completions, message arrivals)."""
+    processes: int
+    """Rank processes: pipeline ranks x replicas."""
+    lanes: int
+    """TP ranks per process whose flows were simulated (1: the first stood for all, exactly)."""
+    net: NetworkStats
+    """Flows started and max-min re-ratings."""
+
+
+def run_full(sc, schedule: Schedule, costs, lump: bool = True) -> tuple[RawTimeline, FullStats]:
+    """:func:`simulate_full` and what it did; ``lump=False`` simulates every TP rank's
+    flows even where the first one stands for all (tests compare the two)."""
+    job = _Job(sc, schedule, costs, lump)
     n_rep = sc.parallel.dp * sc.parallel.cp
     for rep in range(n_rep):
         for rank, actions in enumerate(schedule.actions):
             job.env.process(_rank(job, rep, rank, actions))
-    job.env.run()
-    return job.out
+    with _collector_paused():
+        job.env.run()
+    events = next(job.env._eid)  # SimPy's event serial: one per event scheduled, all processed by now
+    return job.out, FullStats(events, n_rep * len(schedule.actions), job.lanes, job.net.stats)
+
+
+@contextmanager
+def _collector_paused():
+    """Python's cyclic garbage collector off while the step runs, as it was after.
+
+    A large job keeps some hundred thousand SimPy events and generator frames alive; each
+    full collection walks them all, and there are more collections the more objects are
+    made, so the collector alone made the run quadratic in the cluster size (65,536 GPUs:
+    half the time). The run makes no reference cycles that outlive it besides the
+    environment's own (tests/test_fullmode_scaling.py checks this), so reference counting
+    frees everything the collector would have."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _dp_parts(job: _Job, stage: int, op: Op, nbytes: float) -> list[tuple[str, str, float]]:
@@ -160,6 +226,7 @@ def _rank(job: _Job, rep: int, rank: int, actions):
     dp_tail = [env.event().succeed()]  # the dp stream: one collective at a time, in order
     pending: dict[tuple, simpy.Event] = {}
     seq: dict[tuple, int] = {}
+    sends: dict[tuple, tuple] = {}
     # step index -> the stage whose REDUCE_GRAD the lowering put right after that step
     anchor = {k: s for s, k in last_backward(actions).items()}
     if any(a.op is Op.REDUCE_GRAD and a.microbatch is not None for a in actions):
@@ -191,7 +258,7 @@ def _rank(job: _Job, rep: int, rank: int, actions):
                         yield env.timeout(at - env.now)
                 start = env.now if start is None else start
                 for i, part in enumerate(parts):
-                    yield env.process(job.collective((rank, stage, op_name, seq[k], b, i), rep, rank, part, 1 / n))
+                    yield job.join((rank, stage, op_name, seq[k], b, i), rep, rank, part, 1 / n)
             keep((rank, "dp", op_name, stage, -1 if mb is None else mb, start, env.now, nbytes))
             ev.succeed()
         env.process(go())
@@ -210,14 +277,18 @@ def _rank(job: _Job, rep: int, rank: int, actions):
         if op is Op.RECV_F or op is Op.RECV_B:
             continue
         if op is Op.SEND_F or op is Op.SEND_B:
-            fwd = op is Op.SEND_F
-            dst_stage = nbr[1][a.stage] if fwd else nbr[0][a.stage]
-            nbytes = costs.p2p_bytes(a.stage, op)
-            peer = job.gpus(rep, s2r[dst_stage])
-            ev, lat = job.flows([(x, y, nbytes) for x, y in zip(me, peer)])
-            key = (rep, dst_stage, "F" if fwd else "B", a.microbatch)
-            env.process(_deliver(job, ev, lat, key, rec, (rank, "p2p", op.value, a.stage, a.microbatch,
-                                                           env.now, nbytes)))
+            info = sends.get((a.stage, op))
+            if info is None:  # the same peer and bytes for every microbatch: looked up once
+                fwd = op is Op.SEND_F
+                dst_stage = nbr[1][a.stage] if fwd else nbr[0][a.stage]
+                nbytes = costs.p2p_bytes(a.stage, op)
+                peer = job.gpus(rep, s2r[dst_stage])
+                info = sends[(a.stage, op)] = ([(x, y, nbytes) for x, y in zip(me, peer)], nbytes, dst_stage,
+                                               "F" if fwd else "B")
+            triples, nbytes, dst_stage, tag = info
+            ev, lat = job.flows(triples)
+            row = (rank, "p2p", op.value, a.stage, a.microbatch, env.now, nbytes) if rec else None
+            _deliver(job, ev, lat, (rep, dst_stage, tag, a.microbatch), row)
             continue
         if op is Op.OVERLAP_F_B:
             for part in a.sub:
@@ -274,7 +345,9 @@ def _wait_inputs(job: _Job, rep: int, rank: int, a, pending):
     """Wait for the remote input a compute action consumes and for its stage's pending UNSHARD."""
     key = _needs(a, job.nbr, job.sched.stage_to_rank, rank)
     if key is not None:
-        yield job.box((rep,) + key)
+        key = (rep,) + key
+        yield job.box(key)
+        del job.arrival[key]  # one consumer per message: a large job holds no delivered boxes
     un = pending.pop((a.stage, "UNSHARD"), None)
     if un is not None:
         yield un
@@ -290,10 +363,19 @@ def _drop(_row) -> None:
     """Replicas other than 0 record nothing."""
 
 
-def _deliver(job: _Job, ev, lat, key, rec, row):
-    yield ev
-    if lat > 0:
-        yield job.env.timeout(lat)
-    if rec:
-        job.out.spans.append(row[:6] + (job.env.now, row[6]))
-    job.box(key).succeed()
+def _deliver(job: _Job, ev, lat, key, row) -> None:
+    """When the flows of a send are done and one path latency has passed: the message is in
+    the receiver's box (``row``: the p2p span to record, replica 0 only)."""
+    env = job.env
+
+    def arrived(_e) -> None:
+        if row is not None:
+            job.out.spans.append(row[:6] + (env.now, row[6]))
+        job.box(key).succeed()
+
+    def sent(_e) -> None:
+        if lat > 0:
+            env.timeout(lat).callbacks.append(arrived)
+        else:
+            arrived(None)
+    ev.callbacks.append(sent)
