@@ -4,7 +4,12 @@
 
 Every throughput case of ``shared/reference/published.json`` becomes a scenario
 (``scenario_for``), one hardware profile per GPU type (``dgx-a100-80g``, ``dgx-h100``),
-the same rules for every row and no per-case factor. Printed: predicted and published
+the same rules for every row and no per-case or per-GPU factor: every kernel's time comes
+from its kernel model (``parsim.costs.compute``: GEMMs calibrated to the GPU's measured MAMF,
+FlashAttention fitted to its paper's curves, memory-bound ops at HBM bandwidth, one host
+dispatch time per kernel), nothing is fitted to these rows. The rows the retired
+``device.sustained_fraction`` was fitted on (every other row of each family) are still shown
+apart from the rest (``fit_subset``), so the two halves can be compared with the old report. Printed: predicted and published
 TFLOP/s per GPU (Megatron's FLOP formula, as the sources count), iteration time, the
 per-case error and the mean absolute percentage error (MAPE) per family.
 
@@ -26,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,11 +92,8 @@ def published_tflops(case: dict) -> float:
     return e.get("achieved_TFLOPs_per_GPU", e.get("TFLOPs_per_GPU"))
 
 
-def run_case(case: dict, clock: float | None = None) -> dict:
+def run_case(case: dict) -> dict:
     sc = scenario_from_dict(scenario_for(case), f"<fidelity:{case['id']}>")
-    if clock is not None:  # --fit only: try a sustained clock fraction for this GPU type
-        dev = replace(sc.hardware.device, sustained_fraction=clock)
-        sc = replace(sc, hardware=replace(sc.hardware, device=dev))
     mx = simulate(sc).metrics
     pub = published_tflops(case)
     pred = mx["megatron_tflops_per_gpu"]
@@ -106,23 +107,12 @@ def run_case(case: dict, clock: float | None = None) -> dict:
 
 
 def fit_subset(rows_or_cases: list) -> list:
-    """The rows the global fit sees: every other case of each family (1st, 3rd, ...)."""
+    """The rows the retired ``sustained_fraction`` was fitted on: every other case of each
+    family (1st, 3rd, ...). Nothing is fitted on them now; they are kept apart for comparison."""
     out = []
     for fam in ("megatron21", "megatron-core"):
         out += [c for c in rows_or_cases if c["id"].startswith(fam)][0::2]
     return out
-
-
-def fit_clock(cases: list[dict]) -> float:
-    """The sustained clock fraction minimising MAPE on ``cases`` (one GPU type)."""
-    best = (float("inf"), 1.0)
-    grid = [x / 100 for x in range(60, 101, 4)]
-    for rnd in range(2):
-        for f in grid:
-            err = mape([run_case(c, f) for c in cases])
-            best = min(best, (err, f))
-        grid = [best[1] + d / 100 for d in range(-3, 4) if 0 < best[1] + d / 100 <= 1]
-    return best[1]
 
 
 def mape(rows: list[dict]) -> float:
@@ -145,15 +135,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--markdown", help="write the table to this Markdown file")
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--fit", action="store_true",
-                    help="fit device.sustained_fraction per GPU type on the fit subset and print it")
     args = ap.parse_args()
-    if args.fit:
-        sub = fit_subset(load_cases())
-        for fam, prof in (("megatron21", "dgx-a100-80g"), ("megatron-core", "dgx-h100")):
-            f = fit_clock([c for c in sub if c["id"].startswith(fam)])
-            print(f"{prof}: sustained_fraction = {f:.2f}  (fit on {[c['id'] for c in sub if c['id'].startswith(fam)]})")
-        return
     rows = [run_case(c) for c in load_cases()]
     a100 = [r for r in rows if r["family"] == "a100"]
     h100 = [r for r in rows if r["family"] == "h100"]
@@ -162,6 +144,9 @@ def main() -> None:
     summary = {"mape_a100_pct": mape(a100), "mape_h100_pct": mape(h100), "mape_all_pct": mape(rows),
                "mape_a100_heldout_pct": mape([r for r in held if r["family"] == "a100"]),
                "mape_h100_heldout_pct": mape([r for r in held if r["family"] == "h100"]),
+               "mape_a100_fitrows_pct": mape([r for r in rows if r["id"] in fit_ids and r["family"] == "a100"]),
+               "mape_h100_fitrows_pct": mape([r for r in rows if r["id"] in fit_ids and r["family"] == "h100"]),
+               "mape_a100_no_pipeline_pct": mape([r for r in a100 if r["pp"] == 1]),
                "fit_rows": sorted(fit_ids)}
     if args.json:
         print(json.dumps({"rows": rows, **summary}, indent=1))
@@ -169,28 +154,122 @@ def main() -> None:
         print(table(rows))
         print(f"\nMAPE: Megatron-LM 2021 A100 {summary['mape_a100_pct']:.1f}%  "
               f"Megatron-Core H100 {summary['mape_h100_pct']:.1f}%  all {summary['mape_all_pct']:.1f}%\n"
-              f"held-out rows only (not used by --fit): A100 {summary['mape_a100_heldout_pct']:.1f}%  "
-              f"H100 {summary['mape_h100_heldout_pct']:.1f}%")
+              f"rows the retired sustained_fraction was fitted on: A100 {summary['mape_a100_fitrows_pct']:.1f}%  "
+              f"H100 {summary['mape_h100_fitrows_pct']:.1f}%; the other rows: A100 "
+              f"{summary['mape_a100_heldout_pct']:.1f}%  H100 {summary['mape_h100_heldout_pct']:.1f}%\n"
+              f"A100 rows without pipeline parallelism: {summary['mape_a100_no_pipeline_pct']:.1f}%")
     if args.markdown:
         Path(args.markdown).write_text(_report(rows, summary))
 
 
+HELDOUT_BEFORE = {"b200_gb200": 84.7, "bf16_fsdp_zero3_hsdp": 10.6, "fine_grained_moe": 58.4, "fp8_dense": 40.6,
+                  "large_scale_dp_series": 14.3, "long_context_cp": 97.4, "all": 44.0}
+"""Held-out modern set, MAPE per category before this round (reports/fidelity-heldout.md at
+commit 606e2b1: shape GEMM model, one attention efficiency, sustained_fraction 0.82/0.67)."""
+BEFORE = {"a100": 6.1, "h100": 6.8, "all": 6.4}
+"""This benchmark's MAPE before this round (the same commit, with sustained_fraction fitted on half the rows)."""
+
+KERNEL_GPUS = (("dgx-a100-80g", "fp16"), ("dgx-h100", "bf16"), ("dgx-h200", "bf16"), ("dgx-b200", "bf16"))
+KERNEL_GEMMS = ((4096, 2048, 2048), (4096, 6144, 2048), (2048, 3072, 12288), (8192, 8192, 8192))
+
+
+def kernel_table() -> str:
+    """The kernels the cost model runs, per GPU: GEMM and fused-attention TFLOP/s at training shapes."""
+    from parsim.cluster.hardware import load_profile
+    head = ("| GPU | " + " | ".join(f"GEMM {m}x{n}x{k}" for m, n, k in KERNEL_GEMMS)
+            + " | attention fwd / bwd, seq 2k | seq 8k | seq 32k | MAMF (measured) |")
+    lines = [head, "|" + "---|" * (len(KERNEL_GEMMS) + 5)]
+    for hw, p in KERNEL_GPUS:
+        d = load_profile(hw).device
+        cells = [f"{2 * m * n * k / d.gemm_time(m, n, k, p) / 1e12:.0f}" for m, n, k in KERNEL_GEMMS]
+        for s in (2048, 8192, 32768):
+            fl = 4.0 * s * s * 32 * 128 / 2  # causal forward FLOPs, 32 heads x 128
+            f = fl / d.attention_kernel_time(1, s, s, 32, 8, 128, True, False, "bf16") / 1e12
+            b = 2.5 * fl / d.attention_kernel_time(1, s, s, 32, 8, 128, True, True, "bf16") / 1e12
+            cells.append(f"{f:.0f} / {b:.0f}")
+        mamf = d.kernels.mamf.get(p) or d.kernels.mamf.get("bf16")
+        cells.append(f"{mamf[0] / 1e12:.0f}" if mamf else "-")
+        lines.append(f"| {hw} ({d.kernels.attention_kernel}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def heldout_summary() -> dict[str, float]:
+    """MAPE per category of the held-out modern set now (benchmarks/fidelity_heldout.py)."""
+    import fidelity_heldout as fh
+    rows = [fh.run_row(r) for r in fh.load_rows()]
+    done = [r for r in rows if r.get("status") == "compared"]
+    out = {}
+    for cat in sorted({r["category"] for r in done}):
+        errs = [abs(r["error"]) for r in done if r["category"] == cat]
+        out[cat] = 100.0 * sum(errs) / len(errs)
+    out["all"] = 100.0 * sum(abs(r["error"]) for r in done) / len(done)
+    return out
+
+
 def _report(rows: list[dict], summary: dict) -> str:
+    fit_ids = set(summary["fit_rows"])
+    first = [r for r in rows if r["id"] in fit_ids]
+    other = [r for r in rows if r["id"] not in fit_ids]
+    try:
+        held = heldout_summary()
+    except Exception as exc:  # the held-out set needs every preset; say so rather than fail the report
+        held = {"error": str(exc)}
+    held_lines = ["| category | MAPE before | MAPE now |", "|---|---|---|"]
+    for cat, before in HELDOUT_BEFORE.items():
+        now = held.get(cat)
+        held_lines.append(f"| {cat} | {before:.1f}% | " + (f"{now:.1f}%" if isinstance(now, float) else "n/a") + " |")
     return ("# Fidelity: predicted vs published throughput\n\n"
             "Generated by `python benchmarks/fidelity.py --markdown reports/fidelity.md`.\n\n"
             + (__doc__.split("Rules", 1)[1].join(["Rules", ""]) if "Rules" in __doc__ else "") + "\n\n"
-            + table(rows) + "\n\n"
-            f"MAPE: Megatron-LM 2021 Table 1 (A100) **{summary['mape_a100_pct']:.1f}%**, "
-            f"Megatron-Core weak scaling (H100) **{summary['mape_h100_pct']:.1f}%**, "
-            f"all rows {summary['mape_all_pct']:.1f}%.\n\n"
-            "One global number per GPU type was fitted: `device.sustained_fraction` (0.82 for "
-            "dgx-a100-80g, 0.67 for dgx-h100), by `python benchmarks/fidelity.py --fit` on every "
-            f"other row of each family ({', '.join(summary['fit_rows'])}). On the held-out rows "
-            f"the MAPE is {summary['mape_a100_heldout_pct']:.1f}% (A100) and "
-            f"{summary['mape_h100_heldout_pct']:.1f}% (H100). The remaining trend -- small A100 "
-            "models predicted ~10% slow, the largest H100 models ~13% slow -- is physics the "
-            "model does not have yet (microbatch sizes the sources do not give; interleaving "
-            "on H100), not tuned away.\n")
+            "## No fitted factor\n\n"
+            "Nothing in this model is fitted to these rows. `device.sustained_fraction` (0.82 for "
+            "dgx-a100-80g, 0.67 for dgx-h100, fitted here on every other row) is removed; every "
+            "kernel's time comes from a kernel model whose numbers come from kernel measurements "
+            "(MAMF per GPU and precision, stas00/ml-engineering) or kernel papers (FlashAttention-2/3 "
+            "TFLOP/s by sequence length), memory-bound ops from their bytes at HBM bandwidth, and one "
+            "documented host time per kernel launch. The two halves below are the rows the old "
+            "factor was fitted on and the rows it never saw; neither is fitted now.\n\n"
+            "### Rows the retired factor was fitted on\n\n" + table(first) + "\n\n"
+            "### The other rows\n\n" + table(other) + "\n\n"
+            f"MAPE now: Megatron-LM 2021 Table 1 (A100) **{summary['mape_a100_pct']:.1f}%** "
+            f"(before {BEFORE['a100']:.1f}% with the factor), Megatron-Core weak scaling (H100) "
+            f"**{summary['mape_h100_pct']:.1f}%** (before {BEFORE['h100']:.1f}%), all rows "
+            f"{summary['mape_all_pct']:.1f}% (before {BEFORE['all']:.1f}%). On the rows the factor was "
+            f"fitted on: A100 {summary['mape_a100_fitrows_pct']:.1f}%, H100 {summary['mape_h100_fitrows_pct']:.1f}%; "
+            f"on the others: A100 {summary['mape_a100_heldout_pct']:.1f}%, H100 {summary['mape_h100_heldout_pct']:.1f}%. "
+            f"A100 rows without pipeline parallelism (1.7B-18B): {summary['mape_a100_no_pipeline_pct']:.1f}%.\n\n"
+            "## Where it lands, and why\n\n"
+            "The 5% aim is not met. What the factor hid, row family by row family:\n\n"
+            "* **A100, no pipeline (1.7B-18B): within 2%, no factor.** The kernel models alone (GEMMs at "
+            "their shapes against the A100 MAMF, the unfused attention core's batched GEMMs, its s x s "
+            "scores through HBM with dropout, the memory-bound ops) reproduce Megatron-LM 2021. Here the "
+            "old factor (0.82) was *wrong*: it made these rows 10-12% slow.\n"
+            "* **A100 with pipeline parallelism (39B-1T): 15-24% fast.** The model runs these GEMMs at the "
+            "MAMF (large hidden sizes); the published runs reach ~80% of it. What the pipelined runs "
+            "add that the model lacks is not identified (candidates: Megatron 2021's blocking p2p, "
+            "interleaving's extra p2p and its scatter/gather copies, cross-stage imbalance of the "
+            "embedding and head). The old factor absorbed it.\n"
+            "* **H100 Megatron-Core (all sizes): 27-64% fast.** The kernel model puts the H100's "
+            "training GEMMs at 750-820 TFLOP/s (the MAMF, 794.5) and FlashAttention-3 at the paper's "
+            "curve; the published runs reach 41-47% MFU. The factor 0.67 was this gap. It is uniform "
+            "across the weak-scaling series (per-GPU work is constant there), so it is per-GPU behaviour "
+            "in training that kernel microbenchmarks do not see: a lower sustained clock under the 700 W "
+            "cap when all eight GPUs, NVLink and the NICs draw power together, SMs taken by the "
+            "overlapped NCCL/userbuffers kernels (every H100 row overlaps TP, DP reduce-scatter and "
+            "gather; no A100 row does), and framework host time. None of these is sourced yet, so none "
+            "is fitted: a measurement on an H100 (the issue's 'ground truth on a real GPU') is what "
+            "closes it.\n\n"
+            "## Kernels the cost model runs (TFLOP/s)\n\n"
+            "GEMM columns: M x N x K through the kernel model (tiles, waves, Stream-K, calibrated to the "
+            "MAMF at its measured shape). Attention: causal, 32 heads x 128, 8 KV heads, batch 1, by the "
+            "device's kernel (FlashAttention-2 on A100, -3 on Hopper, -4 on Blackwell), forward / "
+            "backward; bf16.\n\n" + kernel_table() + "\n\n"
+            "## Held-out modern set (benchmarks/fidelity_heldout.py), before and after\n\n"
+            "Before: with the shape GEMM model, one attention efficiency and the fitted factor. Now: "
+            "the cost model of the tree that generated this report (this round's other work on MoE, "
+            "context and data parallelism moves these rows too). Full rows: "
+            "reports/fidelity-heldout.md.\n\n"
+            + "\n".join(held_lines) + "\n")
 
 
 if __name__ == "__main__":

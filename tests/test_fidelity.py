@@ -1,10 +1,23 @@
-"""Fidelity against published runs (benchmarks/fidelity.py): MAPE <= 10% per family."""
+"""Fidelity against published runs (benchmarks/fidelity.py), with no fitted factor.
+
+The kernel models alone must reproduce the rows whose physics they claim (Megatron-LM 2021 on
+A100 without pipeline parallelism: GEMMs, the unfused attention core, memory-bound ops). The
+issue's aim -- <= 10% (then 5%) on every row with no per-GPU factor -- is not met yet on the
+pipelined A100 rows or the H100 rows (reports/fidelity.md says why); the strict xfail below
+turns red the day it is, so the bound is then tightened rather than forgotten.
+"""
 import sys
 
+import pytest
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import fidelity  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return [fidelity.run_case(c) for c in fidelity.load_cases()]
 
 
 def test_every_published_throughput_case_is_a_scenario():
@@ -13,12 +26,22 @@ def test_every_published_throughput_case_is_a_scenario():
     assert sum(c["id"].startswith("megatron-core-h100-weak") for c in cases) == 9
 
 
-def test_mape_within_ten_percent_on_a100_and_h100_rows():
-    rows = [fidelity.run_case(c) for c in fidelity.load_cases()]
+def test_a100_rows_without_pipeline_within_five_percent(rows):
+    flat = [r for r in rows if r["family"] == "a100" and r["pp"] == 1]
+    assert len(flat) == 4
+    assert fidelity.mape(flat) <= 5.0
+    assert all(abs(r["error"]) <= 0.05 for r in flat)
+
+
+def test_no_row_is_predicted_slower_than_published_by_more_than_five_percent(rows):
+    # nothing left in the model slows a run down without a kernel behind it
+    assert min(r["error"] for r in rows) >= -0.05
+
+
+@pytest.mark.xfail(strict=True, reason="H100 rows 27-64% fast and pipelined A100 rows 15-24% fast without "
+                                       "sustained_fraction: reports/fidelity.md, 'Where it lands, and why'")
+def test_mape_within_ten_percent_on_a100_and_h100_rows(rows):
     a100 = [r for r in rows if r["family"] == "a100"]
     h100 = [r for r in rows if r["family"] == "h100"]
     assert fidelity.mape(a100) <= 10.0
     assert fidelity.mape(h100) <= 10.0
-    # held-out rows (not seen by the fit of device.sustained_fraction) stay within 10% too
-    fit = {c["id"] for c in fidelity.fit_subset(rows)}
-    assert fidelity.mape([r for r in rows if r["id"] not in fit]) <= 10.0

@@ -166,12 +166,13 @@ def test_gemm_model_switch(tmp_path):
 
     from parsim.cluster.hardware import PROFILE_DIR
     data = tomllib.loads((PROFILE_DIR / "dgx-h100.toml").read_text())
-    shape = parse_profile(data, "x").device
-    data["device"]["gemm_model"] = "kernel"
     kernel = parse_profile(data, "x").device
+    data["device"]["gemm_model"] = "shape"
+    shape = parse_profile(data, "x").device
     m, n, k = 4096, 11008, 4096
+    # default: the kernel model (the cost model's GEMMs)
     assert kernel.gemm_time(m, n, k) == kernel.kernel_gemm_time(m, n, k)
-    # default: the shape model, untouched (the cost model still calls it)
+    # gemm_model = "shape": the two-knob model parsim calibrate fits, untouched
     u = lambda x: x / (x + 64)
     legacy = 2 * m * n * k / (989.4e12 * 0.83 * u(m) * u(n) * u(k))
     assert shape.gemm_time(m, n, k) == pytest.approx(legacy, rel=1e-12)

@@ -11,9 +11,11 @@ Kernel models (``parsim.cluster.kernels`` for GEMMs: tiles, waves, K roll-off, M
 main loop, HBM floor; ``parsim.cluster.attention_kernels`` for FlashAttention-2/3/4 by sequence
 length, head dim, causal mask, GQA, forward/backward) use the optional device facts
 (``sm_count``, per-clock rates, ``gemm_tiles``, ``mamf_*``, ``attention_kernel``):
-:meth:`Device.kernel_gemm_time` and :meth:`Device.attention_kernel_time`. ``gemm_time`` keeps
-the shape model unless the profile sets ``device.gemm_model = "kernel"`` (the switch the cost
-model's wiring step flips), so existing predictions do not move.
+:meth:`Device.kernel_gemm_time` and :meth:`Device.attention_kernel_time`. ``gemm_time`` is the
+kernel model wherever the profile gives kernel facts (``device.gemm_model = "shape"`` keeps the
+two-knob model, which ``parsim calibrate`` fits for profiles without them, e.g. ``cpu-gloo``).
+There is no end-to-end factor: ``device.sustained_fraction`` was removed (a profile that still
+sets it is refused with a one-line error).
 """
 from __future__ import annotations
 
@@ -86,18 +88,14 @@ class Device:
     attention is *not* fused (``training.flash_attention = false``); the s x s scores'
     softmax/mask traffic is costed separately as memory-bound. Optional key
     ``device.unfused_attention_efficiency``; ``None``: the same as ``attention_efficiency``."""
-    sustained_fraction: float = 1.0
-    """Fraction of the benchmarked compute rate (GEMM, attention) a long training run
-    sustains: power/thermal clocks and kernel overheads the cost model does not itemise.
-    The cost layer divides compute-bound time by it. Optional key ``device.sustained_fraction``
-    (default 1), fitted once per GPU type by benchmarks/fidelity.py --fit on half the
-    published rows, the error reported on the other half; never a per-case factor."""
     kernels: KernelFacts | None = field(default=None, hash=False)
     """Facts the kernel models need (SM count, per-clock rates, GEMM tiles, MAMF, attention
     kernel); ``None`` when the profile gives none (``kernel_*`` methods then refuse)."""
-    gemm_model: str = "shape"
-    """Which model :meth:`gemm_time` uses: ``"shape"`` (the two-knob shape model above, the
-    default) or ``"kernel"`` (:mod:`parsim.cluster.kernels`). Optional key ``device.gemm_model``."""
+    gemm_model: str = "kernel"
+    """Which model :meth:`gemm_time` uses: ``"kernel"`` (:mod:`parsim.cluster.kernels`, the
+    default wherever the profile gives kernel facts) or ``"shape"`` (the two-knob shape model
+    above: profiles without kernel facts, e.g. ``cpu-gloo`` and what ``parsim calibrate``
+    fits). Optional key ``device.gemm_model``."""
 
     def peak(self, precision: str) -> float:
         """Dense peak FLOP/s at ``precision``; ValueError naming the known ones otherwise."""
@@ -151,7 +149,7 @@ class Device:
             raise ValueError(f"gemm_time: m={m}, n={n}, k={k}, count={count} must be >= 0")
         if m == 0 or n == 0 or k == 0 or count == 0:
             return 0.0
-        if self.gemm_model == "kernel":
+        if self.gemm_model == "kernel" and self.kernels is not None:
             return self.kernel_gemm_time(m, n, k, precision, count)
         rate = self.peak(precision) * self.gemm_efficiency * self.gemm_shape_factor(m, n, k)
         compute = 2.0 * m * n * k / rate
@@ -303,7 +301,7 @@ _SCHEMA: dict[str, dict[str, tuple[str, bool]]] = {
         "memory_tbyte_per_s": ("pos", _REQ),
         "gemm_efficiency": ("frac", _REQ), "gemm_half_dim": ("nonneg", _REQ),
         "memory_efficiency": ("frac", _REQ), "attention_efficiency": ("frac", _REQ),
-        "kernel_launch_us": ("nonneg", _REQ), "sustained_fraction": ("frac", _OPT),
+        "kernel_launch_us": ("nonneg", _REQ),
         "unfused_attention_efficiency": ("frac", _OPT), "mxfp8_tflops": ("pos", _OPT),
         # kernel-model facts (parsim.cluster.kernels, attention_kernels): all or none
         "sm_count": ("int", _OPT), "tensor_flop_per_clock_per_sm": ("pos", _OPT),
@@ -333,6 +331,10 @@ _TOP_TABLES = [t for t in _SCHEMA if t]
 
 
 GEMM_MODELS = ("shape", "kernel")
+_REMOVED = {"device.sustained_fraction":
+            "was removed: no per-GPU end-to-end factor; compute time comes from the kernel models "
+            "(delete the key)"}
+"""Keys older profiles had, refused with why."""
 
 
 def _check_value(file: str, key: str, kind: str, v: Any) -> Any:
@@ -395,6 +397,8 @@ def _validate(data: Mapping[str, Any], file: str) -> dict[str, dict[str, Any]]:
                 continue
             for sub, v in value.items():
                 dotted = f"{key}.{sub}"
+                if dotted in _REMOVED:
+                    raise ConfigError(file, dotted, _REMOVED[dotted])
                 if sub not in _SCHEMA[key]:
                     raise ConfigError(file, dotted, f"unknown key (known: {', '.join(_SCHEMA[key])})")
                 out[key][sub] = _check_value(file, dotted, _SCHEMA[key][sub][0], v)
@@ -432,9 +436,8 @@ def parse_profile(data: Mapping[str, Any], file: str = "<profile>") -> HardwareP
         gemm_efficiency=d["gemm_efficiency"], gemm_half_dim=d["gemm_half_dim"],
         memory_efficiency=d["memory_efficiency"], attention_efficiency=d["attention_efficiency"],
         kernel_launch_s=to_si("kernel_launch_us", d["kernel_launch_us"]),
-        sustained_fraction=d.get("sustained_fraction", 1.0),
         unfused_attention_efficiency=d.get("unfused_attention_efficiency"),
-        kernels=kernels.facts_from_table(d, peaks, PRECISIONS, file), gemm_model=d.get("gemm_model", "shape"),
+        kernels=kernels.facts_from_table(d, peaks, PRECISIONS, file), gemm_model=d.get("gemm_model", "kernel"),
     )
 
     def tier(name: str, table: dict[str, Any], bw_key: str) -> LinkTier:
@@ -541,10 +544,8 @@ def profile_to_tables(profile: HardwareProfile) -> dict[str, dict[str, Any]]:
     })
     if d.unfused_attention_efficiency is not None:
         dev["unfused_attention_efficiency"] = d.unfused_attention_efficiency
-    if d.sustained_fraction != 1.0:
-        dev["sustained_fraction"] = d.sustained_fraction
     dev.update(kernels.facts_to_table(d.kernels))
-    if d.gemm_model != "shape":
+    if d.gemm_model != "kernel":
         dev["gemm_model"] = d.gemm_model
     node = {"gpus_per_node": profile.gpus_per_node,
             "nvlink_gbyte_per_s": nv.bandwidth / GB, "nvlink_latency_us": nv.latency_s / US,

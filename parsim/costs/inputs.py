@@ -153,6 +153,10 @@ class TrainOptions:
     """Optimizer (gradient and state bytes per parameter)."""
     overlap: OverlapConfig
     """Overlap of TP collectives and expert all-to-alls with compute."""
+    fused_kernels: bool = True
+    """Memory-bound ops as fused kernels (Megatron/TE) or eager PyTorch op by op."""
+    fp8_recipe: str | None = None
+    """FP8 scaling recipe (None: the device's default)."""
 
 
 @dataclass(frozen=True)
@@ -218,7 +222,7 @@ def layer_inputs(ci: CostInputs) -> LayerInputs:
     shard = Shard(tr.microbatch_size, tr.seq_len, par.tp, par.cp, par.ep, par.sequence_parallel, groups.tp, groups.cp,
                   ep_group, etp)
     opts = TrainOptions(tr.precision, tr.flash_attention, ci.dropout, tr.recompute, _remat(ci.schedule),
-                        tr.grad_accumulation_fusion, tr.optimizer, ci.overlap)
+                        tr.grad_accumulation_fusion, tr.optimizer, ci.overlap, tr.fused_kernels, tr.fp8_recipe)
     return LayerInputs(m, ci.cluster, shard, opts, ci.moe if has_moe else None)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+import parsim.costs.compute as _compute
 import parsim.costs.moe as _moe
 from parsim.cluster.collectives import bytes_sent_per_rank, collective_time, group_path
 from parsim.cluster.precision import PRECISION_TABLE
@@ -112,30 +113,41 @@ def layer_cost(inp: LayerInputs, moe_layer: bool) -> LayerCost:
     ph = moe_phase(inp) if moe_layer and inp.moe is not None else None
     if ph is not None:  # routed experts are costed by parsim.costs.moe (tokens actually routed)
         gemms = tuple(g for g in gemms if not g.name.startswith("expert_"))
-    f_gemm = sum(dev.gemm_time(g.m, g.n, g.k, prec, g.count) for g in gemms)
-    i_gemm = sum(dev.gemm_time(g.m, g.k, g.n, prec, g.count) for g in gemms)
-    w_gemm = sum(dev.gemm_time(g.k, g.n, g.m, prec, g.count) for g in gemms)
     gemm_flops = sum(g.flops for g in gemms)
     # attention core: this rank's seq/cp queries against all keys of the sequence
-    attn_flops = attention_core_flops(m, b, sh.seq_len, sh.tp) / sh.cp
-    fused = o.flash_attention
-    executed = attn_flops * (0.5 if fused else 1.0)  # causal blocks skipped
-    f_attn = dev.attention_time(executed, prec, fused)
-    bwd_ratio = FLASH_BACKWARD_FLOP_RATIO if fused else 2.0
-    i_attn = dev.attention_time(executed * bwd_ratio, prec, fused)
-    f_attn = f_attn + scores_traffic(inp, 1.0) + head_layout_traffic(inp)
-    i_attn = i_attn + scores_traffic(inp, 2.0)
-    clock = dev.sustained_fraction
-    f_gemm, i_gemm, w_gemm = f_gemm / clock, i_gemm / clock, w_gemm / clock
-    f_attn, i_attn = f_attn / clock + launch_gaps(inp, 1), i_attn / clock + launch_gaps(inp, 2)
-    elem = dev.memory_time(layer_elementwise_bytes(m, tokens, sh.tp, sh.sequence_parallel,
-                                                   PRECISION_TABLE[prec].activation_bytes))
+    attn_flops = _attention_flops(inp) / sh.cp
+    if dev.kernels is not None:  # every kernel through its own model (parsim.costs.compute)
+        bc = _compute.block_compute(inp, tuple(gemms), moe_layer)
+        f_gemm, i_gemm, w_gemm = bc.gemm
+        f_attn = bc.attention[0] + scores_traffic(inp, 1.0) + head_layout_traffic(inp)
+        i_attn = bc.attention[1] + scores_traffic(inp, 2.0)
+        f_mem, i_mem = bc.memory
+        # the host issues each pass's kernels one by one (``kernel_launch_s`` each: Python
+        # dispatch + the CUDA launch); when that takes longer than the GPU runs them, the GPU
+        # waits (the excess is charged to the memory-bound part)
+        host = dev.kernel_launch_s
+        f_mem += max(0.0, bc.kernels[0] * host - (f_gemm + f_attn + f_mem))
+        i_mem += max(0.0, bc.kernels[1] * host - (i_gemm + i_attn + i_mem))
+        w_gemm = max(w_gemm, bc.kernels[2] * host)
+    else:  # a profile without kernel facts (cpu-gloo): the calibrated two-knob models
+        f_gemm = sum(dev.gemm_time(g.m, g.n, g.k, prec, g.count) for g in gemms)
+        i_gemm = sum(dev.gemm_time(g.m, g.k, g.n, prec, g.count) for g in gemms)
+        w_gemm = sum(dev.gemm_time(g.k, g.n, g.m, prec, g.count) for g in gemms)
+        fused = o.flash_attention
+        executed = attn_flops * (0.5 if fused else 1.0)  # causal blocks skipped
+        bwd_ratio = FLASH_BACKWARD_FLOP_RATIO if fused else 2.0
+        f_attn = dev.attention_time(executed, prec, fused) + scores_traffic(inp, 1.0) + head_layout_traffic(inp)
+        i_attn = dev.attention_time(executed * bwd_ratio, prec, fused) + scores_traffic(inp, 2.0)
+        f_attn, i_attn = f_attn + launch_gaps(inp, 1), i_attn + launch_gaps(inp, 2)
+        f_mem = dev.memory_time(layer_elementwise_bytes(m, tokens, sh.tp, sh.sequence_parallel,
+                                                        PRECISION_TABLE[prec].activation_bytes))
+        i_mem = 2 * f_mem
     act_bytes = tokens * m.d_model * PRECISION_TABLE[prec].wire_bytes
     tp_fwd = tp_layer_comm(inp, act_bytes, f_gemm)
     tp_bwd = tp_layer_comm(inp, act_bytes, i_gemm)
     cp_fwd = cp_exchange(inp, f_attn)
-    fwd = Parts(compute=f_gemm + f_attn + elem, tp_comm=tp_fwd, cp_comm=cp_fwd)
-    inp_parts = Parts(compute=i_gemm + i_attn + 2 * elem, tp_comm=tp_bwd, cp_comm=cp_fwd)
+    fwd = Parts(compute=f_gemm + f_attn + f_mem, tp_comm=tp_fwd, cp_comm=cp_fwd)
+    inp_parts = Parts(compute=i_gemm + i_attn + i_mem, tp_comm=tp_bwd, cp_comm=cp_fwd)
     wgt = Parts(compute=w_gemm)
     sent = AxisBytes(tp=tp_layer_bytes(inp, act_bytes), cp=(sh.cp - 1) * kv_block_bytes(inp))
     if ph is not None:
@@ -167,10 +179,9 @@ def _layer_memory(inp: LayerInputs, li: int, ph) -> tuple[float, float, float]:
 def _moe_parts(inp: LayerInputs, ph, fwd: Parts, bwd_in: Parts, wgt: Parts, flops: float):
     """Add the slowest EP rank's expert GEMMs and its dispatch + combine all-to-alls
     (2 per pass); with ``overlap.ep_comm`` only what exceeds the pass's compute is exposed."""
-    clock = inp.hardware.device.sustained_fraction
-    fwd = fwd + Parts(compute=ph.forward_s / clock)
-    bwd_in = bwd_in + Parts(compute=ph.backward_input_s / clock)
-    wgt = wgt + Parts(compute=ph.backward_weight_s / clock)
+    fwd = fwd + Parts(compute=ph.forward_s)
+    bwd_in = bwd_in + Parts(compute=ph.backward_input_s)
+    wgt = wgt + Parts(compute=ph.backward_weight_s)
     a2a = 2 * ph.all_to_all_s
     hide = inp.options.overlap.ep_comm
     ep_f = max(0.0, a2a - fwd.compute) if hide else a2a
@@ -275,12 +286,24 @@ def cp_exchange(inp: LayerInputs, attn_time: float) -> float:
     return (cp - 1) * max(0.0, step - per_block)
 
 
+def _attention_flops(inp: LayerInputs) -> float:
+    """Forward attention-core FLOPs of one block (Megatron's full-square convention), averaged
+    over the model's blocks when they differ (sliding-window layers)."""
+    m, sh = inp.model, inp.shard
+    if m.layer_types is None:
+        return attention_core_flops(m, sh.microbatch_size, sh.seq_len, sh.tp)
+    return sum(attention_core_flops(m, sh.microbatch_size, sh.seq_len, sh.tp, li)
+               for li in range(m.n_layers)) / m.n_layers
+
+
 def selective_recompute_time(inp: LayerInputs) -> float:
     """Seconds selective recomputation reruns per block: the unfused attention core
     (FlashAttention already recomputes the scores inside its backward: nothing extra)."""
     sh, o = inp.shard, inp.options
     if o.flash_attention:
         return 0.0
+    if inp.hardware.device.kernels is not None:
+        return _compute.unfused_attention_gemms(inp, False)
     flops = attention_core_flops(inp.model, sh.microbatch_size, sh.seq_len, sh.tp) / sh.cp
     return inp.hardware.device.attention_time(flops, o.precision, fused=False)
 

@@ -235,6 +235,7 @@ def embedding_cost(inp: LayerInputs) -> EndCost:
 def head_cost(inp: LayerInputs) -> EndCost:
     """The LM head GEMM, softmax, loss and its gradient."""
     m, sh, dev, prec = inp.model, inp.shard, inp.hardware.device, inp.options.precision
+    prec = "bf16" if prec == "fp8" else prec  # Transformer Engine recipes keep the output layer in BF16
     tokens, b, seq = sh.tokens, sh.microbatch_size, sh.seq_len // sh.cp
     g = head_gemm(m, tokens, sh.tp)
     loss = dev.memory_time(3 * logits_bytes(m, seq, b, sh.tp))  # softmax + loss + its gradient

@@ -1,0 +1,177 @@
+"""A block's compute from kernel physics: every GEMM, the attention core and the memory-bound
+ops, each through the kernel that runs it, with no end-to-end factor.
+
+* GEMMs: each linear layer's forward ``(tokens x k) @ (k x n)``, its input gradient
+  ``(tokens x n) @ (n x k)`` and its weight gradient ``(k x tokens) @ (tokens x n)`` through
+  :meth:`~parsim.cluster.hardware.Device.gemm_time` (the kernel model of
+  :mod:`parsim.cluster.kernels`: tiles, waves, Stream-K, the MAMF-calibrated main loop). Under
+  FP8 the linear layers run at FP8 (MXFP8 on Blackwell's block-scaled path); the router and the
+  LM head stay BF16 (Transformer Engine recipes).
+* Attention: the device's fused kernel (FlashAttention-2 on A100, FlashAttention-3 on Hopper,
+  FlashAttention-4 on Blackwell: ``device.attention_kernel``) with the real batch, sequence,
+  heads and KV heads per TP rank, head dim and causal mask, forward and backward separately
+  (:meth:`~parsim.cluster.hardware.Device.attention_kernel_time`); BF16 even under FP8 training.
+  A sliding-window block costs the full causal kernel times the share of query-key pairs its
+  window keeps (the kernel skips the blocks outside it, as it skips those above the diagonal).
+  Under context parallelism each rank does 1/cp of the (load-balanced) causal work here;
+  the ring's per-block kernels are ``parsim.costs.context``'s. Without FlashAttention the
+  core is its batched GEMMs (QK^T, PV; four in the backward) through the GEMM model, the
+  scores' HBM traffic costed by the caller.
+* Memory-bound ops: :mod:`parsim.costs.memory_ops` (fused or eager; FP8 casts per recipe) at
+  ``memory_bandwidth * memory_efficiency``, plus ``kernel_launch_s`` per kernel.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from parsim.cluster.precision import PRECISION_TABLE
+from parsim.costs.inputs import LayerInputs
+from parsim.costs.memory_ops import (
+    MemoryWork,
+    block_forward_work,
+    default_fp8_recipe,
+    fp8_cast_work,
+    fp8_gemm_precision,
+)
+from parsim.model import attention_kind, causal_pairs
+
+BF16_ONLY = ("router",)
+"""GEMMs kept in BF16 under FP8 training (the MoE router: Megatron computes it unquantised)."""
+ATTENTION_BACKWARD_KERNELS = 3
+"""FlashAttention's backward launches three kernels: ``D = rowsum(dO * O)``, the main loop, dQ's conversion."""
+
+
+@dataclass(frozen=True)
+class BlockCompute:
+    """Compute seconds of one block, one microbatch, one GPU, by pass and kind of work."""
+
+    gemm: tuple[float, float, float]
+    """F, I, W seconds of the block's GEMMs."""
+    attention: tuple[float, float]
+    """F, I seconds of the attention core."""
+    memory: tuple[float, float]
+    """F, I seconds of memory-bound ops (FP8 casts included)."""
+    kernels: tuple[int, int, int]
+    """Kernel launches of F, I, W."""
+
+
+def linear_precision(inp: LayerInputs) -> str:
+    """Precision the block's linear GEMMs run at."""
+    prec = inp.options.precision
+    if prec != "fp8":
+        return prec
+    dev = inp.hardware.device
+    return fp8_gemm_precision(fp8_recipe(inp), dev.peak_flops)
+
+
+def fp8_recipe(inp: LayerInputs) -> str:
+    """The FP8 recipe in force (the scenario's, else the device's default)."""
+    return inp.options.fp8_recipe or default_fp8_recipe(inp.hardware.device.peak_flops)
+
+
+def attention_precision(precision: str) -> str:
+    """Attention runs in BF16 unless the job is FP16 (FP8 attention is not the recipes' default)."""
+    return "fp16" if precision == "fp16" else "bf16"
+
+
+def has_attention_kernel(inp: LayerInputs) -> bool:
+    """The device names a fused attention kernel the model can cost (sm80 and later)."""
+    kf = inp.hardware.device.kernels
+    return kf is not None and kf.attention_kernel is not None
+
+
+def _heads(inp: LayerInputs) -> tuple[int, int, int]:
+    """(query heads, KV heads, head dim) per TP rank; MLA's head dim is the mean of its QK and V dims
+    (the FLOPs of QK^T and PV then match ``attention_core_flops``)."""
+    m, tp = inp.model, inp.shard.tp
+    heads = max(1, m.n_heads // tp)
+    kv = 1 if m.is_mla else max(1, m.n_kv_heads // tp)
+    if m.is_mla:
+        hd = (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim) // 2
+        kv = heads  # MLA's up-projected K and V have one head per query head
+    else:
+        hd = m.head_dim_
+    return heads, min(kv, heads), hd
+
+
+@lru_cache(maxsize=4096)
+def fused_attention_times(inp: LayerInputs) -> tuple[float, float]:
+    """(forward, backward) seconds of one block's fused attention, averaged over the model's
+    blocks (full and sliding-window blocks alternate in GPT-OSS; the mean is exact per model)."""
+    m, sh, dev = inp.model, inp.shard, inp.hardware.device
+    heads, kv, hd = _heads(inp)
+    prec = attention_precision(inp.options.precision)
+    s = sh.seq_len
+    full = s * (s + 1) // 2
+    out = [0.0, 0.0]
+    for back in (False, True):
+        t_full = dev.attention_kernel_time(sh.microbatch_size, s, s, heads, kv, hd, True, back, prec)
+        shares = [causal_pairs(m, s, li) / full if attention_kind(m, li) != "full" else 1.0
+                  for li in _distinct_layers(m)]
+        out[back] = t_full * sum(shares) / len(shares) / sh.cp
+    return out[0], out[1]
+
+
+def _distinct_layers(m) -> range:
+    return range(m.n_layers if m.layer_types is not None else 1)
+
+
+def unfused_attention_gemms(inp: LayerInputs, backward: bool) -> float:
+    """Seconds of the unfused attention core's batched GEMMs (the full s x s scores: eager
+    attention masks, it does not skip): QK^T and PV forward; dV, dP, dQ, dK backward."""
+    m, sh, dev = inp.model, inp.shard, inp.hardware.device
+    heads, _, hd = _heads(inp)
+    prec = attention_precision(inp.options.precision) if inp.options.precision == "fp8" else inp.options.precision
+    sq, sk, bh = sh.seq_len // sh.cp, sh.seq_len, sh.microbatch_size * heads
+    fwd = dev.gemm_time(sq, sk, hd, prec, bh) + dev.gemm_time(sq, hd, sk, prec, bh)
+    if not backward:
+        return fwd
+    return (dev.gemm_time(sk, hd, sq, prec, bh) + dev.gemm_time(sq, sk, hd, prec, bh)
+            + dev.gemm_time(sq, hd, sk, prec, bh) + dev.gemm_time(sk, hd, sq, prec, bh))
+
+
+def memory_work(inp: LayerInputs, moe_layer: bool) -> tuple[MemoryWork, MemoryWork]:
+    """(forward, backward) memory-bound work of one block: norms, rotary, activation, residuals,
+    dropout (fused or eager), and the FP8 casts of its linear layers."""
+    m, sh, o = inp.model, inp.shard, inp.options
+    a = PRECISION_TABLE[o.precision].activation_bytes
+    fwd = block_forward_work(m, sh.tokens, sh.tp, sh.sequence_parallel, a, o.fused_kernels, o.dropout, moe_layer)
+    bwd = fwd.scaled(2)
+    if o.precision == "fp8":
+        cf, cb = fp8_cast_work(m, sh.tokens, sh.tp, fp8_recipe(inp), a, moe_layer)
+        fwd, bwd = fwd + cf, bwd + cb
+    return fwd, bwd
+
+
+@lru_cache(maxsize=4096)
+def block_compute(inp: LayerInputs, gemms: tuple, moe_layer: bool) -> BlockCompute:
+    """Compute of one block from its GEMMs (``parsim.model.layer_gemms``, routed experts
+    removed) and the device's kernels."""
+    dev, o = inp.hardware.device, inp.options
+    lin = linear_precision(inp)
+    base = o.precision if o.precision != "fp8" else "bf16"
+    g_f = g_i = g_w = 0.0
+    for g in gemms:
+        p = base if g.name in BF16_ONLY else lin
+        g_f += dev.gemm_time(g.m, g.n, g.k, p, g.count)
+        g_i += dev.gemm_time(g.m, g.k, g.n, p, g.count)
+        g_w += dev.gemm_time(g.k, g.n, g.m, p, g.count)
+    n_gemm = len(gemms)
+    if o.flash_attention and has_attention_kernel(inp):
+        a_f, a_i = fused_attention_times(inp)
+        k_attn = (1, ATTENTION_BACKWARD_KERNELS)
+    else:
+        a_f, a_i = unfused_attention_gemms(inp, False), unfused_attention_gemms(inp, True)
+        k_attn = (2, 4)
+    mf, mb = memory_work(inp, moe_layer)
+    # two TP collectives per pass launch kernels too (NCCL), counted with the block's gaps
+    tp_kernels = 2 if inp.shard.tp > 1 else 0
+    kernels = (n_gemm + k_attn[0] + mf.kernels + tp_kernels, n_gemm + k_attn[1] + mb.kernels + tp_kernels, n_gemm)
+    return BlockCompute((g_f, g_i, g_w), (a_f, a_i), (dev.memory_time(mf.bytes), dev.memory_time(mb.bytes)), kernels)
+
+
+def clear_caches() -> None:
+    """Empty this module's caches (a cold start)."""
+    for fn in (fused_attention_times, block_compute):
+        fn.cache_clear()

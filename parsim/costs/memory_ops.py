@@ -1,0 +1,148 @@
+"""Memory-bound work of one transformer block as the frameworks run it: bytes and kernel counts.
+
+Everything here moves data through HBM and does almost no arithmetic, so its time is
+``bytes / (memory_bandwidth * memory_efficiency)`` plus a launch overhead per kernel. What a
+framework launches differs, so each op is counted per setting (``training.fused_kernels``):
+
+* fused (Megatron-Core with Transformer Engine / Apex, the default): one kernel per op --
+  norm (TE ``LayerNormLinear`` / Apex ``FusedRMSNorm``: read x, write y), rotary (``fused_apply_rotary_pos_emb``:
+  read + write q and k), bias-activation (``bias_gelu_impl`` / ``bias_swiglu_impl``: read the FC1
+  output, write the activation), bias-dropout-add (``bias_dropout_add_fused_train``: read the
+  branch and the residual, write the sum, plus a 1-byte mask with dropout);
+* eager (plain PyTorch modules, Hugging Face ``modeling_llama``/``modeling_gpt2``): op by op.
+  ``LlamaRMSNorm.forward``: ``to(float32)``, ``pow(2)``, ``mean``, ``+ eps``, ``rsqrt``, ``*``,
+  ``to(dtype)``, ``weight *`` -- 8 kernels, 36 bytes per bf16 element; ``nn.LayerNorm`` is one
+  native kernel; ``apply_rotary_pos_emb``: ``q * cos``, ``rotate_half`` (a negation and a
+  ``cat``), ``* sin``, ``+`` -- 5 kernels and 10 element passes per tensor; SwiGLU ``act(gate) *
+  up``: 2 kernels, 5 passes of f; GeLU 1 kernel; residual ``+`` and ``dropout`` separate kernels.
+
+The backward of each op reads what its forward read plus the incoming gradient and writes the
+outgoing one: twice the forward's bytes and kernels (autograd's rule for these pointwise ops,
+which the fused backward kernels keep).
+
+FP8 (``training.precision = "fp8"``, Transformer Engine): the linear layers' GEMMs take FP8
+operands, so each linear's input (forward) and output gradient (backward) is cast: read the
+bf16 tensor, write an FP8 row-wise copy (for this GEMM) and an FP8 column-wise (transposed)
+copy (for the weight-gradient GEMM) -- TE's fused ``cast_transpose``. Per recipe:
+``delayed`` (the amax is taken inside the cast, scales from history: 1 kernel); ``current``
+(``Float8CurrentScaling``: an amax pass reads the tensor first, then the cast: 2 kernels);
+``mxfp8`` (Blackwell ``MXFP8BlockScaling``: one 8-bit scale per 32 elements written beside each
+copy, 1 kernel); ``blockwise`` (``Float8BlockScaling``, DeepSeek-V3's 1x128 / 128x128: one fp32
+scale per 128 elements beside each copy, 1 kernel). The attention core and the LM head stay BF16
+(TE recipes keep ``DotProductAttention`` and the output layer out of ``fp8_autocast``).
+FP8 weight casts happen once per optimizer step under Megatron (``is_first_microbatch``
+caching) and are not counted per microbatch here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from parsim.model import ModelSpec
+
+FP8_RECIPES = ("delayed", "current", "mxfp8", "blockwise")
+SCALE_BYTES_PER_ELEMENT = {"delayed": 0.0, "current": 0.0, "mxfp8": 1.0 / 32, "blockwise": 4.0 / 128}
+"""Scale bytes written per FP8 element (MX: one E8M0 per 32, OCP MX spec; blockwise: fp32 per 128)."""
+CAST_KERNELS = {"delayed": 1, "current": 2, "mxfp8": 1, "blockwise": 1}
+"""Kernels per cast (current scaling: amax reduction, then cast-transpose)."""
+
+
+@dataclass(frozen=True)
+class MemoryWork:
+    """Memory-bound work of one pass of one block on one GPU."""
+
+    bytes: float
+    """HBM bytes read + written."""
+    kernels: int
+    """Kernel launches."""
+
+    def __add__(self, other: "MemoryWork") -> "MemoryWork":
+        return MemoryWork(self.bytes + other.bytes, self.kernels + other.kernels)
+
+    def scaled(self, k: float) -> "MemoryWork":
+        """k times the work (bytes and kernels; a backward is ``scaled(2)``)."""
+        return MemoryWork(self.bytes * k, int(round(self.kernels * k)))
+
+    def scaled_bytes(self, k: float) -> "MemoryWork":
+        """The same kernels over k times the bytes (per-token work -> a microbatch)."""
+        return MemoryWork(self.bytes * k, self.kernels)
+
+
+def _local(spec: ModelSpec, tp: int, moe: bool) -> tuple[float, float, float, float]:
+    """(q width, k width, FFN width f, FC1 output width) per token on one TP rank (``moe``: a
+    routed-expert block, its top-k experts and shared experts)."""
+    rope_dim = spec.qk_rope_head_dim if spec.is_mla else spec.head_dim_
+    kv_heads = 1 if spec.is_mla else spec.n_kv_heads
+    q = spec.n_heads * rope_dim / tp
+    k = kv_heads * rope_dim / max(1, tp if kv_heads >= tp else 1)
+    if moe:
+        f = (spec.top_k * spec.d_ff_expert_ + spec.n_shared_experts * spec.d_ff_shared_) / tp
+    else:
+        f = spec.d_ff / tp
+    fc1 = 2 * f if spec.ffn == "swiglu" else f
+    return q, k, f, fc1
+
+
+def block_forward_work(spec: ModelSpec, tokens: int, tp: int, sp: bool, act_bytes: float,
+                       fused: bool, dropout: bool, moe: bool = False) -> MemoryWork:
+    """Norms, rotary, activation, residual adds (and dropout) of one block's forward on one GPU.
+
+    ``act_bytes``: bytes per activation element (2 for bf16). Norms and residuals act on the
+    full hidden size, split over tp only with sequence parallelism.
+    """
+    d = spec.d_model / (tp if sp else 1)
+    q, k, f, fc1 = _local(spec, tp, moe)
+    a = act_bytes
+    rms = spec.norm == "rmsnorm"
+    rope = spec.position == "rope"
+    swiglu = spec.ffn == "swiglu"
+    mask = 1.0 if dropout else 0.0
+    if fused:
+        norms = MemoryWork(2 * 2 * d * a, 2)                       # read x, write y; twice per block
+        rot = MemoryWork(2 * (q + k) * a, 1) if rope else MemoryWork(0.0, 0)
+        actf = MemoryWork((fc1 + f) * a, 1)                         # read FC1 out, write activation
+        res = MemoryWork(2 * (3 * d * a + mask * d), 2)             # bias-dropout-add: r 2d, w d (+mask)
+        return (norms + rot + actf + res).scaled_bytes(tokens)
+    if rms:  # LlamaRMSNorm, per element: to fp32 (r a w 4), pow (r4 w4), mean (r4), mul (r4 w4), to (r4 w a), weight* (r a w a)
+        per = (a + 4) + 8 + 4 + 8 + (4 + a) + 2 * a
+        norms = MemoryWork(2 * d * per, 2 * 8)
+    else:    # nn.LayerNorm: one native kernel
+        norms = MemoryWork(2 * 2 * d * a, 2)
+    rot = MemoryWork(10 * (q + k) * a, 10) if rope else MemoryWork(0.0, 0)
+    actf = MemoryWork(5 * f * a, 2) if swiglu else MemoryWork(2 * f * a, 1)
+    res = MemoryWork(2 * 3 * d * a, 2)
+    drop = MemoryWork(2 * (2 * d * a + d), 2) if dropout else MemoryWork(0.0, 0)
+    return (norms + rot + actf + res + drop).scaled_bytes(tokens)
+
+
+def fp8_cast_work(spec: ModelSpec, tokens_local: int, tp: int, recipe: str, act_bytes: float,
+                  moe: bool = False) -> tuple[MemoryWork, MemoryWork]:
+    """(forward, backward) FP8 cast work of one block's linear layers on one GPU, per token
+    times ``tokens_local``: forward casts each linear's input (QKV and FC1 see the all-gathered
+    d; proj sees q-width, FC2 sees f), backward each linear's output gradient (QKV q+2kv, proj
+    d, FC1 its output, FC2 d). Each cast reads the bf16 tensor (twice with current scaling)
+    and writes a row-wise and a column-wise FP8 copy with their scales."""
+    if recipe not in FP8_RECIPES:
+        raise ValueError(f"unknown fp8 recipe {recipe!r} (known: {', '.join(FP8_RECIPES)})")
+    d = spec.d_model
+    hd = spec.head_dim_
+    qw = spec.n_heads * hd / tp
+    kvw = spec.n_kv_heads * hd / max(1, tp if spec.n_kv_heads >= tp else 1)
+    _, _, f, fc1 = _local(spec, tp, moe)
+    reads = act_bytes * (2 if recipe == "current" else 1)
+    writes = 2 * (1.0 + SCALE_BYTES_PER_ELEMENT[recipe])
+    per = reads + writes
+    n = CAST_KERNELS[recipe]
+    fwd_elems = d + qw + d + f
+    bwd_elems = (qw + 2 * kvw) + d + fc1 + d
+    return (MemoryWork(tokens_local * fwd_elems * per, 4 * n), MemoryWork(tokens_local * bwd_elems * per, 4 * n))
+
+
+def default_fp8_recipe(peak_flops: dict) -> str:
+    """Transformer Engine's default on this device: MXFP8 where the GPU has block-scaled FP8
+    GEMMs (a ``mxfp8`` peak: Blackwell), per-tensor current scaling otherwise (Hopper)."""
+    return "mxfp8" if "mxfp8" in peak_flops else "current"
+
+
+def fp8_gemm_precision(recipe: str, peak_flops: dict) -> str:
+    """Precision the linear GEMMs run at under ``recipe`` (MXFP8 on the block-scaled path)."""
+    return "mxfp8" if recipe == "mxfp8" and "mxfp8" in peak_flops else "fp8"
