@@ -212,6 +212,11 @@ def _simple(cls, table: dict, file: str, prefix: str):
     return cls(**table)
 
 
+FP8_RECIPES = ("delayed", "current", "mxfp8", "blockwise")
+"""Transformer Engine's FP8 scaling recipes (DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling,
+Float8BlockScaling)."""
+
+
 def _training(t: dict, file: str) -> TrainingConfig:
     p = "training."
     _check_keys(t, {f.name for f in fields(TrainingConfig)}, file, p)
@@ -225,6 +230,9 @@ def _training(t: dict, file: str) -> TrainingConfig:
         flash_attention=_typed(t, "flash_attention", bool, file, p, True),
         grad_accumulation_fusion=_typed(t, "grad_accumulation_fusion", bool, file, p, True),
         dropout=_typed(t, "dropout", bool, file, p, None),
+        fused_kernels=_typed(t, "fused_kernels", bool, file, p, True),
+        fp8_recipe=(None if t.get("fp8_recipe") is None else
+                    _choice(_typed(t, "fp8_recipe", str, file, p, None), FP8_RECIPES, file, p + "fp8_recipe")),
     )
     return tc
 

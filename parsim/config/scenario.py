@@ -42,6 +42,13 @@ class TrainingConfig:
     grad_accumulation_fusion: bool = True
     """Weight gradients accumulate inside the dW GEMM (Megatron's --gradient-accumulation-fusion);
     false: a separate memory-bound add into the gradient buffer per microbatch (plain PyTorch autograd)."""
+    fused_kernels: bool = True
+    """Memory-bound work runs as the fused kernels of Megatron-Core / Transformer Engine (norm, rotary,
+    bias-activation, bias-dropout-add each one kernel); false: eager PyTorch op by op (Hugging Face
+    modules: more kernels and more HBM passes; ``parsim.costs.memory_ops``)."""
+    fp8_recipe: str | None = None
+    """FP8 scaling recipe (``precision = "fp8"``): delayed | current | mxfp8 | blockwise; None: the
+    device's default (mxfp8 where it has block-scaled FP8 GEMMs, i.e. Blackwell; current otherwise)."""
 
 
 @dataclass(frozen=True)

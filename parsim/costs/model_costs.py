@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import parsim.costs.compute as _compute
 import parsim.costs.dp as _dp
 import parsim.costs.inputs as _inputs
 import parsim.costs.layer as _layer
@@ -214,7 +215,7 @@ class ModelCosts:
 
 def clear_caches() -> None:
     """Empty every cache of the cost model's pure parts (a cold start, for benchmarks and tests)."""
-    for module in (_inputs, _layer, _stage, _dp):
+    for module in (_inputs, _compute, _layer, _stage, _dp):
         module.clear_caches()
 
 
