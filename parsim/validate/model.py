@@ -67,6 +67,15 @@ class Par:
             return x
         return GatherSeq.apply(x, self.tp) if self.sp else CopyToGroup.apply(x, self.tp)
 
+    def column(self, x: torch.Tensor, *layers: "SplitLinear") -> list[torch.Tensor]:
+        """Column-parallel ``layers`` on ``x``: f then each layer, or under sequence parallelism
+        the all-gather fused with them, keeping only this rank's slice of ``x`` for the backward
+        (Megatron gathers it again there: what the activation model counts)."""
+        if self.tp is not None and self.sp:
+            return list(_SeqParallelColumn.apply(x, self.tp, *[t for lyr in layers for t in (lyr.weight, lyr.bias)]))
+        x = self.enter(x)
+        return [lyr(x) for lyr in layers]
+
     def leave(self, x: torch.Tensor) -> torch.Tensor:
         """After a row-parallel layer: g, or the sequence reduce-scatter."""
         if self.tp is None:
@@ -124,6 +133,38 @@ class _LinearFn(torch.autograd.Function):
         dw = g2.t() @ x2
         db = g2.sum(0) if ctx.has_bias else None
         return dx, dw, db
+
+
+class _SeqParallelColumn(torch.autograd.Function):
+    """All-gather along the sequence, then column-parallel linears on the gathered input; the
+    backward gathers the input again (for the weight gradients, deferred under a
+    :class:`WeightGradStore`) and reduce-scatters the input gradient."""
+
+    @staticmethod
+    def forward(ctx, x, g, *wb):
+        from parsim.validate.comm import gather_seq
+        full = gather_seq(x, g)
+        ctx.g, ctx.n = g, len(wb) // 2
+        ctx.save_for_backward(x, *[w for w in wb if w is not None])
+        ctx.biases = [wb[2 * i + 1] for i in range(ctx.n)]
+        return tuple(F.linear(full, wb[2 * i], wb[2 * i + 1]) for i in range(ctx.n))
+
+    @staticmethod
+    def backward(ctx, *dys):
+        from parsim.validate.comm import gather_seq, scatter_seq
+        x, *ws = ctx.saved_tensors
+        weights = [w for w in ws if w.dim() == 2]  # the biases saved beside them are 1-D
+        full = gather_seq(x, ctx.g)
+        dx = sum(dy @ w for dy, w in zip(dys, weights))
+        grads = []
+        for dy, w, bias in zip(dys, weights, ctx.biases):
+            if _STORE is not None:
+                _STORE.append((w, bias, full, dy))
+                grads += [None, None]
+                continue
+            f2, g2 = full.reshape(-1, full.shape[-1]), dy.reshape(-1, dy.shape[-1])
+            grads += [g2.t() @ f2, g2.sum(0) if bias is not None else None]
+        return (scatter_seq(dx, ctx.g), None, *grads)
 
 
 class SplitLinear(nn.Linear):
@@ -220,9 +261,8 @@ class Block(nn.Module):
         return y if layer.bias is None else y + layer.bias
 
     def attention(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        x = self.par.enter(x)
-        b, s, _ = x.shape
-        qkv = self.qkv(x)
+        (qkv,) = self.par.column(x, self.qkv)
+        b, s, _ = qkv.shape
         nkv = self.nkv * (qkv.shape[-1] // self.hd) // (self.nh + 2 * self.nkv)  # local heads (tp shards them)
         nh = qkv.shape[-1] // self.hd - 2 * nkv
         q, k, v = qkv.split([nh * self.hd, nkv * self.hd, nkv * self.hd], dim=-1)
@@ -246,10 +286,11 @@ class Block(nn.Module):
     def mlp(self, h: torch.Tensor) -> torch.Tensor:
         if self.moe is not None:
             return self.moe(h)
-        h = self.par.enter(h)
         if self.swiglu:
-            return self._row(self.down, swiglu(self.gate(h), self.up(h)))
-        return self._row(self.fc2, F.gelu(self.fc1(h)))
+            gate, up = self.par.column(h, self.gate, self.up)
+            return self._row(self.down, swiglu(gate, up))
+        (h,) = self.par.column(h, self.fc1)
+        return self._row(self.fc2, F.gelu(h))
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.norm1(x), mask)
@@ -313,7 +354,7 @@ class Head(nn.Module):
         self.par, self.vocab_start = NO_PAR, 0
 
     def forward(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        logits = self.out(self.par.enter(self.norm(x)))
+        (logits,) = self.par.column(self.norm(x), self.out)
         # fp32 logits for the loss (Megatron's upcast); no-op when training in fp32
         if self.par.tp is None:
             return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
@@ -329,9 +370,25 @@ def parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, start: i
     sumexp = ReduceFromGroup.apply(shifted.exp().sum(-1), g)
     local = targets - start
     inside = (local >= 0) & (local < logits.shape[-1])
-    picked = shifted.gather(1, local.clamp(0, logits.shape[-1] - 1)[:, None]).squeeze(1) * inside
+    picked = _Pick.apply(shifted, local.clamp(0, logits.shape[-1] - 1)) * inside
     target = ReduceFromGroup.apply(picked, g)
     return (sumexp.log() - target).mean()
+
+
+class _Pick(torch.autograd.Function):
+    """``x[i, index[i]]`` keeping only the index for the backward (torch's gather keeps its
+    whole input: a second copy of the logits that cross-entropy kernels do not keep)."""
+
+    @staticmethod
+    def forward(ctx, x, index):
+        ctx.save_for_backward(index)
+        ctx.shape = x.shape
+        return x.gather(1, index[:, None]).squeeze(1)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (index,) = ctx.saved_tensors
+        return torch.zeros(ctx.shape, dtype=dy.dtype, device=dy.device).scatter_(1, index[:, None], dy[:, None]), None
 
 
 def build_stages(spec: ModelSpec, layers_per_stage: tuple[int, ...], seq_len: int, flash: bool,
