@@ -255,6 +255,7 @@ def _parallel(t: dict, file: str, gpus: int) -> ParallelConfig:
     kw["zero"] = zero
     kw["sequence_parallel"] = _typed(t, "sequence_parallel", bool, file, p, False)
     kw["dp_comm"] = _typed(t, "dp_comm", str, file, p, "allreduce")
+    kw["cp_comm"] = _typed(t, "cp_comm", str, file, p, "p2p")
     kw["reshard_after_forward"] = _typed(t, "reshard_after_forward", bool, file, p, True)
     kw["grad_reduce"] = _typed(t, "grad_reduce", str, file, p, None)
     kw["dp_shard"] = _typed(t, "dp_shard", int, file, p, None)

@@ -83,14 +83,15 @@ def test_tp_bytes_double_from_bf16_to_fp32():
 
 @pytest.mark.parametrize("precision,wire", [("bf16", 2), ("fp32", 4)])
 def test_cp_bytes_are_the_kv_blocks_the_ring_sends(precision, wire):
-    """cp = 2: each rank holds 256 of the 512 tokens; per block and pass (F, B) it passes its K
-    and V block on once (cp - 1 steps): 2 x 256 tokens x 8 KV heads x 32 x wire bytes."""
+    """cp = 2: each rank holds 256 of the 512 tokens; per block the forward passes its K and V
+    block on once (cp - 1 steps) and the backward twice as much (K/V, then dK/dV travelling back
+    the same ring): 2 x 256 tokens x 8 KV heads x 32 x wire bytes per block."""
     mx = simulate(tiny(cp=2, precision=precision)).metrics
     block = 2 * 256 * 8 * 32 * wire
-    assert mx["comm_bytes_by_axis"]["cp"] == pytest.approx(4 * 2 * block * 4, rel=1e-12)  # 4 blocks, 2 passes, m=4
+    assert mx["comm_bytes_by_axis"]["cp"] == pytest.approx(4 * (1 + 2) * block * 4, rel=1e-12)  # 4 blocks, F + B, m=4
     cp4 = simulate(tiny(cp=4, precision=precision)).metrics
     # cp = 4: blocks of 128 tokens, 3 ring steps
-    assert cp4["comm_bytes_by_axis"]["cp"] == pytest.approx(4 * 2 * 3 * (2 * 128 * 8 * 32 * wire) * 4, rel=1e-12)
+    assert cp4["comm_bytes_by_axis"]["cp"] == pytest.approx(4 * (1 + 2) * 3 * (2 * 128 * 8 * 32 * wire) * 4, rel=1e-12)
     assert simulate(tiny(precision=precision)).metrics["comm_bytes_by_axis"]["cp"] == 0.0
 
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from parsim.errors import ConfigError
 
 AXES = ("dp", "pp", "cp", "ep", "tp")
+CP_COMMS = ("p2p", "all_gather", "a2a")
+"""Values of ``parallel.cp_comm`` (``parsim.costs.context``)."""
 FRAMEWORKS = ("zero", "megatron", "deepspeed", "fsdp")
 """Memory conventions ``parallel.framework`` names (parsim.costs.framework)."""
 
@@ -40,6 +42,11 @@ class ParallelConfig:
     """How data-parallel gradients are combined: "allreduce" (NCCL collectives; ZeRO's
     reduce-scatter/all-gather) or "parameter_server" (push to one server rank, pull back:
     the pre-all-reduce design, for comparison; needs zero = 0)."""
+    cp_comm: str = "p2p"
+    """How context-parallel attention communicates (Transformer Engine's ``cp_comm_type``):
+    "p2p" (a K/V ring overlapped with blockwise attention: Megatron's default, torchtitan's
+    ring attention), "all_gather" (K/V gathered before attention: the Llama 3 paper's CP) or
+    "a2a" (DeepSpeed-Ulysses: all-to-all from a sequence split to a head split)."""
     order: tuple[str, ...] = field(default=AXES)
     """Axis order of the rank grid, slowest-varying first; the last axis is the innermost (consecutive ranks)."""
     reshard_after_forward: bool = True
@@ -121,6 +128,8 @@ def check_parallel(par: ParallelConfig, gpus: int, file: str | None) -> None:
         raise ConfigError(file, "parallel.dp_comm", f"must be \"allreduce\" or \"parameter_server\", got {par.dp_comm!r}")
     if par.dp_comm == "parameter_server" and par.zero:
         raise ConfigError(file, "parallel.dp_comm", f"a parameter server keeps whole optimizer state: needs zero = 0, got {par.zero}")
+    if par.cp_comm not in CP_COMMS:
+        raise ConfigError(file, "parallel.cp_comm", f"must be one of {', '.join(CP_COMMS)}, got {par.cp_comm!r}")
     if par.grad_reduce not in (None, "microbatch", "step"):
         raise ConfigError(file, "parallel.grad_reduce", f"must be \"microbatch\" or \"step\", got {par.grad_reduce!r}")
     if par.dp_shard is not None:

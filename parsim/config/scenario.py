@@ -173,6 +173,12 @@ def check_model_parallel(model: ModelSpec, tr: TrainingConfig, par: ParallelConf
         raise ConfigError(file, "parallel.tp", f"{model.n_kv_heads} KV heads do not divide or split evenly over tp={par.tp}")
     if tr.seq_len % par.cp:
         raise ConfigError(file, "parallel.cp", f"seq_len={tr.seq_len} is not divisible by cp={par.cp}")
+    if par.cp > 1 and par.cp_comm == "a2a":  # Ulysses splits each TP rank's heads over cp
+        heads = model.n_heads // par.tp
+        kv = model.n_kv_heads // par.tp if model.n_kv_heads >= par.tp else 1
+        if heads % par.cp or (kv % par.cp if kv >= par.cp else par.cp % kv):
+            raise ConfigError(file, "parallel.cp_comm", f"a2a splits heads over cp={par.cp}: {heads} attention "
+                                                        f"and {kv} KV heads per TP rank do not split evenly")
     if par.sequence_parallel and tr.seq_len % par.tp:
         raise ConfigError(file, "parallel.sequence_parallel", f"seq_len={tr.seq_len} is not divisible by tp={par.tp}")
     if par.ep > 1 and not model.is_moe:

@@ -126,6 +126,8 @@ class Shard:
     """Global ranks of the first expert-parallel group, folded TP ranks included (empty: dense model)."""
     expert_tp: int
     """Tensor-parallel degree of the routed experts (MoE models; 1 for a dense model)."""
+    cp_comm: str = "p2p"
+    """How context-parallel attention communicates: p2p ring | all_gather | a2a (``parsim.costs.context``)."""
 
     @property
     def tokens(self) -> int:
@@ -220,7 +222,7 @@ def layer_inputs(ci: CostInputs) -> LayerInputs:
         etp = ci.moe.expert_tp or par.tp
         ep_group = Ranks(ep_group_ranks(par, etp))
     shard = Shard(tr.microbatch_size, tr.seq_len, par.tp, par.cp, par.ep, par.sequence_parallel, groups.tp, groups.cp,
-                  ep_group, etp)
+                  ep_group, etp, par.cp_comm)
     opts = TrainOptions(tr.precision, tr.flash_attention, ci.dropout, tr.recompute, _remat(ci.schedule),
                         tr.grad_accumulation_fusion, tr.optimizer, ci.overlap, tr.fused_kernels, tr.fp8_recipe)
     return LayerInputs(m, ci.cluster, shard, opts, ci.moe if has_moe else None)

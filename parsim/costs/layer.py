@@ -6,8 +6,9 @@ the same shard of the same model on the same hardware reuses it.
 
 * F: the block's GEMMs through the device's shape-dependent GEMM model, the attention core
   through its FlashAttention efficiency, memory-bound ops through HBM bandwidth; plus the TP
-  collectives (2 in forward, 2 in backward, Megatron's f/g operators) and the
-  context-parallel K/V ring exchange.
+  collectives (2 in forward, 2 in backward, Megatron's f/g operators) and context
+  parallelism's ring (``parsim.costs.context``: per-block attention kernels, exposed K/V
+  transfers; dK/dV travel back in the backward).
 * I (backward for inputs): dX GEMMs, attention backward, memory-bound backward.
 * W (backward for weights): dW GEMMs.
 * MoE layers: the slowest EP rank's expert GEMMs and the dispatch/combine all-to-alls
@@ -19,8 +20,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import parsim.costs.compute as _compute
+import parsim.costs.context as _context
 import parsim.costs.moe as _moe
-from parsim.cluster.collectives import bytes_sent_per_rank, collective_time, group_path
+from parsim.cluster.collectives import bytes_sent_per_rank, collective_time
 from parsim.cluster.precision import PRECISION_TABLE
 from parsim.costs.inputs import Cluster, LayerInputs, Ranks
 from parsim.costs.memory import (
@@ -145,19 +147,27 @@ def layer_cost(inp: LayerInputs, moe_layer: bool) -> LayerCost:
     act_bytes = tokens * m.d_model * PRECISION_TABLE[prec].wire_bytes
     tp_fwd = tp_layer_comm(inp, act_bytes, f_gemm)
     tp_bwd = tp_layer_comm(inp, act_bytes, i_gemm)
-    cp_fwd = cp_exchange(inp, f_attn)
-    fwd = Parts(compute=f_gemm + f_attn + f_mem, tp_comm=tp_fwd, cp_comm=cp_fwd)
-    inp_parts = Parts(compute=i_gemm + i_attn + i_mem, tp_comm=tp_bwd, cp_comm=cp_fwd)
+    # context parallelism (parsim.costs.context): the K/V ring (or gather / all-to-all) and,
+    # with the kernel model, its per-block attention kernels in place of the 1/cp share
+    ca = _context.cp_attention(inp, (f_attn, i_attn)) if sh.cp > 1 else None
+    if ca is not None and _context.uses_kernels(inp):
+        f_attn, i_attn = ca.forward_s, ca.backward_s
+    cp_f, cp_i = (ca.forward_comm_s, ca.backward_comm_s) if ca is not None else (0.0, 0.0)
+    fwd = Parts(compute=f_gemm + f_attn + f_mem, tp_comm=tp_fwd, cp_comm=cp_f)
+    inp_parts = Parts(compute=i_gemm + i_attn + i_mem, tp_comm=tp_bwd, cp_comm=cp_i)
     wgt = Parts(compute=w_gemm)
-    sent = AxisBytes(tp=tp_layer_bytes(inp, act_bytes), cp=(sh.cp - 1) * kv_block_bytes(inp))
+    tp_sent = tp_layer_bytes(inp, act_bytes)
+    sent_f = AxisBytes(tp=tp_sent, cp=ca.forward_bytes if ca is not None else 0.0)
+    sent_i = AxisBytes(tp=tp_sent, cp=ca.backward_bytes if ca is not None else 0.0)  # dK/dV ride back too
     if ph is not None:
         fwd, inp_parts, wgt, gemm_flops = _moe_parts(inp, ph, fwd, inp_parts, wgt, gemm_flops)
         a2a = _moe.all_to_all_bytes(ph.routing, m.d_model, PRECISION_TABLE[prec].activation_bytes)
-        sent = sent + AxisBytes(ep=2 * float(a2a["send"]))  # dispatch + combine
+        ep_sent = AxisBytes(ep=2 * float(a2a["send"]))  # dispatch + combine
+        sent_f, sent_i = sent_f + ep_sent, sent_i + ep_sent
     expert = _expert_params(m, li)
     params = (layer_params(m, li) - expert) / sh.tp + expert / (sh.tp * sh.ep)
     return LayerCost(fwd, inp_parts, wgt, gemm_flops + attn_flops, gemm_flops + 2 * attn_flops, gemm_flops,
-                     sent, sent, params, expert / (sh.tp * sh.ep), *_layer_memory(inp, li, ph))
+                     sent_f, sent_i, params, expert / (sh.tp * sh.ep), *_layer_memory(inp, li, ph))
 
 
 def _layer_memory(inp: LayerInputs, li: int, ph) -> tuple[float, float, float]:
@@ -263,29 +273,6 @@ def launch_gaps(inp: LayerInputs, passes: int) -> float:
     return passes * n * inp.hardware.device.kernel_launch_s
 
 
-def kv_block_bytes(inp: LayerInputs) -> float:
-    """Bytes of the K and V block one context-parallel rank passes on at each ring step
-    (its seq/cp tokens; KV heads sharded over tp when there are enough of them)."""
-    m, sh = inp.model, inp.shard
-    if sh.cp <= 1:
-        return 0.0
-    wire = PRECISION_TABLE[inp.options.precision].wire_bytes
-    seq = sh.seq_len // sh.cp
-    return 2 * sh.microbatch_size * seq * m.n_kv_heads * m.head_dim_ * wire / max(
-        1, sh.tp if m.n_kv_heads >= sh.tp else 1)
-
-
-def cp_exchange(inp: LayerInputs, attn_time: float) -> float:
-    """Exposed part of the ring K/V exchange: cp-1 steps, each overlapping one attention block."""
-    cp = inp.shard.cp
-    if cp <= 1:
-        return 0.0
-    path = group_path(inp.hardware, inp.shard.cp_group)
-    step = kv_block_bytes(inp) / path.bandwidth + path.latency_s
-    per_block = attn_time / cp
-    return (cp - 1) * max(0.0, step - per_block)
-
-
 def _attention_flops(inp: LayerInputs) -> float:
     """Forward attention-core FLOPs of one block (Megatron's full-square convention), averaged
     over the model's blocks when they differ (sliding-window layers)."""
@@ -341,3 +328,4 @@ def clear_caches() -> None:
     """Empty this module's caches (a cold start)."""
     for fn in (moe_phase, cached_collective_time, layer_cost):
         fn.cache_clear()
+    _context.clear_caches()
