@@ -91,7 +91,6 @@ def test_alpha_beta_pure_latency():
 
 def test_calibrate_without_torch_prints_install_line(monkeypatch, capsys):
     import parsim.cli.calibrate as cc
-
     from parsim.cli.main import main
     monkeypatch.setattr(cc, "torch_available", lambda: False)
     assert main(["calibrate"]) == 2
@@ -101,7 +100,6 @@ def test_calibrate_without_torch_prints_install_line(monkeypatch, capsys):
 
 def test_validate_without_torch_prints_install_line(monkeypatch, capsys):
     import parsim.cli.validate as vc
-
     from parsim.cli.main import main
     monkeypatch.setattr(vc, "torch_available", lambda: False)
     assert main(["validate", "scenarios/tiny-cpu.toml"]) == 2

@@ -86,10 +86,11 @@ def test_pipeline_and_dp_gradients_equal_single_process(parity_two, i, name):
 def test_every_registered_schedule_runs_and_is_checked_for_parity():
     """The runtime runs every registered schedule (RUNTIME_COVERAGE refuses nothing), and each
     one is a parity variant here (synchronous) or in tests/test_validate_async.py."""
+    from test_validate_async import ASYNC
+
     from parsim.schedule import BUILDERS
     from parsim.schedule.semantics import traits
     from parsim.validate.scale import RUNTIME_COVERAGE
-    from test_validate_async import ASYNC
     assert not RUNTIME_COVERAGE.refuses
     checked = {o.split("=")[1] for v in TWO_RANKS.values() for o in v if o.startswith("schedule.name=")} | {"1F1B"}
     for name in BUILDERS:

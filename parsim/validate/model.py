@@ -41,7 +41,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from parsim.model import ModelSpec, is_moe_layer
-from parsim.validate.comm import CopyToGroup, GatherSeq, Group, ReduceFromGroup, ScatterSeq, all_reduce
+from parsim.validate.comm import (
+    CopyToGroup,
+    GatherSeq,
+    Group,
+    ReduceFromGroup,
+    ScatterSeq,
+    all_reduce,
+)
 from parsim.validate.experts import MoE
 from parsim.validate.ring import RingAttention
 
@@ -67,7 +74,7 @@ class Par:
             return x
         return GatherSeq.apply(x, self.tp) if self.sp else CopyToGroup.apply(x, self.tp)
 
-    def column(self, x: torch.Tensor, *layers: "SplitLinear") -> list[torch.Tensor]:
+    def column(self, x: torch.Tensor, *layers: SplitLinear) -> list[torch.Tensor]:
         """Column-parallel ``layers`` on ``x``: f then each layer, or under sequence parallelism
         the all-gather fused with them, keeping only this rank's slice of ``x`` for the backward
         (Megatron gathers it again there: what the activation model counts)."""

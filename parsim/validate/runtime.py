@@ -46,7 +46,12 @@ from parsim.config.parallel import ParallelConfig
 from parsim.schedule.coverage import check_runs
 from parsim.schedule.ir import Schedule
 from parsim.schedule.semantics import staleness_steps, traits
-from parsim.validate.comm import CommRecorder, Group, all_gather_flat, reduce_scatter_flat
+from parsim.validate.comm import (
+    CommRecorder,
+    Group,
+    all_gather_flat,
+    reduce_scatter_flat,
+)
 from parsim.validate.layout import Coords, coords, rank_at
 from parsim.validate.model import Stage, WeightGradStore
 from parsim.validate.params import FlatParams, Versions, sum_partial_grads
