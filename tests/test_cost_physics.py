@@ -168,3 +168,16 @@ def test_sustained_fraction_is_gone_and_refused():
     data["device"]["sustained_fraction"] = 0.67
     with pytest.raises(ConfigError, match=r"device\.sustained_fraction.*removed"):
         parse_profile(data, "old.toml")
+
+
+def test_block_forward_is_its_kernels():
+    # a dense block's F compute is exactly its GEMMs + attention + memory-bound ops (the GPU
+    # outruns the launches at this size, so the host floor adds nothing)
+    from parsim.costs.layer import layer_cost
+    from parsim.model import layer_gemms
+    inp = layer_inputs(cost_inputs(_scenario()))
+    lc = layer_cost(inp, False)
+    bc = compute.block_compute(inp, tuple(layer_gemms(inp.model, inp.shard.tokens, inp.shard.tp, 0)), False)
+    assert lc.forward.compute == pytest.approx(sum(bc.gemm[:1]) + bc.attention[0] + bc.memory[0], rel=1e-12)
+    assert lc.backward_weight.compute == pytest.approx(bc.gemm[2], rel=1e-12)
+    assert bc.kernels[0] * inp.hardware.device.kernel_launch_s < lc.forward.compute
