@@ -16,7 +16,7 @@ the same shard of the same model on the same hardware reuses it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import parsim.costs.compute as _compute
@@ -94,8 +94,10 @@ def activation_options(inp: LayerInputs) -> ActivationOptions:
 def moe_phase(inp: LayerInputs) -> _moe.MoEPhase:
     """Routing, expert GEMMs and all-to-all of one MoE layer (same for every MoE layer)."""
     sh = inp.shard
+    # the grouped GEMMs run at the linear layers' precision (FP8 -> MXFP8 on Blackwell's recipe)
+    gemm_prec = _compute.linear_precision(inp) if inp.hardware.device.kernels is not None else None
     return _moe.moe_phase(inp.model, inp.hardware, inp.moe, inp.options.precision, sh.tokens, sh.ep_group,
-                          sh.expert_tp, sh.tp)
+                          sh.expert_tp, sh.tp, gemm_prec)
 
 
 @lru_cache(maxsize=65536)
@@ -113,8 +115,8 @@ def layer_cost(inp: LayerInputs, moe_layer: bool) -> LayerCost:
     b, tokens = sh.microbatch_size, sh.tokens
     gemms = layer_gemms(m, tokens, sh.tp, li)
     ph = moe_phase(inp) if moe_layer and inp.moe is not None else None
-    if ph is not None:  # routed experts are costed by parsim.costs.moe (tokens actually routed)
-        gemms = tuple(g for g in gemms if not g.name.startswith("expert_"))
+    if ph is not None:  # router and routed experts are costed by parsim.costs.moe (tokens actually routed)
+        gemms = tuple(g for g in gemms if not g.name.startswith("expert_") and g.name != "router")
     gemm_flops = sum(g.flops for g in gemms)
     # attention core: this rank's seq/cp queries against all keys of the sequence
     attn_flops = _attention_flops(inp) / sh.cp
@@ -179,6 +181,8 @@ def _layer_memory(inp: LayerInputs, li: int, ph) -> tuple[float, float, float]:
     rows = ph.routed_rows if ph is not None else None
     etp = ph.expert_tp if ph is not None else None
     act = layer_activation_bytes(m, seq, sh.microbatch_size, sh.tp, opts, li, routed_rows=rows, expert_tp=etp)
+    if ph is not None and opts.recompute != "full":  # routing map, probs, permutation row ids
+        act += ph.routing_stash_bytes
     wstash = _weight_grad_stash(m, sh.tokens, sh.tp, sh.sequence_parallel)
     transient = 0.0
     if inp.options.recompute == "full":
@@ -187,16 +191,41 @@ def _layer_memory(inp: LayerInputs, li: int, ph) -> tuple[float, float, float]:
 
 
 def _moe_parts(inp: LayerInputs, ph, fwd: Parts, bwd_in: Parts, wgt: Parts, flops: float):
-    """Add the slowest EP rank's expert GEMMs and its dispatch + combine all-to-alls
-    (2 per pass); with ``overlap.ep_comm`` only what exceeds the pass's compute is exposed."""
-    fwd = fwd + Parts(compute=ph.forward_s)
-    bwd_in = bwd_in + Parts(compute=ph.backward_input_s)
+    """Add the slowest EP rank's MoE kernels (router, permute/unpermute, grouped GEMMs,
+    activation, FP8 casts: ``parsim.costs.moe``) and its dispatch + combine all-to-alls (2
+    per pass); with ``overlap.ep_comm`` only what exceeds the pass's compute is exposed. The
+    block's memory-bound model already counted the routed experts' activation, casts and
+    permutations on the mean rank's tokens: that share comes back out (no double count)."""
+    counted_f, counted_i = _routed_memory_counted(inp)
+    fwd = fwd + Parts(compute=ph.forward_s - counted_f)
+    bwd_in = bwd_in + Parts(compute=ph.backward_input_s - counted_i)
     wgt = wgt + Parts(compute=ph.backward_weight_s)
     a2a = 2 * ph.all_to_all_s
     hide = inp.options.overlap.ep_comm
     ep_f = max(0.0, a2a - fwd.compute) if hide else a2a
     ep_i = max(0.0, a2a - bwd_in.compute - wgt.compute) if hide else a2a
     return (fwd + Parts(ep_comm=ep_f), bwd_in + Parts(ep_comm=ep_i), wgt, flops + ph.forward_flops)
+
+
+def _routed_memory_counted(inp: LayerInputs) -> tuple[float, float]:
+    """(forward, backward-input) seconds the block's memory-bound model gives the routed
+    experts. That model is linear in the routed width top_k * d_ff_expert, so the share is
+    the difference against a one-wide expert, scaled by D / (D - 1)."""
+    m, sh, dev = inp.model, inp.shard, inp.hardware.device
+    big = m.d_ff_expert_
+    if big <= 1:
+        return 0.0, 0.0
+    small = replace(inp, model=replace(m, d_ff_expert=1))
+    scale = big / (big - 1)
+    if dev.kernels is not None:
+        (f1, b1), (f0, b0) = _compute.memory_work(inp, True), _compute.memory_work(small, True)
+        return (dev.memory_time(max(0.0, f1.bytes - f0.bytes) * scale),
+                dev.memory_time(max(0.0, b1.bytes - b0.bytes) * scale))
+    a = PRECISION_TABLE[inp.options.precision].activation_bytes
+    e1 = layer_elementwise_bytes(m, sh.tokens, sh.tp, sh.sequence_parallel, a)
+    e0 = layer_elementwise_bytes(small.model, sh.tokens, sh.tp, sh.sequence_parallel, a)
+    t = dev.memory_time(max(0.0, e1 - e0) * scale)
+    return t, 2 * t
 
 
 def tp_allreduce_time(inp: LayerInputs, nbytes: float) -> float:
