@@ -100,13 +100,14 @@ def _job(dp: int):
 
 
 def test_work_is_affine_in_the_number_of_replicas():
-    """Every replica does the same work: flows and flow ratings grow in proportion to dp,
-    events by the same amount per replica (what does not grow: the step's instants)."""
+    """Every replica does the same work: flows, max-min computations and flow ratings grow
+    in proportion to dp (no re-rating of other replicas' flows), events by the same amount
+    per replica."""
     st = {dp: _run(_job(dp), lump=True)[1] for dp in (2, 4, 8)}
     assert st[8].net.flows == 4 * st[2].net.flows and st[4].net.flows == 2 * st[2].net.flows
     assert st[8].net.rated == 4 * st[2].net.rated
+    assert st[8].net.components == 4 * st[2].net.components
     assert st[8].events - st[4].events == 2 * (st[4].events - st[2].events)
-    assert st[8].net.components == st[2].net.components  # flows of one instant: rated together
     assert st[8].processes == 4 * st[2].processes
 
 

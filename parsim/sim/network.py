@@ -321,48 +321,52 @@ class FlowNetwork:
         if links:
             self._rerate(links)
 
-    def _component(self, links) -> dict[int, tuple[int, ...]]:
-        """Flows connected to ``links`` through shared links: id -> links."""
+    def _components(self, links):
+        """The connected sets of flows reachable from ``links`` through shared links, one at a
+        time (id -> links): each is rated on its own, most of them a single flow."""
         flows, on_link = self.flows, self.on_link
-        seen_links, comp, todo = set(), {}, list(links)
-        while todo:
-            lk = todo.pop()
-            if lk in seen_links:
+        seen_links, seen = set(), set()
+        for seed in links:
+            if seed in seen_links:
                 continue
-            seen_links.add(lk)
-            for f in on_link.get(lk, ()):
-                if f not in comp:
-                    comp[f] = ls = flows[f].links
-                    todo.extend(ls)
-        return comp
+            comp, todo = {}, [seed]
+            while todo:
+                lk = todo.pop()
+                if lk in seen_links:
+                    continue
+                seen_links.add(lk)
+                for f in on_link.get(lk, ()):
+                    if f not in seen:
+                        seen.add(f)
+                        comp[f] = ls = flows[f].links
+                        todo.extend(ls)
+            if comp:
+                yield comp
 
     def _rerate(self, links) -> None:
         now = self.env.now
-        comp = self._component(links)
-        if not comp:
-            return
-        st = self.stats
-        st.components += 1
-        st.rated += len(comp)
-        if len(comp) == 1:
-            (fid, ls), = comp.items()
-            cap = self.capacity
-            rates = {fid: min(cap[lk] for lk in ls)}
-        else:
-            rates = max_min_rates(comp, self.capacity)
+        st, cap = self.stats, self.capacity
         flows, due = self.flows, self._due
         first = math.inf
-        for fid, r in rates.items():
-            f = flows[fid]
-            if r == f.rate:
-                continue  # same rate: the same completion time, already in the heap
-            if f.rate:
-                f.remaining -= f.rate * (now - f.since)
-            f.since, f.rate = now, r
-            f.finish = t = now + max(0.0, f.remaining) / r
-            heapq.heappush(due, (t, fid))
-            if t < first:
-                first = t
+        for comp in self._components(links):
+            st.components += 1
+            st.rated += len(comp)
+            if len(comp) == 1:  # alone on its links: the slowest of them
+                (fid, ls), = comp.items()
+                rates = ((fid, min([cap[lk] for lk in ls])),)
+            else:
+                rates = max_min_rates(comp, cap).items()
+            for fid, r in rates:
+                f = flows[fid]
+                if r == f.rate:
+                    continue  # same rate: the same completion time, already in the heap
+                if f.rate:
+                    f.remaining -= f.rate * (now - f.since)
+                f.since, f.rate = now, r
+                f.finish = t = now + max(0.0, f.remaining) / r
+                heapq.heappush(due, (t, fid))
+                if t < first:
+                    first = t
         if first < math.inf:
             self._arm(first)
 
