@@ -5,8 +5,8 @@ renormalises their weights (Mixtral). Capacity (GShard/Switch), when tokens are 
 each expert takes at most ceil(capacity_factor * T * k / E) of the T tokens this rank
 routes (GShard's per-group capacity, the group being the rank's tokens), first choices
 before second ones, earlier tokens first; the rest are dropped (the token keeps its
-residual only). Kept assignments are sorted by expert; with ep > 1 a small all-to-all of
-the counts, then the dispatch all-to-all sends each expert's rows to the rank holding it
+residual only). Kept assignments are sorted by expert; with ep > 1 the counts are
+all-gathered (a few bytes), then the dispatch all-to-all sends each expert's rows to the rank holding it
 (experts sharded contiguously, ``E / ep`` per rank), the experts run on what they
 received, the combine all-to-all returns the rows, and each token sums its experts'
 outputs times their weights. Routed experts are kept in a ``ModuleDict`` keyed by their
