@@ -5,6 +5,7 @@ divisible by tp — each is a ConfigError naming the file and the dotted key.
 """
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import fields, replace
 from pathlib import Path
@@ -51,6 +52,15 @@ def _check_keys(table: dict, allowed, file: str, prefix: str) -> None:
             raise ConfigError(file, f"{prefix}{k}", f"unknown key (known: {', '.join(sorted(allowed))})")
 
 
+def _kind(v) -> str:
+    """What a misplaced TOML value is, for the one-line error."""
+    if isinstance(v, list):
+        return "an array" + (" of tables" if v and all(isinstance(x, dict) for x in v) else "")
+    if isinstance(v, dict):
+        return "a table"
+    return f"{v!r}"
+
+
 def _typed(table: dict, key: str, typ, file: str, prefix: str, default=None, required=False):
     if key not in table:
         if required:
@@ -63,6 +73,8 @@ def _typed(table: dict, key: str, typ, file: str, prefix: str, default=None, req
     if not ok:
         want = getattr(typ, "__name__", str(typ))
         raise ConfigError(file, f"{prefix}{key}", f"expected {want}, got {v!r}")
+    if typ is float and not math.isfinite(v):
+        raise ConfigError(file, f"{prefix}{key}", f"must be a finite number, got {v!r}")
     if typ in (int, float) and v <= 0 and key not in ("zero", "p2p_s"):
         raise ConfigError(file, f"{prefix}{key}", f"must be positive, got {v!r}")
     return v
@@ -106,14 +118,26 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
         doc = tomllib.loads(path.read_text())
     except FileNotFoundError:
         raise ConfigError(file, None, "no such scenario file") from None
+    except IsADirectoryError:
+        raise ConfigError(file, None, "is a directory, not a scenario file") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(file, None, f"not UTF-8 text (byte {e.start}): a scenario is a TOML file") from None
+    except OSError as e:
+        raise ConfigError(file, None, f"cannot read: {e.strerror or e}") from None
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(file, None, f"not valid TOML: {e}") from None
+        raise ConfigError(file, None, f"not valid TOML: {' '.join(str(e).split())}") from None
     doc = apply_overrides(doc, overrides or [])
     return scenario_from_dict(doc, file, base_dir=path.parent)
 
 
+TABLES = ("model", "training", "parallel", "schedule", "costs", "overlap", "moe", "simulation")
+
+
 def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Scenario:
     _check_keys(doc, TOP_KEYS, file, "")
+    for key in TABLES:  # a scalar or an array of tables ([[parallel]], --set parallel=5) where a table goes
+        if key in doc and not isinstance(doc[key], dict):
+            raise ConfigError(file, key, f"must be a table ([{key}]), got {_kind(doc[key])}")
     name = _typed(doc, "name", str, file, "", default=Path(file).stem)
     hw_name = _typed(doc, "hardware", str, file, "", required=True)
     try:
@@ -125,6 +149,10 @@ def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Sc
         raise ConfigError(file, "model", "missing [model] table (preset = \"...\" or explicit fields)")
     model = model_from_table(doc["model"], file)
     training = _training(doc.get("training", {}), file)
+    try:  # a device without this precision's tensor cores (V100: no bf16) cannot run it; bf16 is the default
+        hardware.device.peak(training.precision)
+    except ValueError as e:
+        raise ConfigError(file, "training.precision", f"{training.precision!r} on {hw_name}: {e}") from None
     parallel = _parallel(doc.get("parallel", {}), file, gpus)
     schedule = _schedule(doc.get("schedule", {}), file)
     overlap = _simple(OverlapConfig, doc.get("overlap", {}), file, "overlap.")
@@ -301,8 +329,8 @@ def _per_stage(t: dict, key: str, file: str, n_stages: int) -> tuple[float, ...]
     v = t[key]
     vals = v if isinstance(v, list) else [v]
     for x in vals:
-        if isinstance(x, bool) or not isinstance(x, (int, float)) or x < 0:
-            raise ConfigError(file, f"costs.{key}", f"expected non-negative seconds, got {x!r}")
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0:
+            raise ConfigError(file, f"costs.{key}", f"expected non-negative finite seconds, got {x!r}")
     if isinstance(v, list):
         if len(v) != n_stages:
             raise ConfigError(file, f"costs.{key}", f"has {len(v)} values but there are {n_stages} stages (pp*vpp)")
@@ -323,9 +351,11 @@ def _costs(t: dict, file: str, n_stages: int) -> MeasuredCosts:
     if b is not None and (bi is not None or bw is not None):
         raise ConfigError(file, "costs.backward_s", "give backward_s or the input/weight split, not both")
     p2p = t.get("p2p_s", 0.0)
-    if isinstance(p2p, bool) or not isinstance(p2p, (int, float)) or p2p < 0:
-        raise ConfigError(file, "costs.p2p_s", f"expected non-negative seconds, got {p2p!r}")
+    if isinstance(p2p, bool) or not isinstance(p2p, (int, float)) or not math.isfinite(p2p) or p2p < 0:
+        raise ConfigError(file, "costs.p2p_s", f"expected non-negative finite seconds, got {p2p!r}")
     ov = _per_stage(t, "overlap_f_b_s", file, n_stages)
+    if sum(fwd) + sum(b or ()) + sum(bi or ()) + sum(bw or ()) <= 0:  # a step of no work has no timeline to show
+        raise ConfigError(file, "costs.forward_s", "every measured compute time is zero")
     return MeasuredCosts(fwd, b, bi, bw, float(p2p), ov)
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -165,3 +166,80 @@ def test_inferred_dp_that_does_not_divide_is_one_line(tmp_path):
              "--set", "schedule.account_for_loss=true")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["layers_per_stage"] == [3] + [4] * 30 + [3]  # (126 + 2) / 32 = 4, ends one fewer
+
+
+# ---------------------------------------------------------------- help, the summary's words and numbers
+
+COMMANDS = ("simulate", "schedule", "plan", "compare", "validate", "calibrate", "kernel", "import", "collective")
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_help_has_an_example_and_shows_defaults(command, capsys):
+    from parsim.cli.main import main
+    assert main([command, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"examples?:\s+parsim " + command, out)
+    if command in ("simulate", "plan", "schedule", "compare"):
+        assert "default" in out or command == "simulate"
+
+
+def test_schedule_help_lists_every_schedule(capsys):
+    from parsim.cli.main import main
+    from parsim.schedule import BUILDERS
+    assert main(["schedule", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for name in BUILDERS:
+        assert name in out
+
+
+def test_summary_header_batch_and_two_unambiguous_fractions():
+    r = run("simulate", ROOT / "scenarios" / "gpt3-175b-1f1b.toml")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "gpt3-175b-1f1b: gpt3-175b on 1,024 GPUs (128 nodes of dgx-a100-80g)"
+    assert "1,536 sequences x 2,048 tokens = 3.15M tokens per step" in r.stdout  # 1536 * 2048 = 3,145,728
+    assert sum("bubble_fraction" in ln for ln in lines) == 1 and sum("idle_fraction" in ln for ln in lines) == 1
+
+
+def test_bubble_is_the_pipelines_and_idle_adds_exposed_dp():
+    """Per rank: idle = (T - busy)/T; bubble = idle - exposed dp; both by hand from the JSON."""
+    r = run("simulate", ROOT / "scenarios" / "gpt3-175b-1f1b.toml", "--json")
+    mx = json.loads(r.stdout)
+    T = mx["step_time_s"]
+    for s in mx["stages"]:
+        assert s["idle_fraction"] == pytest.approx((T - s["busy_s"]) / T, rel=1e-12)
+        assert s["bubble_fraction"] == pytest.approx((T - s["busy_s"] - s["exposed_dp_comm_s"]) / T, rel=1e-9)
+    b = mx["breakdown_s"]
+    assert mx["bubble_fraction"] == pytest.approx((b["bubble"] + b["pp_comm"]) / T, rel=1e-9)
+    assert mx["idle_fraction"] > mx["bubble_fraction"] > 0  # this run exposes dp communication
+
+
+def test_pp1_has_no_pipeline_bubble_but_idles_on_dp():
+    r = run("simulate", ROOT / "scenarios" / "gpt3-175b-1f1b.toml", "--json", "--set", "parallel.pp=1",
+            "--set", "parallel.dp=128", "--set", "training.global_batch=1536")
+    mx = json.loads(r.stdout)
+    assert mx["parallel"]["pp"] == 1
+    assert mx["bubble_fraction"] == pytest.approx(0.0, abs=1e-9)
+    assert mx["idle_fraction"] > 0
+
+
+def test_train_tokens_gives_time_gpu_hours_and_cost():
+    r = run("simulate", ROOT / "scenarios" / "tiny-cpu.toml", "--json", "--train-tokens", "1e6",
+            "--gpu-hour-price", "2.5")
+    mx = json.loads(r.stdout)
+    steps = -(-1_000_000 // (8 * 128))  # ceil(tokens / tokens per step) = 977
+    assert mx["train_steps"] == steps == 977
+    assert mx["time_to_train_s"] == pytest.approx(steps * mx["step_time_s"])
+    assert mx["gpu_hours"] == pytest.approx(mx["time_to_train_s"] * 2 / 3600)
+    assert mx["cost"] == pytest.approx(mx["gpu_hours"] * 2.5)
+    r = run("simulate", ROOT / "scenarios" / "tiny-cpu.toml", "--gpu-hour-price", "2.5")
+    assert r.returncode == 2 and "--gpu-hour-price" in r.stderr
+
+
+def test_three_significant_digits():
+    from parsim.results.summary import fmt_b, fmt_n, fmt_s, pct, sig3
+    assert [sig3(x) for x in (22.634, 0.0012345, 9.996, 999.7, 123456, 0)] == ["22.6", "0.00123", "10.0", "1,000",
+                                                                               "123,000", "0"]
+    assert fmt_s(22.634) == "22.6 s" and fmt_s(0.8123) == "812 ms" and fmt_s(45.06e-6) == "45.1 us"
+    assert fmt_s(3 * 86400) == "3.00 days"
+    assert fmt_b(13.04 * 2**30) == "13.0 GiB" and fmt_n(175e9) == "175B" and pct(0.07734) == "7.73%"

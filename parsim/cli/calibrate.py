@@ -19,7 +19,8 @@ from parsim.cluster.hardware import CALIBRATED_DIR, dumps_profile, load_profile
 def register(sub) -> None:
     p = sub.add_parser("calibrate", help="microbenchmark this machine and fit a hardware profile")
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
-    p.add_argument("--ranks", type=int, default=2, help="processes (ranks) to run at once (default 2)")
+    from parsim.cli.args import finite_positive, positive_int
+    p.add_argument("--ranks", type=positive_int("--ranks"), default=2, help="processes (ranks) to run at once (default 2)")
     p.add_argument("--base", default=None, help="profile to start from (default cpu-gloo for gloo, dgx-h100 for nccl)")
     p.add_argument("--name", default=None, help="name of the calibrated profile (default: the base's name)")
     p.add_argument("--out-dir", default=str(CALIBRATED_DIR), help="where to write <name>.toml and <name>.csv (default: %(default)s under the working "
@@ -30,7 +31,7 @@ def register(sub) -> None:
                    help="interleaved timing passes over the compute cases (default 7; more = a longer, "
                         "drift-averaged window)")
     p.add_argument("--nice", type=int, default=0, help="niceness increment for the benchmark ranks (e.g. -10)")
-    p.add_argument("--timeout", type=float, default=900.0, help="hard limit for the benchmark run, seconds")
+    p.add_argument("--timeout", type=finite_positive("--timeout"), default=900.0, help="hard limit for the benchmark run, seconds")
     p.set_defaults(func=cmd_calibrate)
 
 

@@ -1,7 +1,6 @@
 """`parsim compare`: a generated report with scenarios side by side (see parsim.report)."""
 from __future__ import annotations
 
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -12,7 +11,10 @@ GRID_AXES = ("tp", "pp", "cp")
 
 
 def register(sub) -> None:
-    p = sub.add_parser("compare", help="simulate scenarios and write a side-by-side HTML + Markdown report")
+    p = sub.add_parser("compare", help="simulate scenarios and write a side-by-side HTML + Markdown report",
+                       description="Simulate scenarios and write a side-by-side report (report.html, report.md, PNGs).",
+                       epilog="examples:\n  parsim compare scenarios/gpt3-175b-1f1b.toml --sweep parallel.pp=4,8,16 --out cmp\n"
+                              "  parsim compare a.toml b.toml --baseline a.toml --out cmp")
     p.add_argument("scenarios", nargs="+", help="scenario TOML files (one BASE with --sweep / --variant)")
     p.add_argument("--out", required=True, metavar="DIR", help="report directory (report.html, report.md, PNGs)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override for every scenario")
@@ -20,6 +22,10 @@ def register(sub) -> None:
                    help="one scenario per value of KEY (e.g. parallel.pp=2,4,8; sweeping tp/pp/cp keeps gpus by adjusting dp)")
     p.add_argument("--variant", action="append", default=[], metavar="LABEL:KEY=V[,KEY=V...]",
                    help="a labelled variant of BASE (repeatable), e.g. 'interleaved:schedule.name=Interleaved1F1B,parallel.vpp=2'")
+    p.add_argument("--baseline", metavar="SCENARIO|LABEL",
+                   help="what the others are compared with: a scenario file (simulated and listed first) or the "
+                        "label of one of the compared scenarios (default: the first; deltas in %%, the scaling chart "
+                        "as %% of it)")
     p.add_argument("--title", help="report title")
     p.set_defaults(func=cmd_compare)
 
@@ -32,6 +38,9 @@ def _split_values(text: str) -> tuple[str, list]:
     vals = [parse_override(f"{key}={v.strip()}")[1] for v in raw.split(",") if v.strip()]
     if not vals:
         raise ConfigError("--sweep", key, "no values")
+    for v in vals:  # a swept value is one scalar: a table or list would replace a whole section
+        if isinstance(v, (dict, list)):
+            raise ConfigError("--sweep", key, f"values must be scalars, got {v!r}")
     return key.strip(), vals
 
 
@@ -41,6 +50,8 @@ def _grid_fix(base_path: str, base_set: list[str], key: str, value) -> list[str]
     section, _, axis = key.partition(".")
     if section != "parallel" or axis not in GRID_AXES or any(s.startswith("parallel.dp=") for s in base_set):
         return []
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return []  # not a degree: the scenario's own check refuses it, naming the key
     sc = load_scenario(base_path, base_set)
     par = sc.parallel
     denom = value
@@ -87,13 +98,25 @@ def _jobs(args) -> tuple[list[tuple[str, str, list[str]]], tuple[str, list] | No
 
 
 def cmd_compare(args) -> int:
-    from parsim.cli.common import atomic_write
+    from parsim import __version__
+    from parsim.cli.common import out_dir, write_bytes
     from parsim.plan.sweep import Progress
-    from parsim.report.compare import write_report
+    from parsim.report.compare import summary_table, write_report
+    from parsim.results.summary import table
     from parsim.scenario import load_scenario
     from parsim.simulate import simulate
 
     jobs, sweep = _jobs(args)
+    out = out_dir(args.out)  # refused before minutes of simulation, not after
+    baseline = None
+    if args.baseline is not None:
+        labels = [label for label, _, _ in jobs]
+        if args.baseline in labels:
+            baseline = labels.index(args.baseline)
+        else:
+            label = "baseline: " + Path(args.baseline).stem
+            jobs.insert(0, (label, args.baseline, list(args.set)))
+            baseline = 0
     items = []
     bar = Progress(len(jobs), "simulating")
     for label, path, sets in jobs:
@@ -103,17 +126,9 @@ def cmd_compare(args) -> int:
     title = args.title or ("Comparison: " + ", ".join(label for label, _ in items))
     command = "parsim " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["compare"] else None
 
-    def write(path, data: bytes):
-        def w(tmp):
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.chmod(tmp, 0o644)
-        atomic_write(path, w)
-
-    html_path, md_path = write_report(items, Path(args.out), title, sweep, command, write)
-    for label, res in items:
-        mx = res.metrics
-        print(f"{label:<28} step {mx['step_time_s']:.4f} s  MFU {mx['mfu']:.1%}  bubble {mx['bubble_fraction']:.3f}  "
-              f"peak {mx['peak_memory_bytes'] / 2**30:.1f} GiB  {'fits' if mx['fits_in_memory'] else 'OOM'}")
+    html_path, md_path = write_report(items, out, title, sweep, command, write_bytes, baseline, __version__)
+    head, rows = summary_table(items, 0 if baseline is None else baseline)
+    keep = [0, 3, 4, 6, 7, 8, 10, 11]  # label, step, delta, MFU, bubble, idle, peak, fits
+    print(table([[r[i] for i in keep] for r in rows], [head[i] for i in keep]))
     print(f"report: {html_path} and {md_path}")
     return 0

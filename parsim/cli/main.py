@@ -1,49 +1,73 @@
 """`parsim simulate | schedule | ...` — the command line.
 
-Bad input ends with one line on stderr naming the file, key and problem, exit code 2,
-no traceback. Outputs are written to a temporary name and renamed, so an interrupted
-run never leaves a half-written file.
+Bad input ends with one line on stderr naming the file, key (or option) and problem, exit
+code 2, no traceback; Ctrl-C is one line and exit 130. Outputs go through
+:func:`parsim.cli.common.atomic_write` (``-`` for stdout, the umask's mode, links and FIFOs
+written through, nothing half-written).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
-from pathlib import Path
 
 from parsim import __version__
 from parsim.cli import calibrate, collective, compare, importer, kernel, plan, validate
-from parsim.cli.common import EXIT_BAD_INPUT, atomic_write
-from parsim.errors import ParsimError, ScheduleError
+from parsim.cli.args import HelpParser, finite_positive, positive_int
+from parsim.cli.common import (
+    EXIT_BAD_INPUT,
+    EXIT_INTERRUPTED,
+    STDOUT,
+    atomic_write,
+    out_dir,
+)
+from parsim.errors import ConfigError, ParsimError, ScheduleError
+
+EXIT_INTERNAL = 70  # EX_SOFTWARE: a defect in parsim, not in the input
 
 
 def cmd_simulate(args) -> int:
     from parsim.report.gantt import plot_gantt
     from parsim.report.run import write_run_report
-    from parsim.results.result import json_safe
-    from parsim.results.trace import write_trace
+    from parsim.results.summary import json_safe, training_budget
+    from parsim.results.trace import write_memory_timeline, write_trace
     from parsim.scenario import load_scenario
     from parsim.simulate import simulate
 
+    outputs = [o for o in (args.trace, args.timeline, args.memory_timeline, args.plot) if o]
+    if outputs.count(STDOUT) > 1:
+        raise ConfigError("parsim simulate", "-", "only one output can be standard output")
+    if args.gpu_hour_price is not None and args.train_tokens is None:
+        raise ConfigError("parsim simulate", "--gpu-hour-price", "needs --train-tokens")
+    if args.out:
+        out = out_dir(args.out)  # before the simulation: an unwritable place is refused at once
     sc = load_scenario(args.scenario, args.set)
     res = simulate(sc)
-    metrics = json_safe(res.to_json())
+    mx = res.metrics
+    if args.train_tokens is not None:
+        mx.update(training_budget(mx, args.train_tokens, args.gpu_hour_price))
+    # a stream on stdout keeps it clean: the summary goes to stderr then
+    human = sys.stderr if STDOUT in outputs else sys.stdout
     if args.json:
-        print(json.dumps(metrics, indent=1))
+        print(json.dumps(json_safe(mx), indent=1), file=human)
     else:
-        print(res.summary())
+        print(res.summary(), file=human)
     if args.trace:
-        atomic_write(args.trace, lambda tmp: write_trace(res.timeline, tmp))
+        atomic_write(args.trace, lambda tmp: write_trace(res, tmp))
     if args.timeline:
         atomic_write(args.timeline, lambda tmp: res.timeline.to_csv(tmp, index=False))
+    if args.memory_timeline:
+        atomic_write(args.memory_timeline, lambda tmp: write_memory_timeline(res, tmp))
     if args.plot:
-        atomic_write(args.plot, lambda tmp: plot_gantt(res.timeline, tmp + ".png", sc.name) or os.replace(tmp + ".png", tmp))
+        def png(tmp):
+            plot_gantt(res.timeline, tmp + ".png", sc.name)
+            os.replace(tmp + ".png", tmp)
+        atomic_write(args.plot, png)
     if args.out:
-        out = Path(args.out)
-        write_run_report(res, out, atomic_write)
+        write_run_report(res, out, atomic_write, __version__)
         if not args.json:
-            print(f"  report            {out / 'report.md'} (result.json, timeline.csv, trace.json, gantt.png)")
+            print(f"  report            {out / 'report.md'} (result.json, timeline.csv, trace.json, "
+                  "memory.csv, gantt.png)", file=human)
     return 0
 
 
@@ -63,50 +87,108 @@ def cmd_schedule(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="parsim", description="Predict distributed training step time, bubbles, memory and MFU.")
-    p.add_argument("--version", action="version", version=f"parsim {__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
+def _schedule_names() -> str:
+    from parsim.schedule import BUILDERS
+    return ", ".join(BUILDERS)
 
-    s = sub.add_parser("simulate", help="simulate one optimizer step of a scenario")
+
+def _schedule_aliases() -> str:
+    from parsim.schedule.semantics import ALIASES
+    return ", ".join(f"{k} = {v}" for k, v in ALIASES.items())
+
+
+def build_parser() -> HelpParser:
+    p = HelpParser(prog="parsim", description="Predict distributed training step time, bubbles, memory and MFU.",
+                   epilog="example: parsim simulate scenarios/gpt3-175b-1f1b.toml --train-tokens 300e9")
+    p.add_argument("--version", action="version", version=f"parsim {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("simulate", help="simulate one optimizer step of a scenario",
+                       description="Simulate one optimizer step of a scenario and print a summary.",
+                       epilog="example: parsim simulate scenarios/gpt3-175b-1f1b.toml --train-tokens 300e9 "
+                              "--gpu-hour-price 2.5 --trace trace.json")
     s.add_argument("scenario", help="scenario TOML file")
-    s.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a scenario key")
-    s.add_argument("--json", action="store_true", help="print one JSON object")
-    s.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace")
-    s.add_argument("--timeline", metavar="FILE", help="write the span rows as CSV")
+    s.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a scenario key (repeatable), e.g. --set parallel.pp=8")
+    s.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
+    s.add_argument("--train-tokens", type=finite_positive("--train-tokens"), metavar="T",
+                   help="token budget (e.g. 300e9): adds time_to_train_s and gpu_hours")
+    s.add_argument("--gpu-hour-price", type=finite_positive("--gpu-hour-price"), metavar="PRICE",
+                   help="price of one GPU-hour (with --train-tokens): adds cost")
+    s.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace with memory counters ('-': stdout)")
+    s.add_argument("--timeline", metavar="FILE", help="write the span rows as CSV ('-': stdout)")
+    s.add_argument("--memory-timeline", metavar="FILE",
+                   help="write the per-rank memory timeline as CSV ('-': stdout)")
     s.add_argument("--plot", metavar="FILE", help="write a pipeline Gantt chart (PNG)")
-    s.add_argument("--out", metavar="DIR", help="write a report directory (report.md, result.json, trace, timeline, gantt)")
+    s.add_argument("--out", metavar="DIR",
+                   help="write a report directory (report.md, result.json, trace, timeline, memory, gantt)")
     s.set_defaults(func=cmd_simulate)
 
-    s = sub.add_parser("schedule", help="print a pipeline schedule (the IR) as a grid or CSV")
-    s.add_argument("name")
-    s.add_argument("--pp", type=int, required=True)
-    s.add_argument("--microbatches", type=int, required=True)
-    s.add_argument("--vpp", type=int, default=1)
+    names = _schedule_names()
+    s = sub.add_parser("schedule", help="print a pipeline schedule (the IR) as a grid or CSV",
+                       description=f"Print a pipeline schedule as a rank-by-step grid or CSV. Schedules: {names} "
+                                   f"(also accepted, any case, dashes ignored: {_schedule_aliases()}).",
+                       epilog="example: parsim schedule Interleaved1F1B --pp 4 --microbatches 8 --vpp 2")
+    s.add_argument("name", metavar="NAME", help=f"schedule: one of {names}")
+    s.add_argument("--pp", type=positive_int("--pp"), required=True, help="pipeline ranks")
+    s.add_argument("--microbatches", type=positive_int("--microbatches"), required=True, help="microbatches per step")
+    s.add_argument("--vpp", type=positive_int("--vpp"), default=1, help="virtual stages (chunks) per rank")
     s.add_argument("--csv", action="store_true", help="PyTorch pipelining CSV (one row per rank)")
     s.add_argument("--lower", action="store_true", help="show the lowered schedule (SEND/RECV, REDUCE_GRAD, STEP)")
     s.set_defaults(func=cmd_schedule)
 
     for command in (plan, compare, validate, calibrate, kernel, importer, collective):  # each module adds its sub-command
         command.register(sub)
+    for name, parser in sub.choices.items():  # every --help ends with an example
+        if not parser.epilog and name in EXAMPLES:
+            parser.epilog = "example: " + EXAMPLES[name]
     return p
 
 
+EXAMPLES = {
+    "validate": "parsim validate scenarios/tiny-cpu.toml --backend gloo --out validation",
+    "calibrate": "parsim calibrate --backend gloo --ranks 2",
+    "kernel": "parsim kernel gemm 8192 8192 8192 --hardware dgx-h100",
+    "import": "parsim import torchtitan llama3_8b.toml --hardware dgx-h100 --out llama3-8b.toml",
+    "collective": "parsim collective all_reduce --size 1G --gpus 8 --hardware dgx-h100",
+}
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
     try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
         return args.func(args)
+    except SystemExit as e:  # argparse: --help (0) and its one-line usage errors (2)
+        return e.code if isinstance(e.code, int) else EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("parsim: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except ScheduleError as e:
         print(f"parsim: error: {e.problem}", file=sys.stderr)
         if e.grid:
             print(e.grid, file=sys.stderr)
         return EXIT_BAD_INPUT
     except ParsimError as e:
-        print(f"parsim: error: {e}", file=sys.stderr)
+        print(f"parsim: error: {_one_line(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except BrokenPipeError:
+        # the reader went away (parsim ... | head): not an error; stop writing to the closed pipe
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except OSError:
+            pass
         return 0
+    except Exception as e:  # a defect in parsim: one line; PARSIM_TRACEBACK=1 shows where
+        if os.environ.get("PARSIM_TRACEBACK"):
+            raise
+        print(f"parsim: internal error: {type(e).__name__}: {_one_line(e)} "
+              "(a bug in parsim; rerun with PARSIM_TRACEBACK=1 and report it)", file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

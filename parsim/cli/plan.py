@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -13,31 +12,47 @@ FORMATS = ("table", "csv", "json", "md")
 
 
 def register(sub) -> None:
-    p = sub.add_parser("plan", help="what-if capacity planning: rank parallel configurations for N GPUs")
+    from parsim.cli.args import finite_positive, positive_int
+
+    p = sub.add_parser("plan", help="what-if capacity planning: rank parallel configurations for N GPUs",
+                       description="Rank parallel configurations (dp, tp, pp, cp, ep, schedule, ZeRO, recompute, "
+                                   "microbatch) for a model on N GPUs: an analytical pre-screen of every legal one, "
+                                   "the leaders confirmed by simulation.",
+                       epilog="example: parsim plan --model llama3-70b --hardware dgx-h100 --gpus 1024 "
+                              "--tokens 4e6 --seq-len 8192 --train-tokens 15e12 --gpu-hour-price 2.5")
     p.add_argument("--model", required=True, help="model preset name, or a Hugging Face config.json path")
     p.add_argument("--hardware", required=True, help="hardware profile name or path")
-    p.add_argument("--gpus", type=int, required=True, help="GPUs available")
-    p.add_argument("--global-batch", type=int, help="sequences per optimizer step")
-    p.add_argument("--tokens", type=float, help="tokens per step instead of --global-batch (e.g. 4e6: rounded to a power-of-two batch)")
-    p.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
+    p.add_argument("--gpus", type=positive_int("--gpus"), required=True, help="GPUs available")
+    p.add_argument("--global-batch", type=positive_int("--global-batch"), help="sequences per optimizer step")
+    p.add_argument("--tokens", type=finite_positive("--tokens"),
+                   help="tokens per step instead of --global-batch (e.g. 4e6: rounded to a power-of-two batch)")
+    p.add_argument("--seq-len", type=positive_int("--seq-len"), required=True, help="tokens per sequence")
     p.add_argument("--schedules", help="comma-separated schedule names (default: every registered schedule)")
     p.add_argument("--recompute", help="comma-separated recompute modes (default: none,full; selective too without FlashAttention)")
     p.add_argument("--zero", help="comma-separated ZeRO stages (default: 0,1,2,3)")
     p.add_argument("--microbatch-sizes", help="comma-separated microbatch sizes (default: 1,2,4)")
-    p.add_argument("--max-tp", type=int, default=0, help="largest tensor-parallel degree (default: GPUs per node)")
-    p.add_argument("--max-cp", type=int, default=8, help="largest context-parallel degree (default 8)")
-    p.add_argument("--precision", default="bf16")
-    p.add_argument("--optimizer", default="adam")
+    p.add_argument("--max-tp", type=positive_int("--max-tp", 0), default=0,
+                   help="largest tensor-parallel degree (default: 0 = GPUs per node)")
+    p.add_argument("--max-cp", type=positive_int("--max-cp"), default=8, help="largest context-parallel degree")
+    p.add_argument("--precision", default="bf16", help="compute precision (bf16, fp16, fp8, fp32)")
+    p.add_argument("--optimizer", default="adam", help="optimizer (adam, sgd, ...)")
     p.add_argument("--objective", choices=("time", "mfu", "cost"), default="time",
                    help="time: shortest step; mfu: highest MFU; cost: fewest GPU-hours per token (tries N/2, N/4 GPUs too)")
-    p.add_argument("--top", type=int, default=10, help="rows to print")
-    p.add_argument("--confirm", type=int, help="pre-screen leaders confirmed by simulation (default max(2*top, 8))")
-    p.add_argument("--format", choices=FORMATS, default="table")
+    p.add_argument("--train-tokens", type=finite_positive("--train-tokens"), metavar="T",
+                   help="token budget (e.g. 15e12): adds time_to_train_s and gpu_hours to every row")
+    p.add_argument("--gpu-hour-price", type=finite_positive("--gpu-hour-price"), metavar="PRICE",
+                   help="price of one GPU-hour (with --train-tokens): adds cost")
+    p.add_argument("--top", type=positive_int("--top"), default=10, help="rows to print")
+    p.add_argument("--confirm", type=positive_int("--confirm"),
+                   help="pre-screen leaders confirmed by simulation (default max(2*top, 8))")
+    p.add_argument("--format", choices=FORMATS, default="table", help="what to print")
     p.add_argument("--json", action="store_true", help="same as --format json")
     p.add_argument("--out", metavar="DIR", help="also write plan.md, plan.csv, plan.json and winner.toml there")
     p.add_argument("--executor", choices=("local", "dask"), default="local", help="where simulations run")
     p.add_argument("--scheduler", metavar="ADDRESS", help="dask.distributed scheduler address (with --executor dask)")
-    p.add_argument("--workers", type=int, help="local worker processes (default: CPU count; 1 = in-process)")
+    p.add_argument("--connect-timeout", type=finite_positive("--connect-timeout"), default=10.0, metavar="SECONDS",
+                   help="give up on an unreachable dask scheduler after this long")
+    p.add_argument("--workers", type=positive_int("--workers"), help="local worker processes (default: CPU count; 1 = in-process)")
     p.add_argument("--results", metavar="FILE", help="append simulation results here (JSON lines); a rerun resumes")
     p.set_defaults(func=cmd_plan)
 
@@ -51,6 +66,8 @@ def _ints(text: str | None, key: str, default):
         raise ConfigError("parsim plan", key, f"expected comma-separated integers, got {text!r}") from None
     if not vals:
         raise ConfigError("parsim plan", key, "is empty")
+    if key != "--zero" and any(v < 1 for v in vals):
+        raise ConfigError("parsim plan", key, f"values must be positive, got {text!r}")
     return vals
 
 
@@ -98,6 +115,10 @@ def build_spec(args):
         raise ConfigError(f, "--zero", "stages are 0..3")
     if args.precision not in PRECISIONS:
         raise ConfigError(f, "--precision", f"{args.precision!r} is not one of {', '.join(PRECISIONS)}")
+    try:  # V100: no bf16 tensor cores, and bf16 is the default
+        hw.device.peak(args.precision)
+    except ValueError as e:
+        raise ConfigError(f, "--precision", f"{args.precision!r} on {args.hardware}: {e}") from None
     if args.optimizer not in OPTIMIZERS:
         raise ConfigError(f, "--optimizer", f"{args.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
     worlds = (args.gpus,)
@@ -111,14 +132,8 @@ def build_spec(args):
 
 
 def cmd_plan(args) -> int:
-    from parsim.cli.common import atomic_write
-
-    def write_text(path, text: str) -> None:
-        def w(tmp):
-            with open(tmp, "w") as fh:
-                fh.write(text)
-            os.chmod(tmp, 0o644)  # a report others read, not a private temp file
-        atomic_write(path, w)
+    from parsim import __version__
+    from parsim.cli.common import out_dir, write_text
     from parsim.plan.run import (
         run_plan,
         scenario_toml,
@@ -127,23 +142,28 @@ def cmd_plan(args) -> int:
         to_markdown,
         to_table,
     )
+    from parsim.report.context import uncertainty_line
 
+    if args.gpu_hour_price is not None and args.train_tokens is None:
+        raise ConfigError("parsim plan", "--gpu-hour-price", "needs --train-tokens")
     spec = build_spec(args)
+    out = out_dir(args.out) if args.out else None  # refused before the search, not after
     res = run_plan(spec, args.objective, args.top, args.confirm, executor=args.executor, workers=args.workers,
-                   scheduler=args.scheduler, results=args.results)
+                   scheduler=args.scheduler, results=args.results, connect_timeout=args.connect_timeout,
+                   train_tokens=args.train_tokens, gpu_hour_price=args.gpu_hour_price)
     fmt = "json" if args.json else args.format
     command = "parsim " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["plan"] else None
+    context = [f"parsim {__version__}.", uncertainty_line()]
     if fmt == "json":
         print(json.dumps(to_json(res), indent=1))
     elif fmt == "csv":
         sys.stdout.write(to_csv(res))
     elif fmt == "md":
-        sys.stdout.write(to_markdown(res, command))
+        sys.stdout.write(to_markdown(res, command, context))
     else:
         print(to_table(res))
-    if args.out:
-        out = Path(args.out)
-        write_text(out / "plan.md", to_markdown(res, command))
+    if out is not None:
+        write_text(out / "plan.md", to_markdown(res, command, context))
         write_text(out / "plan.csv", to_csv(res))
         write_text(out / "plan.json", json.dumps(to_json(res), indent=1) + "\n")
         if res.rows:

@@ -526,7 +526,11 @@ def load_profile(name_or_path: str, base_dir: Path | None = None, *,
         with open(path, "rb") as fh:
             data = tomllib.load(fh)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(file, None, f"invalid TOML: {exc}") from None
+        raise ConfigError(file, None, f"invalid TOML: {' '.join(str(exc).split())}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(file, None, f"not UTF-8 text (byte {exc.start}): a profile is a TOML file") from None
+    except OSError as exc:
+        raise ConfigError(file, None, f"cannot read: {exc.strerror or exc}") from None
     return parse_profile(data, file)
 
 

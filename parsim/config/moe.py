@@ -1,6 +1,7 @@
 """The ``[moe]`` table: how tokens are routed to experts (typed, checked)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
 from parsim.errors import ConfigError
@@ -54,8 +55,8 @@ def moe_from_table(t: dict, file: str) -> MoEConfig:
     for key in ("zipf_s", "lognormal_sigma"):
         if key in kw:
             v = kw[key]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-                raise ConfigError(file, p + key, f"expected a non-negative number, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ConfigError(file, p + key, f"expected a non-negative finite number, got {v!r}")
             kw[key] = float(v)
     for key in ("seed", "expert_tp"):
         if key in kw:
@@ -68,7 +69,7 @@ def moe_from_table(t: dict, file: str) -> MoEConfig:
     if "histogram" in kw:
         h = kw["histogram"]
         ok = isinstance(h, list) and h and all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0 for x in h)
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0 for x in h)
         if not ok or sum(h) <= 0:
             raise ConfigError(file, p + "histogram", "expected a list of non-negative numbers (tokens per expert), not all zero")
         kw["histogram"] = tuple(float(x) for x in h)

@@ -103,13 +103,15 @@ def read_config(path: str | Path) -> dict:
         raise ConfigError(str(path), None, "no such file") from None
     except OSError as e:
         raise ConfigError(str(path), None, f"cannot read: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(str(path), None, f"not UTF-8 text (byte {e.start})") from None
     try:
         if path.suffix == ".json" or text.lstrip().startswith("{"):
             doc = json.loads(text)
         else:
             doc = tomllib.loads(text)
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as e:
-        raise ConfigError(str(path), None, f"neither TOML nor JSON torchtitan config: {e}") from None
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError, RecursionError) as e:
+        raise ConfigError(str(path), None, f"neither TOML nor JSON torchtitan config: {' '.join(str(e).split())}") from None
     if not isinstance(doc, dict):
         raise ConfigError(str(path), None, "expected a table of torchtitan config sections")
     return doc

@@ -240,6 +240,10 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
         raise ConfigError(file, None, f"cannot read HF config: {e.strerror or e}") from None
     except json.JSONDecodeError as e:
         raise ConfigError(file, None, f"not valid JSON: {e.msg} at line {e.lineno}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(file, None, f"not UTF-8 text (byte {e.start}): a config.json is JSON") from None
+    except RecursionError:
+        raise ConfigError(file, None, "nested too deeply to be a model config") from None
     if not isinstance(data, dict):
         raise ConfigError(file, None, "expected a JSON object")
     c, wrapper = _language_model(data, file)

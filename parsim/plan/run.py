@@ -18,7 +18,16 @@ from parsim.plan.prescreen import Estimate, prescreen
 from parsim.plan.space import Candidate, PlanSpec, enumerate_candidates, make_scenario
 from parsim.plan.sweep import Progress, run_sweep
 from parsim.results.result import json_safe
-from parsim.units import fmt_bytes, fmt_seconds
+from parsim.results.summary import (
+    fmt_b,
+    fmt_n,
+    fmt_s,
+    gpus_text,
+    pct,
+    sig3,
+    table,
+    training_budget,
+)
 
 OBJECTIVES = ("time", "mfu", "cost")
 
@@ -75,7 +84,11 @@ def simulate_candidate(payload: tuple[PlanSpec, Candidate]) -> dict:
 
 def run_plan(spec: PlanSpec, objective: str = "time", top: int = 10, confirm: int | None = None, *,
              executor: str = "local", workers: int | None = None, scheduler: str | None = None,
-             results: str | None = None, progress: bool | None = None) -> PlanResult:
+             results: str | None = None, progress: bool | None = None,
+             connect_timeout: float = 10.0, train_tokens: float | None = None,
+             gpu_hour_price: float | None = None) -> PlanResult:
+    """``train_tokens`` (and ``gpu_hour_price``): every row gets ``time_to_train_s``, ``gpu_hours``
+    (and ``cost``) of that token budget (``parsim.results.summary.training_budget``)."""
     t0 = time.perf_counter()
     cands, rejected = enumerate_candidates(spec)
     t1 = time.perf_counter()
@@ -91,7 +104,7 @@ def run_plan(spec: PlanSpec, objective: str = "time", top: int = 10, confirm: in
     digest = spec_digest(spec)
     jobs = [(f"{digest}:{e.cand.key()}", (spec, e.cand)) for e in chosen]
     recs = run_sweep(jobs, simulate_candidate, results=results, executor=executor, workers=workers,
-                     scheduler=scheduler, progress=progress, label="simulating")
+                     scheduler=scheduler, progress=progress, label="simulating", connect_timeout=connect_timeout)
     t3 = time.perf_counter()
     by_key = {e.cand.key(): e for e in chosen}
     rows = []
@@ -107,6 +120,8 @@ def run_plan(spec: PlanSpec, objective: str = "time", top: int = 10, confirm: in
     rows.sort(key=lambda r: (score(r, objective), r["peak_memory_bytes"]))
     for i, r in enumerate(rows):
         r["rank"] = i + 1
+        if train_tokens is not None:
+            r.update(training_budget(r, train_tokens, gpu_hour_price))
     families = _families(est, rejected, rows, objective, spec)
     res = PlanResult(spec, objective, rows[:top], families, _explain(rows, est, spec),
                      n_candidates=len(cands) + sum(n for v in rejected.values() for _, n in v),
@@ -162,13 +177,13 @@ def _families(est: list[Estimate], rejected: dict, rows: list[dict], objective: 
     for fam, f in fams.items():
         if fam == win_fam:
             f["status"] = "winner"
-            f["why"] = f"{winner['key']}: {fmt_seconds(winner['step_time_s'])} per step (simulated)"
+            f["why"] = f"{winner['key']}: {fmt_s(winner['step_time_s'])} per step (simulated)"
         elif fam in sim_best:
             r = sim_best[fam]
             f["status"] = "slower"
             f["best_prescreen_step_time_s"] = r["prescreen_step_time_s"]
             f["sort_s"] = r["step_time_s"]
-            f["why"] = (f"best {r['key']}: {fmt_seconds(r['step_time_s'])} simulated "
+            f["why"] = (f"best {r['key']}: {fmt_s(r['step_time_s'])} simulated "
                         f"({r['step_time_s'] / winner['step_time_s'] - 1:+.1%} vs the winner)")
         elif fam in best:
             e = best[fam]
@@ -176,12 +191,12 @@ def _families(est: list[Estimate], rejected: dict, rows: list[dict], objective: 
             f["best_prescreen_step_time_s"] = e.step_time_s
             f["sort_s"] = 1e9 + e.step_time_s  # after the simulated ones
             ref = winner["prescreen_step_time_s"] if winner else e.step_time_s
-            f["why"] = (f"best {e.cand.key()}: {fmt_seconds(e.step_time_s)} pre-screened "
+            f["why"] = (f"best {e.cand.key()}: {fmt_s(e.step_time_s)} pre-screened "
                         f"({e.step_time_s / ref - 1:+.1%} vs the winner's pre-screen; not simulated)")
         elif fam in worst_mem:
             e = worst_mem[fam]
             f["status"] = "out of memory"
-            f["why"] = (f"does not fit: smallest peak {fmt_bytes(e.peak_memory_bytes)} > {fmt_bytes(cap)} usable "
+            f["why"] = (f"does not fit: smallest peak {fmt_b(e.peak_memory_bytes)} > {fmt_b(cap)} usable "
                         f"({e.cand.key()})")
         else:
             f["status"] = "illegal"
@@ -198,14 +213,17 @@ def _explain(rows: list[dict], est: list[Estimate], spec: PlanSpec) -> list[str]
     w = rows[0]
     T = w["step_time_s"]
     b = w["breakdown_s"]
-    axes = ", ".join(f"{k} {fmt_seconds(v)}" for k, v in w["exposed_comm_by_axis_s"].items() if v > 0) or "none"
+    axes = ", ".join(f"{k} {fmt_s(v)}" for k, v in w["exposed_comm_by_axis_s"].items() if v > 0) or "none"
     lines = [
-        f"Winner {w['key']}: {fmt_seconds(T)} per step, {w['tokens_per_s']:,.0f} tokens/s, MFU {w['mfu']:.1%}.",
-        f"Bubble {w['bubble_fraction']:.1%} of the step (pure pipeline bubble {fmt_seconds(b['bubble'])}); "
-        f"exposed communication {fmt_seconds(w['exposed_comm_s'])} ({w['exposed_comm_s'] / T:.1%}: {axes}); "
-        f"compute {fmt_seconds(b['compute'])}, recompute {fmt_seconds(b['recompute'])}.",
-        f"Memory: peak {fmt_bytes(w['peak_memory_bytes'])} of {fmt_bytes(w['memory_capacity_bytes'])} usable, "
-        f"headroom {fmt_bytes(w['memory_headroom_bytes'])}.",
+        f"Winner {w['key']}: {fmt_s(T)} per step, {w['tokens_per_s']:,.0f} tokens/s, MFU {pct(w['mfu'])}."
+        + (f" {fmt_s(w['time_to_train_s'])} and {fmt_n(w['gpu_hours'])} GPU-hours for {fmt_n(w['train_tokens'])} tokens"
+           + (f" (cost {fmt_n(w['cost'])})" if "cost" in w else "") + "." if "time_to_train_s" in w else ""),
+        f"Pipeline bubble {pct(w['bubble_fraction'])} of the step, idle {pct(w['idle_fraction'])} with exposed dp "
+        f"communication; "
+        f"exposed communication {fmt_s(w['exposed_comm_s'])} ({w['exposed_comm_s'] / T:.1%}: {axes}); "
+        f"compute {fmt_s(b['compute'])}, recompute {fmt_s(b['recompute'])}.",
+        f"Memory: peak {fmt_b(w['peak_memory_bytes'])} of {fmt_b(w['memory_capacity_bytes'])} usable, "
+        f"headroom {fmt_b(w['memory_headroom_bytes'])}.",
     ]
     if len(rows) > 1:
         r = rows[1]
@@ -215,7 +233,7 @@ def _explain(rows: list[dict], est: list[Estimate], spec: PlanSpec) -> list[str]
                          ("cp comm", "cp_comm"), ("optimizer", "optimizer")):
             d = r["breakdown_s"][k] - b[k]
             if abs(d) > 1e-3 * T:
-                diffs.append((abs(d), f"{label} {'+' if d > 0 else '-'}{fmt_seconds(abs(d))}"))
+                diffs.append((abs(d), f"{label} {'+' if d > 0 else '-'}{fmt_s(abs(d))}"))
         diffs.sort(reverse=True)
         lines.append(f"Runner-up {r['key']} is {r['step_time_s'] / T - 1:+.1%} slower; its step differs by "
                      + (", ".join(t for _, t in diffs[:3]) or "little") + ".")
@@ -225,26 +243,38 @@ def _explain(rows: list[dict], est: list[Estimate], spec: PlanSpec) -> list[str]
 # ---------------------------------------------------------------------------- output
 
 COLUMNS = ("rank", "dp", "tp", "pp", "cp", "ep", "vpp", "zero", "mbs", "schedule", "recompute",
-           "step_time_s", "tokens_per_s", "mfu", "bubble_fraction", "exposed_comm_s", "peak_memory_GiB",
-           "headroom_GiB", "fits_in_memory")
+           "step_time_s", "tokens_per_s", "mfu", "bubble_fraction", "idle_fraction", "exposed_comm_s",
+           "peak_memory_GiB", "headroom_GiB", "fits_in_memory")
+BUDGET_COLUMNS = ("time_to_train_s", "gpu_hours", "cost")
+"""Added when the plan was given a token budget (``--train-tokens``; cost with ``--gpu-hour-price``)."""
 
 
 def flat_row(r: dict) -> dict:
     p = r["parallel"]
-    return {"rank": r["rank"], **{k: p[k] for k in ("dp", "tp", "pp", "cp", "ep", "vpp", "zero")},
-            "mbs": r["microbatch_size"], "schedule": r["schedule"], "recompute": r["recompute"],
-            "step_time_s": round(r["step_time_s"], 4), "tokens_per_s": round(r["tokens_per_s"]),
-            "mfu": round(r["mfu"], 4), "bubble_fraction": round(r["bubble_fraction"], 4),
-            "exposed_comm_s": round(r["exposed_comm_s"], 4),
-            "peak_memory_GiB": round(r["peak_memory_bytes"] / 2**30, 2),
-            "headroom_GiB": round(r["memory_headroom_bytes"] / 2**30, 2), "fits_in_memory": r["fits_in_memory"]}
+    out = {"rank": r["rank"], **{k: p[k] for k in ("dp", "tp", "pp", "cp", "ep", "vpp", "zero")},
+           "mbs": r["microbatch_size"], "schedule": r["schedule"], "recompute": r["recompute"],
+           "step_time_s": round(r["step_time_s"], 4), "tokens_per_s": round(r["tokens_per_s"]),
+           "mfu": round(r["mfu"], 4), "bubble_fraction": round(r["bubble_fraction"], 4),
+           "idle_fraction": round(r["idle_fraction"], 4), "exposed_comm_s": round(r["exposed_comm_s"], 4),
+           "peak_memory_GiB": round(r["peak_memory_bytes"] / 2**30, 2),
+           "headroom_GiB": round(r["memory_headroom_bytes"] / 2**30, 2), "fits_in_memory": r["fits_in_memory"]}
+    for k in BUDGET_COLUMNS:
+        if k in r:
+            out[k] = round(r[k], 1)
+    return out
+
+
+def _columns(res: PlanResult) -> tuple[str, ...]:
+    extra = tuple(k for k in BUDGET_COLUMNS if res.rows and k in res.rows[0])
+    return COLUMNS + extra
 
 
 def to_csv(res: PlanResult) -> str:
-    lines = [",".join(COLUMNS)]
+    cols = _columns(res)
+    lines = [",".join(cols)]
     for r in res.rows:
         fr = flat_row(r)
-        lines.append(",".join(str(fr[c]) for c in COLUMNS))
+        lines.append(",".join(str(fr[c]) for c in cols))
     return "\n".join(lines) + "\n"
 
 
@@ -254,8 +284,34 @@ def to_json(res: PlanResult) -> list[dict]:
 
 def _header(res: PlanResult) -> str:
     s = res.spec
-    return (f"{s.model.name} on {s.gpus} x {s.hardware.name}, global batch {s.global_batch} x seq {s.seq_len} "
-            f"= {s.global_batch * s.seq_len:,} tokens per step; objective: {res.objective}")
+    return (f"{s.model.name} on {gpus_text(s.gpus, s.hardware.gpus_per_node, s.hardware.name)}, global batch "
+            f"{s.global_batch:,} x seq {s.seq_len:,} = {s.global_batch * s.seq_len:,} tokens per step; "
+            f"objective: {res.objective}")
+
+
+def _human_rows(res: PlanResult) -> tuple[list[str], list[list[str]]]:
+    """The ranked rows for people: three significant digits, one unit per column."""
+    heads = ["#", "dp", "tp", "pp", "cp", "ep", "vpp", "zero", "mbs", "schedule", "recompute", "step (s)",
+             "tokens/s", "MFU", "bubble", "idle", "exp. comm (s)", "peak (GiB)", "free (GiB)"]
+    budget = res.rows and "time_to_train_s" in res.rows[0]
+    if budget:
+        heads += ["train (days)", "GPU-hours"] + (["cost"] if "cost" in res.rows[0] else [])
+    rows = []
+    for r in res.rows:
+        p = r["parallel"]
+        row = [r["rank"], *(p[k] for k in ("dp", "tp", "pp", "cp", "ep", "vpp", "zero")), r["microbatch_size"],
+               r["schedule"], r["recompute"], sig3(r["step_time_s"]), f"{r['tokens_per_s']:,.0f}", pct(r["mfu"]),
+               pct(r["bubble_fraction"]), pct(r["idle_fraction"]), sig3(r["exposed_comm_s"]),
+               sig3(r["peak_memory_bytes"] / 2**30), sig3(r["memory_headroom_bytes"] / 2**30)]
+        if budget:
+            row += [sig3(r["time_to_train_s"] / 86400), f"{r['gpu_hours']:,.0f}"] + (
+                [f"{r['cost']:,.0f}"] if "cost" in r else [])
+        rows.append(row)
+    return heads, rows
+
+
+def _overlap_text(spec: PlanSpec) -> str:
+    return ", ".join(f"{k} = {str(v).lower()}" for k, v in asdict(spec.overlap).items())
 
 
 def to_table(res: PlanResult) -> str:
@@ -264,40 +320,36 @@ def to_table(res: PlanResult) -> str:
             f"{res.n_candidates} configurations enumerated, {t.get('prescreened', 0)} pre-screened in "
             f"{t.get('prescreen', 0):.1f} s, {res.n_fit} fit in memory, top {res.n_simulated} confirmed by "
             f"simulation in {t.get('simulate', 0):.1f} s", ""]
-    heads = ["#", "dp", "tp", "pp", "cp", "ep", "vpp", "zero", "mbs", "schedule", "recompute", "step(s)",
-             "tokens/s", "MFU", "bubble", "exp.comm(s)", "peak(GiB)", "free(GiB)"]
-    widths = [3, 5, 3, 3, 3, 3, 3, 4, 3, 16, 9, 8, 10, 6, 6, 11, 9, 9]
-    lines = ["  ".join(f"{h:>{w}}" for h, w in zip(heads, widths))]
-    for r in res.rows:
-        fr = flat_row(r)
-        lines.append("  ".join(f"{str(fr[c]):>{w}}" for c, w in zip(COLUMNS[:-1], widths)))
+    heads, rows = _human_rows(res)
     fam = ["", "families (tp, pp, cp):"]
-    for f in res.families[:25]:
-        fam.append(f"  {f['family']:<16} {f['status']:<14} {f['why']}")
+    fam += ["  " + ln for ln in table([[f["family"], f["status"], f["why"]] for f in res.families[:25]],
+                                      ["family", "status", "why"], align=["left"] * 3).splitlines()]
     if len(res.families) > 25:
         fam.append(f"  ... {len(res.families) - 25} more (see --format md)")
-    return "\n".join(head + lines + ["", *res.explanation] + fam)
+    return "\n".join(head + table(rows, heads).splitlines() + ["", *res.explanation] + fam)
 
 
-def to_markdown(res: PlanResult, command: str | None = None) -> str:
+def to_markdown(res: PlanResult, command: str | None = None, context: list[str] | None = None) -> str:
+    """plan.md; ``context``: lines stated under the title (the parsim version, the measured fidelity)."""
     t = res.timings_s
-    out = [f"# parsim plan: {res.spec.model.name} on {res.spec.gpus} x {res.spec.hardware.name}", "",
+    s = res.spec
+    out = [f"# parsim plan: {s.model.name} on {gpus_text(s.gpus, s.hardware.gpus_per_node, s.hardware.name)}", "",
            _header(res) + ".", ""]
+    for line in context or []:
+        out += [line, ""]
     if command:
         out += ["Generated by:", "", "```bash", command, "```", ""]
+    heads, rows = _human_rows(res)
     out += [f"{res.n_candidates} configurations enumerated; {t.get('prescreened', 0)} pre-screened analytically "
             f"in {t.get('prescreen', 0):.1f} s; {res.n_fit} fit in memory; the best {res.n_simulated} were "
             f"confirmed by the event simulation ({t.get('simulate', 0):.1f} s). Overlap settings: "
-            f"{asdict(res.spec.overlap)}.", "", "## Ranked configurations (simulated)", "",
-            "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    for r in res.rows:
-        fr = flat_row(r)
-        out.append("| " + " | ".join(str(fr[c]) for c in COLUMNS) + " |")
-    out += ["", "## Why the winner wins", ""] + [f"- {s}" for s in res.explanation]
+            f"{_overlap_text(s)}.", "", "## Ranked configurations (simulated)", "",
+            table(rows, heads, markdown=True)]
+    out += ["", "## Why the winner wins", ""] + [f"- {x}" for x in res.explanation]
     out += ["", "## Families (tp, pp, cp) and why the others lost or were rejected", "",
-            "| family | candidates | fit | status | why |", "|---|---|---|---|---|"]
-    for f in res.families:
-        out.append(f"| {f['family']} | {f['candidates']} | {f['fit']} | {f['status']} | {f['why']} |")
+            table([[f["family"], f["candidates"], f["fit"], f["status"], f["why"]] for f in res.families],
+                  ["family", "candidates", "fit", "status", "why"], markdown=True,
+                  align=["left", "right", "right", "left", "left"])]
     return "\n".join(out) + "\n"
 
 

@@ -108,12 +108,14 @@ def _call(fn: Callable[[object], dict], payload) -> dict:
 
 def run_sweep(jobs: Iterable[tuple[str, object]], fn: Callable[[object], dict], *,
               results: str | Path | None = None, executor: str = "local", workers: int | None = None,
-              scheduler: str | None = None, progress: bool | None = None, label: str = "sweep") -> dict[str, dict]:
+              scheduler: str | None = None, progress: bool | None = None, label: str = "sweep",
+              connect_timeout: float = 10.0) -> dict[str, dict]:
     """Evaluate ``fn(payload)`` for every ``(key, payload)`` not already in ``results``.
 
     Returns every record by key (earlier ones included). ``workers=1`` runs in-process;
     ``executor="dask"`` submits to the dask.distributed scheduler at ``scheduler``
-    (a local cluster when None).
+    (a local cluster when None); a scheduler that does not answer within ``connect_timeout``
+    seconds is a one-line ConfigError naming ``--scheduler``.
     """
     if executor not in EXECUTORS:
         raise ConfigError(None, "--executor", f"{executor!r} is not one of {', '.join(EXECUTORS)}")
@@ -134,7 +136,7 @@ def run_sweep(jobs: Iterable[tuple[str, object]], fn: Callable[[object], dict], 
         if not todo:
             pass
         elif executor == "dask":
-            _run_dask(todo, fn, scheduler, finished)
+            _run_dask(todo, fn, scheduler, finished, connect_timeout)
         elif (workers or os.cpu_count() or 1) <= 1 or len(todo) == 1:
             for key, payload in todo:
                 finished(key, _call(fn, payload))
@@ -164,13 +166,18 @@ def _run_pool(todo, fn, workers: int, finished) -> None:
             raise
 
 
-def _run_dask(todo, fn, scheduler: str | None, finished) -> None:
+def _run_dask(todo, fn, scheduler: str | None, finished, connect_timeout: float = 10.0) -> None:
     try:
         from dask.distributed import Client, as_completed
     except ImportError:
         raise ConfigError(None, "--executor", "dask is not installed: pip install 'parsim[sweep]' "
                           "(dask[distributed]), or use --executor local") from None
-    client = Client(scheduler) if scheduler else Client(processes=True)
+    try:
+        client = Client(scheduler, timeout=connect_timeout) if scheduler else Client(processes=True)
+    except (OSError, TimeoutError, ValueError) as e:  # unreachable, refused, a malformed address
+        why = " ".join(str(e).split()) or type(e).__name__
+        raise ConfigError(None, "--scheduler", f"cannot connect to the dask scheduler at {scheduler!r} within "
+                          f"{connect_timeout:g} s ({why[:160]})") from None
     try:
         futures = {client.submit(_call, fn, payload, key=f"parsim-{key}", pure=False): key
                    for key, payload in todo}

@@ -5,75 +5,93 @@ import json
 import os
 from pathlib import Path
 
+from parsim.report.context import context_line, uncertainty_line
 from parsim.report.gantt import plot_gantt
 from parsim.results.result import Result, json_safe
-from parsim.results.trace import write_trace
-from parsim.units import fmt_bytes, fmt_seconds
+from parsim.results.summary import (
+    budget_line,
+    fmt_b,
+    fmt_n,
+    fmt_s,
+    parallel_text,
+    pct,
+    sig3,
+    table,
+)
+from parsim.results.trace import write_memory_timeline, write_trace
 
 
-def run_report_markdown(res: Result) -> str:
+def run_report_markdown(res: Result, version: str | None = None) -> str:
     mx = res.metrics
     sc = res.scenario
     T = mx["step_time_s"] or 1.0
-    rows = "\n".join(f"| {k} | {fmt_seconds(v)} | {v / T:.1%} |" for k, v in mx["breakdown_s"].items())
-    stage_rows = "\n".join(
-        f"| {s['rank']} | {s['layers']} | {fmt_seconds(s['busy_s'])} | {s['bubble_fraction']:.4f} | "
-        f"{fmt_bytes(s['peak_memory_bytes'])} | {fmt_bytes(s['memory']['params'])} | {fmt_bytes(s['memory']['grads'])} | "
-        f"{fmt_bytes(s['memory']['optimizer'])} | {fmt_bytes(s['memory']['activations'])} | {fmt_bytes(s['memory']['other'])} |"
-        for s in mx["stages"])
-    fit = "yes" if mx["fits_in_memory"] else f"**no** — rank {mx['oom']['rank']} over by {fmt_bytes(mx['oom']['over_by_bytes'])}"
+    parts = table([[k, fmt_s(v), pct(v / T)] for k, v in mx["breakdown_s"].items()], ["part", "time", "share of step"],
+                  markdown=True)
+    ranks = table([[s["rank"], s["layers"], fmt_s(s["busy_s"]), pct(s["bubble_fraction"]), pct(s["idle_fraction"]),
+                    *(fmt_b(v) for v in (s["peak_memory_bytes"], *(s["memory"][k] for k in
+                                                                     ("params", "grads", "optimizer", "activations", "other"))))]
+                   for s in mx["stages"]],
+                  ["rank", "layers", "busy", "pipeline bubble", "idle", "peak memory", "params", "grads", "optimizer",
+                   "activations", "other"], markdown=True, align=["right"] * 11)
+    fit = "yes" if mx["fits_in_memory"] else f"**no**: rank {mx['oom']['rank']} over by {fmt_b(mx['oom']['over_by_bytes'])}"
+    rows = [
+        ["step time", fmt_s(mx["step_time_s"])],
+        ["throughput", f"{fmt_n(mx['tokens_per_s'])} tokens/s"],
+        ["TFLOP/s per GPU (model FLOPs)", sig3(mx["tflops_per_gpu"])],
+        ["MFU / HFU", f"{pct(mx['mfu'])} / {pct(mx['hfu'])}"],
+        ["pipeline bubble (bubble_fraction)", pct(mx["bubble_fraction"])],
+        ["idle: bubble + exposed dp comm (idle_fraction)", pct(mx["idle_fraction"])],
+        ["exposed communication", fmt_s(mx["exposed_comm_s"])],
+        ["peak memory (worst rank)", f"{fmt_b(mx['peak_memory_bytes'])} of {fmt_b(mx['memory_capacity_bytes'])} usable"],
+        ["fits in memory", fit],
+    ]
+    if "time_to_train_s" in mx:
+        rows.append(["time to train", budget_line(mx).split("time to train", 1)[1].strip()])
     return f"""# parsim prediction: {sc.name}
 
-Scenario `{sc.file}` — {mx['model']} on {mx['world_size']} GPUs of `{mx['hardware']}`, schedule {mx['schedule']}
-with {mx['n_microbatches']} microbatches of {mx['microbatch_size']} sequences; parallel {mx['parallel']}.
+{context_line(mx, version)}.
 
-| metric | value |
-|---|---|
-| step time | {fmt_seconds(mx['step_time_s'])} |
-| tokens/s | {mx['tokens_per_s']:,.0f} |
-| TFLOP/s per GPU (model FLOPs) | {mx['tflops_per_gpu']:.1f} |
-| MFU / HFU | {mx['mfu']:.1%} / {mx['hfu']:.1%} |
-| bubble fraction | {mx['bubble_fraction']:.4f} |
-| exposed communication | {fmt_seconds(mx['exposed_comm_s'])} |
-| peak memory (worst rank) | {fmt_bytes(mx['peak_memory_bytes'])} of {fmt_bytes(mx['memory_capacity_bytes'])} usable |
-| fits in memory | {fit} |
+Scenario `{sc.file}`: schedule {mx['schedule']} with {mx['n_microbatches']} microbatches of
+{mx['microbatch_size']} sequences; {parallel_text(mx['parallel'])}; recompute {mx['recompute']}.
+
+{uncertainty_line()}
+
+{table(rows, ["metric", "value"], markdown=True, align=["left", "right"])}
 
 ## Where the step time goes (mean pipeline rank)
 
-| part | time | share |
-|---|---|---|
-{rows}
+{parts}
 
 ## Per pipeline rank
 
-| rank | layers | busy | bubble | peak memory | params | grads | optimizer | activations | other |
-|---|---|---|---|---|---|---|---|---|---|
-{stage_rows}
+{ranks}
 
 ## Pipeline
 
 ![Gantt chart of one step](gantt.png)
 
 Files: `result.json` (the `--json` fields), `timeline.csv` (one row per executed action),
-`trace.json` (open in https://ui.perfetto.dev).
+`memory.csv` (bytes allocated per rank over the step), `trace.json` (open in
+https://ui.perfetto.dev; memory as counter tracks).
 """
 
 
-def write_run_report(res: Result, out: Path, atomic_write) -> None:
+def write_run_report(res: Result, out: Path, atomic_write, version: str | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
     def text(name, s):
         def w(tmp):
-            with open(tmp, "w") as f:
+            with open(tmp, "w", encoding="utf-8") as f:
                 f.write(s)
         atomic_write(out / name, w)
 
     text("result.json", json.dumps(json_safe(res.metrics), indent=1))
     atomic_write(out / "timeline.csv", lambda tmp: res.timeline.to_csv(tmp, index=False))
-    atomic_write(out / "trace.json", lambda tmp: write_trace(res.timeline, tmp))
+    atomic_write(out / "memory.csv", lambda tmp: write_memory_timeline(res, tmp))
+    atomic_write(out / "trace.json", lambda tmp: write_trace(res, tmp))
 
     def png(tmp):
         plot_gantt(res.timeline, tmp + ".png", res.scenario.name)
         os.replace(tmp + ".png", tmp)
     atomic_write(out / "gantt.png", png)
-    text("report.md", run_report_markdown(res))
+    text("report.md", run_report_markdown(res, version))

@@ -4,8 +4,14 @@ events and the cost tables.
 Definitions (what every number means):
 
 * step_time_s: makespan of one optimizer step (all streams, all pipeline ranks).
-* bubble_fraction: mean over pipeline ranks of (step_time - busy) / step_time
-  (DESIGN.md); it counts every idle moment of the compute stream.
+* bubble_fraction: the pipeline's bubble, mean over pipeline ranks of (step_time - busy -
+  exposed dp communication) / step_time: fill, drain, imbalance and waiting on stage-to-stage
+  transfers (the breakdown's ``bubble`` + ``pp_comm`` rows over the step; what the
+  zero-bubble paper's Table 5 calls the bubble rate). 0 without a pipeline (pp = 1).
+* idle_fraction: mean over pipeline ranks of (step_time - busy) / step_time, every idle
+  moment of the compute stream, exposed data-parallel communication included (DESIGN.md's
+  ``bubble_fraction`` before the two were told apart; ``validate`` compares it with the
+  measured runs' idle time). The two are equal when no dp communication is exposed.
 * breakdown: the mean pipeline rank's step time split into compute, recompute,
   tp/cp/ep communication inside ops, optimizer, exposed dp and pp communication and the
   pure pipeline bubble (``parsim.results.timeline``). The parts add up to step_time_s.
@@ -49,6 +55,10 @@ def metrics(sc: Scenario, schedule: Schedule, tables: CostTables, tl: pd.DataFra
         "model": m.name,
         "schedule": schedule.name,
         "world_size": par.world_size,
+        "gpus_per_node": sc.hardware.gpus_per_node,
+        "global_batch": tr.global_batch,
+        "seq_len": tr.seq_len,
+        "tokens_per_step": sc.tokens_per_step,
         "parallel": {"dp": par.dp, "tp": par.tp, "pp": par.pp, "cp": par.cp, "ep": par.ep,
                      "vpp": par.vpp, "zero": par.zero, "sequence_parallel": par.sequence_parallel},
         "n_microbatches": schedule.n_microbatches,
@@ -58,6 +68,7 @@ def metrics(sc: Scenario, schedule: Schedule, tables: CostTables, tl: pd.DataFra
         "step_time_s": T,
         **throughput(sc, T, hw_flops, pp),
         "bubble_fraction": float(np.mean([s["bubble_fraction"] for s in stages_out])) if stages_out else 0.0,
+        "idle_fraction": float(np.mean([s["idle_fraction"] for s in stages_out])) if stages_out else 0.0,
         "exposed_comm_s": float(sum(axis_comm.values())),
         "exposed_comm_by_axis_s": axis_comm,
         "comm_bytes_by_axis": bytes_by_axis(tl, sent_frame(tables), pp),
@@ -107,7 +118,8 @@ def _per_rank(sc: Scenario, schedule: Schedule, tables: CostTables, tl: pd.DataF
             "stages": [s for s in range(len(s2r)) if s2r[s] == r],
             "layers": sum(sc.layers_per_stage[s] for s in range(len(s2r)) if s2r[s] == r),
             "busy_s": rt.busy_s,
-            "bubble_fraction": (T - rt.busy_s) / T if T > 0 else 0.0,
+            "bubble_fraction": (rt.bubble_s + rt.exposed_pp_s) / T if T > 0 else 0.0,
+            "idle_fraction": (T - rt.busy_s) / T if T > 0 else 0.0,
             "exposed_dp_comm_s": rt.exposed_dp_s,
             "exposed_pp_comm_s": rt.exposed_pp_s,
             "peak_memory_bytes": peak,

@@ -1,40 +1,141 @@
-"""A readable summary of a result's metrics, and JSON-safe values."""
+"""A readable summary of a result's metrics, the human number formats, the one table
+formatter, the training-budget figures, and JSON-safe values.
+
+Human output shows three significant digits (``26.3 s``, ``812 ms``, ``74.5 GiB``,
+``7.73%``): more than a model of this fidelity supports would be noise. JSON keeps full
+precision. Every table — terminal and Markdown — goes through :func:`table` (tabulate).
+"""
 from __future__ import annotations
 
 import math
 
-from parsim.units import fmt_bytes, fmt_count, fmt_seconds
+from tabulate import tabulate
+
+
+def sig3(x: float) -> str:
+    """``x`` with three significant digits, thousands separated, never in e-notation."""
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "n/a"
+    if x == 0:
+        return "0"
+    decimals = 2 - math.floor(math.log10(abs(x)))
+    if decimals > 0:
+        text = f"{x:.{decimals}f}"
+        # rounding may carry into a new digit (9.996 -> 10.00): one decimal less then
+        return text if len(text.lstrip("-").replace(".", "").lstrip("0")) <= 3 else f"{x:.{decimals - 1}f}"
+    return f"{round(x, decimals):,.0f}"
+
+
+def fmt_s(s: float) -> str:
+    """Seconds in the unit that puts 1..999 before it (days and hours for long runs)."""
+    a = abs(s)
+    for unit, scale in (("days", 86400.0), ("h", 3600.0)):
+        if a >= 2 * scale:
+            return f"{sig3(s / scale)} {unit}"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if a >= scale * 0.9995:
+            return f"{sig3(s / scale)} {unit}"
+    return f"{sig3(s * 1e9)} ns" if s else "0 s"
+
+
+def fmt_b(b: float) -> str:
+    """Bytes in binary units, as nvidia-smi and torch.cuda report memory."""
+    for unit, scale in (("TiB", 2.0**40), ("GiB", 2.0**30), ("MiB", 2.0**20), ("KiB", 2.0**10)):
+        if abs(b) >= scale * 0.9995:
+            return f"{sig3(b / scale)} {unit}"
+    return f"{b:.0f} B"
+
+
+def fmt_n(n: float) -> str:
+    """A count: ``175B``, ``3.15M``."""
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale * 0.9995:
+            return f"{sig3(n / scale)}{unit}"
+    return sig3(n)
+
+
+def pct(f: float) -> str:
+    """A fraction as a percentage, three significant digits."""
+    return f"{sig3(100.0 * f)}%"
+
+
+def table(rows: list[list], headers: list[str], markdown: bool = False, align: list[str] | None = None) -> str:
+    """The one table formatter: plain columns for a terminal, a pipe table for Markdown.
+    Cells are strings already formatted (units in the header or the cell, one per column)."""
+    fmt = "github" if markdown else "simple"
+    cols = align or ["left"] + ["right"] * (len(headers) - 1)
+    return tabulate([[str(c) for c in r] for r in rows], headers=headers, tablefmt=fmt, colalign=cols,
+                    disable_numparse=True)
+
+
+def parallel_text(par: dict) -> str:
+    return (f"dp={par['dp']} tp={par['tp']} pp={par['pp']} cp={par['cp']} ep={par['ep']} vpp={par['vpp']} "
+            f"zero={par['zero']}{' sp' if par['sequence_parallel'] else ''}")
+
+
+def gpus_text(world: int, gpus_per_node: int | None, hardware: str) -> str:
+    """``1,024 GPUs (128 nodes of dgx-a100-80g)``: not ``1024 x dgx-a100-80g``, which reads as boxes."""
+    if gpus_per_node and world >= gpus_per_node and world % gpus_per_node == 0:
+        n = world // gpus_per_node
+        return f"{world:,} GPUs ({n:,} node{'s' if n > 1 else ''} of {hardware})"
+    return f"{world:,} GPU{'s' if world > 1 else ''} of {hardware}"
+
+
+def training_budget(mx: dict, train_tokens: float, gpu_hour_price: float | None = None) -> dict:
+    """Time and GPU-hours to train on ``train_tokens`` tokens at this step: whole steps of
+    ``tokens_per_step`` tokens (the last one full), each ``step_time_s`` long (PipeDream:
+    its steady-state step)."""
+    steps = math.ceil(train_tokens / mx["tokens_per_step"])
+    step = mx.get("pipedream", {}).get("steady_state_step_s", mx["step_time_s"])
+    t = steps * step
+    out = {"train_tokens": float(train_tokens), "train_steps": steps, "time_to_train_s": t,
+           "gpu_hours": t * mx["world_size"] / 3600.0}
+    if gpu_hour_price is not None:
+        out["gpu_hour_price"] = float(gpu_hour_price)
+        out["cost"] = out["gpu_hours"] * gpu_hour_price
+    return out
+
+
+def budget_line(b: dict) -> str:
+    line = (f"  time to train     {fmt_s(b['time_to_train_s'])} for {fmt_n(b['train_tokens'])} tokens "
+            f"({b['train_steps']:,} steps), {fmt_n(b['gpu_hours'])} GPU-hours")
+    if "cost" in b:
+        line += f", {fmt_n(b['cost'])} at {sig3(b['gpu_hour_price'])} per GPU-hour"
+    return line
 
 
 def format_summary(mx: dict) -> str:
     par = mx["parallel"]
-    lines = [
-        f"{mx['name']}: {mx['model']} on {mx['world_size']} x {mx['hardware']}  "
-        f"(dp={par['dp']} tp={par['tp']} pp={par['pp']} cp={par['cp']} ep={par['ep']} vpp={par['vpp']} "
-        f"zero={par['zero']}{' sp' if par['sequence_parallel'] else ''}; {mx['schedule']}, "
-        f"{mx['n_microbatches']} microbatches of {mx['microbatch_size']}, recompute={mx['recompute']})",
-        f"  params            {fmt_count(mx['params'])}" + (f"  (active {fmt_count(mx['active_params'])})" if "active_params" in mx else ""),
-        f"  step time         {fmt_seconds(mx['step_time_s'])}",
-        f"  throughput        {mx['tokens_per_s']:,.0f} tokens/s, {mx['tflops_per_gpu']:.1f} TFLOP/s per GPU "
-        f"(MFU {mx['mfu']:.1%}, HFU {mx['hfu']:.1%})",
-        f"  bubble fraction   {mx['bubble_fraction']:.4f}",
-        f"  exposed comm      {fmt_seconds(mx['exposed_comm_s'])}  "
-        + "  ".join(f"{k}={fmt_seconds(v)}" for k, v in mx["exposed_comm_by_axis_s"].items() if v > 0),
-        "  step time breakdown (mean pipeline rank):",
-    ]
     T = mx["step_time_s"] or 1.0
-    for k, v in mx["breakdown_s"].items():
-        if v > 0:
-            lines.append(f"    {k:<12} {fmt_seconds(v):>12}  {v / T:6.1%}")
+    lines = [
+        f"{mx['name']}: {mx['model']} on {gpus_text(mx['world_size'], mx.get('gpus_per_node'), mx['hardware'])}",
+        f"  {parallel_text(par)}; {mx['schedule']}, {mx['n_microbatches']} microbatches of {mx['microbatch_size']}, "
+        f"recompute={mx['recompute']}",
+        f"  batch             {mx['global_batch']:,} sequences x {mx['seq_len']:,} tokens = "
+        f"{fmt_n(mx['tokens_per_step'])} tokens per step",
+        f"  params            {fmt_n(mx['params'])}" + (f"  (active {fmt_n(mx['active_params'])})" if "active_params" in mx else ""),
+        f"  step time         {fmt_s(mx['step_time_s'])}",
+        f"  throughput        {fmt_n(mx['tokens_per_s'])} tokens/s, {sig3(mx['tflops_per_gpu'])} TFLOP/s per GPU "
+        f"(MFU {pct(mx['mfu'])}, HFU {pct(mx['hfu'])})",
+        f"  pipeline bubble   {pct(mx['bubble_fraction'])} of the step (bubble_fraction: fill, drain, p2p waits = bubble + pp_comm below)",
+        f"  idle              {pct(mx['idle_fraction'])} of the step (idle_fraction: the bubble + exposed dp communication)",
+        f"  exposed comm      {fmt_s(mx['exposed_comm_s'])}  "
+        + "  ".join(f"{k}={fmt_s(v)}" for k, v in mx["exposed_comm_by_axis_s"].items() if v > 0),
+    ]
+    if "time_to_train_s" in mx:
+        lines.append(budget_line(mx))
     fit = "fits" if mx["fits_in_memory"] else (
-        f"DOES NOT FIT: rank {mx['oom']['rank']} over by {fmt_bytes(mx['oom']['over_by_bytes'])}")
-    lines.append(f"  peak memory       {fmt_bytes(mx['peak_memory_bytes'])} of {fmt_bytes(mx['memory_capacity_bytes'])} usable: {fit}")
-    lines.append("  rank  layers  busy          bubble   peak memory   params     grads      optimizer  activations")
-    for s in mx["stages"]:
-        mm = s["memory"]
-        lines.append(f"  {s['rank']:>4}  {s['layers']:>6}  {fmt_seconds(s['busy_s']):>12}  {s['bubble_fraction']:7.4f}  "
-                     f"{fmt_bytes(s['peak_memory_bytes']):>11}  {fmt_bytes(mm['params']):>9}  {fmt_bytes(mm['grads']):>9}  "
-                     f"{fmt_bytes(mm['optimizer']):>9}  {fmt_bytes(mm['activations']):>9}")
+        f"DOES NOT FIT: rank {mx['oom']['rank']} over by {fmt_b(mx['oom']['over_by_bytes'])}")
+    lines.append(f"  peak memory       {fmt_b(mx['peak_memory_bytes'])} of {fmt_b(mx['memory_capacity_bytes'])} usable: {fit}")
+    lines += ["", "  step time breakdown (mean pipeline rank):"]
+    rows = [[k, fmt_s(v), pct(v / T)] for k, v in mx["breakdown_s"].items() if v > 0]
+    lines += ["    " + ln for ln in table(rows, ["part", "time", "share"]).splitlines()]
+    lines += ["", "  per pipeline rank:"]
+    rows = [[s["rank"], s["layers"], fmt_s(s["busy_s"]), pct(s["bubble_fraction"]), pct(s["idle_fraction"]),
+             fmt_b(s["peak_memory_bytes"]), *(fmt_b(s["memory"][k]) for k in ("params", "grads", "optimizer", "activations"))]
+            for s in mx["stages"]]
+    heads = ["rank", "layers", "busy", "bubble", "idle", "peak memory", "params", "grads", "optimizer", "activations"]
+    lines += ["    " + ln for ln in table(rows, heads, align=["right"] * len(heads)).splitlines()]
     return "\n".join(lines)
 
 

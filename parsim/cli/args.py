@@ -1,0 +1,68 @@
+"""The argument parser every sub-command uses: help with defaults and choices shown, an
+example under each command, usage errors as one line (exit 2), and option types that
+refuse zero, negative, NaN and infinite values by naming the option."""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+from parsim.cli.common import EXIT_BAD_INPUT
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Descriptions and examples as written; ``(default: X)`` after every option that has one."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "%(default)" in text or "default" in text.lower():
+            return text
+        if action.default in (None, False, [], argparse.SUPPRESS) or not action.option_strings:
+            return text
+        return text + " (default: %(default)s)"
+
+
+class HelpParser(argparse.ArgumentParser):
+    """argparse with :class:`HelpFormatter` by default (sub-commands inherit it) and one-line errors."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        print(f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT)
+
+
+def _number(option: str, text: str, conv, what: str):
+    try:
+        v = conv(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if isinstance(v, float) and not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return v
+
+
+def positive_int(option: str, minimum: int = 1):
+    """An integer option >= ``minimum`` (1: positive; 0: non-negative)."""
+    what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+
+    def conv(text: str) -> int:
+        v = _number(option, text, int, what)
+        if v < minimum:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return v
+    conv.__name__ = what
+    return conv
+
+
+def finite_positive(option: str):
+    """A float option that is finite and > 0 (``300e9`` is fine)."""
+    def conv(text: str) -> float:
+        v = _number(option, text, float, "a finite positive number")
+        if v <= 0:
+            raise argparse.ArgumentTypeError(f"expected a finite positive number, got {text!r}")
+        return v
+    conv.__name__ = "a finite positive number"
+    return conv

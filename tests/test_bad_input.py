@@ -1,0 +1,349 @@
+"""Every bad input is a clean refusal: exit 2, one line on stderr naming the file and the key
+(or the option), nothing accepted silently, nothing left behind, never a traceback.
+
+One test per category of the issue's 172 held-out bad inputs, property-based tests that
+generate malformed scenarios, hardware profiles and Hugging Face configs, Ctrl-C, an
+unreachable dask scheduler, and every sub-command run with bad input in a real process.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+import types
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from parsim.cli.main import main
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ROOT / "scenarios" / "tiny-cpu.toml"
+ZB = ROOT / "scenarios" / "measured-costs-zb.toml"
+MOE = ROOT / "scenarios" / "mixtral-8x7b-h100.toml"
+PROFILE = ROOT / "parsim" / "cluster" / "profiles" / "cpu-gloo.toml"
+HF_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 256,
+            "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 512,
+            "vocab_size": 1024, "max_position_embeddings": 256, "hidden_act": "silu", "rms_norm_eps": 1e-5,
+            "tie_word_embeddings": False}
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def toml_value(v) -> str:
+    """A value in TOML syntax (enough for scenarios and profiles: no dates)."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return "nan" if math.isnan(v) else ("inf" if v == math.inf else "-inf" if v == -math.inf else repr(v))
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{json.dumps(k)} = {toml_value(x)}" for k, x in v.items()) + "}"
+    raise TypeError(v)
+
+
+def to_toml(doc: dict) -> str:
+    top = [f"{json.dumps(k)} = {toml_value(v)}" for k, v in doc.items() if not isinstance(v, dict)]
+    tables = [f"[{json.dumps(k)}]\n" + "\n".join(f"{json.dumps(a)} = {toml_value(b)}" for a, b in v.items())
+              for k, v in doc.items() if isinstance(v, dict)]
+    return "\n".join(top) + "\n\n" + "\n\n".join(tables) + "\n"
+
+
+def refused(capsys, argv: list[str], *names: str) -> str:
+    """Run the CLI in-process; assert exit 2 and one stderr line that names every ``names``."""
+    rc = main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert rc == 2, (rc, err)
+    assert len(lines) == 1, err
+    assert "Traceback" not in err and "internal error" not in err, err
+    for n in names:
+        assert str(n) in lines[0], (n, lines[0])
+    return lines[0]
+
+
+def scenario_with(tmp_path: Path, base: Path, edit) -> Path:
+    doc = tomllib.loads(base.read_text())
+    edit(doc)
+    f = tmp_path / "bad.toml"
+    f.write_text(to_toml(doc))
+    return f
+
+
+def no_leftovers(d: Path, allowed: set[str]) -> None:
+    extra = {p.name for p in d.iterdir()} - allowed
+    assert not extra, extra
+
+
+# ----------------------------------------------------------------------------- one test per category
+
+def test_files_that_are_not_utf8(tmp_path, capsys):
+    bad = tmp_path / "x.toml"
+    bad.write_bytes(b"\xff\xfe name = 1")
+    refused(capsys, ["simulate", bad], str(bad), "UTF-8")
+    hf = tmp_path / "config.json"
+    hf.write_bytes(b"\xff\xfe{}")
+    refused(capsys, ["plan", "--model", hf, "--hardware", "dgx-h100", "--gpus", "8", "--global-batch", "8",
+                     "--seq-len", "128"], str(hf), "UTF-8")
+    refused(capsys, ["plan", "--model", "llama3-8b", "--hardware", bad, "--gpus", "8", "--global-batch", "8",
+                     "--seq-len", "128"], str(bad), "UTF-8")
+    refused(capsys, ["compare", bad, "--out", tmp_path / "o"], str(bad), "UTF-8")
+    refused(capsys, ["import", "torchtitan", bad], str(bad), "UTF-8")
+
+
+def test_directories_where_files_go(tmp_path, capsys):
+    d = tmp_path / "dir"
+    d.mkdir()
+    refused(capsys, ["simulate", d], str(d), "directory")
+    refused(capsys, ["compare", d, "--out", tmp_path / "o"], str(d), "directory")
+    refused(capsys, ["plan", "--model", d, "--hardware", "dgx-h100", "--gpus", "8", "--global-batch", "8",
+                     "--seq-len", "128"], str(d))
+    refused(capsys, ["simulate", TINY, "--trace", d], str(d), "directory")
+
+
+@pytest.mark.parametrize("edit,key", [
+    (lambda d: d.update(parallel=5), "parallel"),
+    (lambda d: d.update(parallel=[{"pp": 2}]), "parallel"),
+    (lambda d: d.update(training=[1, 2]), "training"),
+    (lambda d: d.update(name={"a": 1}), "name"),
+    (lambda d: d["model"].update(n_layers=[4]), "model.n_layers"),
+    (lambda d: d["parallel"].update(pp={"a": 1}), "parallel.pp"),
+    (lambda d: d.update(hardware={"x": 1}), "hardware"),
+])
+def test_scalar_or_array_where_a_table_goes_and_the_reverse(tmp_path, capsys, edit, key):
+    f = scenario_with(tmp_path, TINY, edit)
+    refused(capsys, ["simulate", f], str(f), key)
+
+
+@pytest.mark.parametrize("override,key", [
+    ("parallel=5", "parallel"), ("parallel.pp={a=1}", "parallel.pp"), ("parallel.pp=[1,2]", "parallel.pp"),
+    ("name.x=1", "name"), ("training.global_batch=nan", "training.global_batch"),
+])
+def test_the_same_through_set(capsys, override, key):
+    refused(capsys, ["simulate", TINY, "--set", override], key)
+
+
+@pytest.mark.parametrize("key,value", [
+    ("forward_s", math.nan), ("forward_s", math.inf), ("forward_s", -0.01), ("p2p_s", math.nan),
+    ("p2p_s", math.inf), ("backward_input_s", [0.01] * 3), ("all", 0.0),
+])
+def test_measured_costs_nan_inf_negative_or_all_zero(tmp_path, capsys, key, value):
+    def edit(d):
+        if key == "all":
+            d["costs"] = {k: 0.0 for k in d["costs"]}
+        else:
+            d["costs"][key] = value
+    f = scenario_with(tmp_path, ZB, edit)
+    refused(capsys, ["simulate", f], str(f), "costs.")
+
+
+@pytest.mark.parametrize("key,value", [("zipf_s", math.nan), ("zipf_s", math.inf), ("lognormal_sigma", math.nan),
+                                       ("lognormal_sigma", -math.inf), ("histogram", [1.0, math.nan])])
+def test_routing_parameters_nan_or_inf(tmp_path, capsys, key, value):
+    def edit(d):
+        d["moe"][key] = value
+        d["moe"]["routing"] = {"zipf_s": "zipf", "lognormal_sigma": "lognormal", "histogram": "histogram"}[key]
+    f = scenario_with(tmp_path, MOE, edit)
+    refused(capsys, ["simulate", f], str(f), f"moe.{key}")
+
+
+@pytest.mark.parametrize("key,value", [
+    ("hidden_size", "big"), ("hidden_size", 64.5), ("hidden_size", True), ("hidden_size", {"a": {"b": [1]}}),
+    ("num_hidden_layers", -4), ("num_attention_heads", None), ("vocab_size", [1024]),
+])
+def test_malformed_hf_config_values(tmp_path, capsys, key, value):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({**HF_LLAMA, key: value}))
+    refused(capsys, ["plan", "--model", cfg, "--hardware", "dgx-h100", "--gpus", "8", "--global-batch", "8",
+                     "--seq-len", "128", "--workers", "1"], str(cfg))
+
+
+def test_hf_config_nested_too_deeply(tmp_path, capsys):
+    cfg = tmp_path / "config.json"
+    cfg.write_text("[" * 100000 + "]" * 100000)
+    refused(capsys, ["plan", "--model", cfg, "--hardware", "dgx-h100", "--gpus", "8", "--global-batch", "8",
+                     "--seq-len", "128"], str(cfg))
+
+
+PLAN = ["plan", "--model", "llama3-8b", "--hardware", "dgx-h100", "--seq-len", "128"]
+
+
+@pytest.mark.parametrize("option", ["--gpus", "--global-batch", "--tokens", "--seq-len", "--top", "--confirm",
+                                    "--max-cp", "--workers", "--train-tokens", "--connect-timeout"])
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
+def test_plan_numeric_options_zero_negative_nan_inf(capsys, option, value):
+    base = {"--gpus": "8", "--global-batch": "8", "--seq-len": "128"}
+    base[option] = value
+    argv = ["plan", "--model", "llama3-8b", "--hardware", "dgx-h100"] + [x for kv in base.items() for x in kv]
+    refused(capsys, argv, option)
+
+
+@pytest.mark.parametrize("option,value", [("--microbatch-sizes", "0"), ("--microbatch-sizes", "-4"),
+                                          ("--zero", "5"), ("--max-tp", "-1")])
+def test_plan_list_options(capsys, option, value):
+    refused(capsys, PLAN + ["--gpus", "8", "--global-batch", "8", option, value], option)
+
+
+@pytest.mark.parametrize("sweep,key", [("parallel.pp=0,2", "parallel.pp"), ("parallel.pp={a=1}", "parallel.pp"),
+                                       ("training.global_batch=-8", "training.global_batch"),
+                                       ("parallel.tp=[2]", "parallel.tp")])
+def test_sweep_values_zero_or_tables(tmp_path, capsys, sweep, key):
+    refused(capsys, ["compare", TINY, "--sweep", sweep, "--out", tmp_path / "o"], key)
+    assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
+
+
+@pytest.mark.parametrize("what", ["unwritable", "a_file", "a_directory", "a_device"])
+def test_output_paths_unwritable_file_directory_or_device(tmp_path, capsys, what):
+    (tmp_path / "f").write_text("x")
+    target = {"unwritable": tmp_path / "f" / "sub" / "t.json", "a_file": tmp_path / "f",
+              "a_directory": tmp_path, "a_device": Path("/dev/null")}[what]
+    if what == "a_file":  # a file where a report directory goes
+        refused(capsys, ["simulate", TINY, "--out", target], str(target))
+        refused(capsys, ["compare", TINY, "--out", target], str(target))
+    elif what == "a_device":  # a device is written through, not replaced; as a directory it is refused
+        assert main(["simulate", str(TINY), "--trace", str(target)]) == 0
+        capsys.readouterr()
+        refused(capsys, ["simulate", TINY, "--out", target], str(target))
+    else:
+        refused(capsys, ["simulate", TINY, "--trace", target], str(target), "cannot write")
+    no_leftovers(tmp_path, {"f"})
+
+
+def test_v100_with_the_default_bf16_names_training_precision(tmp_path, capsys):
+    f = scenario_with(tmp_path, TINY, lambda d: (d.update(hardware="dgx2-v100"), d["training"].pop("precision")))
+    line = refused(capsys, ["simulate", f], str(f), "training.precision", "bf16")
+    assert "fp16" in line  # what it does have
+    refused(capsys, PLAN + ["--gpus", "16", "--global-batch", "16", "--hardware", "dgx2-v100"], "--precision")
+
+
+# ----------------------------------------------------------------------------- property-based
+
+BAD_SCALARS = st.sampled_from([math.nan, math.inf, -math.inf, -1, -7.5, "x", True, [1], {"a": 1}, [[{"b": [1]}]]])
+POSITIVE_KEYS = [("model", "n_layers"), ("model", "d_model"), ("model", "n_heads"), ("model", "d_ff"),
+                 ("model", "vocab_size"), ("training", "global_batch"), ("training", "microbatch_size"),
+                 ("training", "seq_len"), ("parallel", "pp"), (None, "gpus")]
+SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@SETTINGS
+@given(where=st.sampled_from(POSITIVE_KEYS), value=BAD_SCALARS | st.sampled_from([0]))
+def test_generated_malformed_scenarios_are_refused(tmp_path, capsys, where, value):
+    section, key = where
+
+    def edit(d):
+        (d if section is None else d[section])[key] = value
+    f = scenario_with(tmp_path, TINY, edit)
+    refused(capsys, ["simulate", f], str(f), key if section is None else f"{section}.{key}")
+
+
+@SETTINGS
+@given(section=st.sampled_from(["model", "training", "parallel", "schedule", "overlap", "simulation"]),
+       value=st.sampled_from([1, "x", 2.5, True, [1, 2], [{"a": 1}]]))
+def test_generated_scalars_where_tables_go(tmp_path, capsys, section, value):
+    f = scenario_with(tmp_path, TINY, lambda d: d.update({section: value}))
+    refused(capsys, ["simulate", f], str(f), section)
+
+
+def _profile_leaves() -> list[tuple[str, str]]:
+    doc = tomllib.loads(PROFILE.read_text())
+    return [(s, k) for s, t in doc.items() if isinstance(t, dict) for k, v in t.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)]
+
+
+@SETTINGS
+@given(leaf=st.sampled_from(_profile_leaves()),
+       value=st.sampled_from([math.nan, math.inf, -1, -0.5, "fast", [1.0], {"a": 1}, True]))
+def test_generated_malformed_profiles_are_refused(tmp_path, capsys, leaf, value):
+    section, key = leaf
+    doc = tomllib.loads(PROFILE.read_text())
+    doc[section][key] = value
+    prof = tmp_path / "prof.toml"
+    prof.write_text(to_toml(doc))
+    f = scenario_with(tmp_path, TINY, lambda d: d.update(hardware=str(prof)))
+    refused(capsys, ["simulate", f], "prof.toml", key)
+
+
+@SETTINGS
+@given(key=st.sampled_from(["hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                            "intermediate_size", "vocab_size"]),
+       value=st.sampled_from([math.nan, -8, 0, 12.5, "256", True, None, [256], {"a": {"b": {"c": 1}}}]))
+def test_generated_malformed_hf_configs_are_refused(tmp_path, capsys, key, value):
+    assume(not (key == "num_key_value_heads" and value is None))  # transformers: null = num_attention_heads
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({**HF_LLAMA, key: value}))
+    f = scenario_with(tmp_path, TINY, lambda d: d.update(model={"hf_config": str(cfg)}))
+    refused(capsys, ["simulate", f], "config.json")
+
+
+# ----------------------------------------------------------------------------- interrupts, dask, no tracebacks
+
+def test_ctrl_c_is_one_line_and_exit_130(tmp_path):
+    p = subprocess.Popen([sys.executable, "-m", "parsim", "plan", "--model", "llama3-70b", "--hardware", "dgx-h100",
+                          "--gpus", "4096", "--global-batch", "2048", "--seq-len", "8192", "--workers", "2"],
+                         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(4)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    lines = [ln for ln in err.splitlines() if ln.strip() and "\r" not in ln]
+    assert lines == ["parsim: interrupted"], err
+    assert not list(tmp_path.iterdir())
+
+
+def test_unreachable_dask_scheduler_is_one_line_within_the_timeout(monkeypatch, capsys):
+    """dask is an optional extra; a stand-in Client behaves as dask's does when nothing answers
+    (waits ``timeout`` seconds, then OSError): the CLI must pass the user's timeout and say so in one line."""
+    seen = {}
+
+    class Client:
+        def __init__(self, address=None, timeout=None, **kw):
+            seen["timeout"] = timeout
+            time.sleep(min(timeout, 0.2))
+            raise OSError(f"Timed out trying to connect to {address} after {timeout} s")
+    fake = types.ModuleType("dask.distributed")
+    fake.Client, fake.as_completed = Client, None
+    monkeypatch.setitem(sys.modules, "dask", types.ModuleType("dask"))
+    monkeypatch.setitem(sys.modules, "dask.distributed", fake)
+    t = time.perf_counter()
+    line = refused(capsys, PLAN + ["--gpus", "8", "--global-batch", "8", "--executor", "dask", "--scheduler",
+                                   "tcp://127.0.0.1:1", "--connect-timeout", "3", "--workers", "1"], "--scheduler",
+                   "tcp://127.0.0.1:1")
+    assert seen["timeout"] == 3.0 and "3 s" in line
+    assert time.perf_counter() - t < 30
+
+
+BAD_RUNS = {
+    "simulate": ["simulate", "missing.toml"],
+    "schedule": ["schedule", "NoSuchSchedule", "--pp", "2", "--microbatches", "4"],
+    "plan": ["plan", "--model", "llama3-8b", "--hardware", "dgx-h100", "--gpus", "nan", "--seq-len", "1"],
+    "compare": ["compare", "missing.toml", "--out", "o"],
+    "validate": ["validate", "missing.toml"],
+    "calibrate": ["calibrate", "--ranks", "0"],
+    "kernel": ["kernel", "gemm", "0", "1", "1", "--hardware", "dgx-h100"],
+    "import": ["import", "torchtitan", "missing.toml"],
+    "collective": ["collective", "all_reduce", "--size", "-1", "--gpus", "8", "--hardware", "dgx-h100"],
+    "no command": [],
+    "unknown option": ["simulate", str(TINY), "--no-such-option"],
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_RUNS))
+def test_no_subcommand_prints_a_traceback_on_bad_input(tmp_path, name):
+    r = subprocess.run([sys.executable, "-m", "parsim", *BAD_RUNS[name]], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "PARSIM_TRACEBACK": ""})
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not list(tmp_path.iterdir())
