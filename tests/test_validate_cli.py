@@ -23,6 +23,14 @@ AXES = {
 }
 
 
+@pytest.fixture(autouse=True)
+def _slow_only_when_asked(request):
+    """The slow runs here start fresh rank processes for minutes: they run with ``-m slow``
+    (the marker's documented meaning), not in everyone's default suite."""
+    if request.node.get_closest_marker("slow") and "slow" not in (request.config.getoption("-m") or ""):
+        pytest.skip("slow (fresh rank processes): run with -m slow")
+
+
 def _validate(scenario: str, sets: list[str]) -> dict:
     cmd = [sys.executable, "-m", "parsim", "validate", scenario, "--steps", "1", "--warmup", "0", "--repeat", "1",
            "--json"] + [a for s in sets for a in ("--set", s)]

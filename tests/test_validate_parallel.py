@@ -42,6 +42,14 @@ FOUR = {
 }
 
 
+@pytest.fixture(autouse=True)
+def _slow_only_when_asked(request):
+    """The slow runs here start fresh rank processes for minutes: they run with ``-m slow``
+    (the marker's documented meaning), not in everyone's default suite."""
+    if request.node.get_closest_marker("slow") and "slow" not in (request.config.getoption("-m") or ""):
+        pytest.skip("slow (fresh rank processes): run with -m slow")
+
+
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("par2")
