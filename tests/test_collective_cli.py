@@ -73,13 +73,23 @@ def test_busbw_is_algbw_times_the_nccl_tests_factor(kind, hardware, gpus):
 
 
 def test_all_gather_inside_a_node_is_the_ring_closed_form():
-    # (n-1)/n * S/B + (n-1) * a on NVLink (parsim.cluster.collectives docstring; NCCL's ring)
-    hw = load_profile("dgx-h100")
+    # (n-1)/n * S/B + (n-1) * a on NVLink (parsim.cluster.collectives docstring; NCCL's ring);
+    # A100's NVSwitch has no NVLink SHARP, so the ring is what NCCL runs there
+    hw = load_profile("dgx-a100-80g")
     n, s = 8, 2 ** 28
     r = predict(hw, "all_gather", s, n)
     nv = hw.nvlink
     assert r["algorithm"] == "ring"
     assert r["time_s"] == pytest.approx((n - 1) / n * s / nv.effective_bandwidth + (n - 1) * nv.latency_s, rel=1e-12)
+
+
+def test_all_gather_inside_an_h100_node_is_nvls():
+    # NCCL's NVLS all-gather (multimem st, half the NVLS all-reduce's traffic): S / (2 B_nvls) + a
+    hw = load_profile("dgx-h100")
+    n, s = 8, 2 ** 28
+    r = predict(hw, "all_gather", s, n)
+    assert r["algorithm"] == "nvls"
+    assert r["time_s"] == pytest.approx(s / (2 * hw.nvls_bandwidth) + hw.nvlink.latency_s, rel=1e-12)
 
 
 def test_sizes_read_as_nccl_tests_reads_them():

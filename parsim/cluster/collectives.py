@@ -15,15 +15,28 @@ latency a:
   tree (double binary, across nodes) same bandwidth term, latency 2 ceil(log2 n) a (all-reduce),
                         ceil(log2 n) a (broadcast, reduce)
   NVLS all-reduce       S/B_nvls + 2a                  (NVSwitch reduces in the switch)
+  NVLS reduce-scatter   S/(2 B_nvls) + a               (multimem ld_reduce: the all-reduce's first half)
+  NVLS all-gather       S/(2 B_nvls) + a               (multimem st: the all-reduce's second half)
   hierarchical          reduce-scatter inside the node, the collective on S/g across
                         nodes (each local rank on its own rail), all-gather inside the node
 
 On a cluster (:func:`collective_time`) B comes from where the group sits: NVLink port
 bandwidth when the group is inside a node; across nodes, the NICs of a node are shared
 by every group of the same axis that has ranks on that node (all groups of an axis
-communicate at once), and a group spanning leaf switches pays the spine's
-oversubscription. The algorithm is chosen as NCCL's tuner does: the fastest modelled one
-for this size and group.
+communicate at once: with one rank of the group per node, as a DP group beside a node of
+TP ranks, each group gets its rail), and a group spanning leaf switches pays the spine's
+oversubscription. Each step's latency counts the switches a message crosses: one inside
+a leaf domain, three through a spine, five through a core tier (:func:`switch_hops`). The
+algorithm is chosen as NCCL's tuner does: the fastest modelled one for this size and group.
+
+NVLS by kind (:data:`NVLS`): NCCL implements NVLink SHARP for all-reduce, reduce-scatter and
+all-gather (``src/device/all_reduce.h``, ``reduce_scatter.h``, ``all_gather.h``:
+``RunWorkElement<..., NCCL_ALGO_NVLS, NCCL_PROTO_SIMPLE>``, NCCL >= 2.18 on NVSwitch
+systems of Hopper and later); every other kind has none (the reason is stated there).
+
+Gradient buckets (:func:`bucketed_time`): frameworks reduce gradients in buckets (PyTorch
+DDP ``bucket_cap_mb`` = 25 MB; Megatron-core ``bucket_size`` = max(40M, 1M x dp)
+parameters), one collective per bucket, each with its own latency terms.
 """
 from __future__ import annotations
 
@@ -31,6 +44,7 @@ import math
 from dataclasses import dataclass
 
 from parsim.cluster.hardware import HardwareProfile
+from parsim.cluster.precision import PRECISION_TABLE
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "gather", "scatter",
          "all_to_all", "p2p")
@@ -60,6 +74,24 @@ HOPS = {
     "p2p": lambda n: 1,
 }
 TREE_KINDS = {"all_reduce": 2, "broadcast": 1, "reduce": 1}  # latency multiple of ceil(log2 n)
+NVLS: dict[str, tuple[float, int] | str] = {
+    # kind -> (fraction of S / B_nvls each GPU's port carries, latency steps), or why there is none.
+    # The all-reduce is a multimem ld_reduce (reduce-scatter) then a multimem st (all-gather):
+    # each half moves half its traffic, so reduce-scatter and all-gather take S / (2 B_nvls).
+    "all_reduce": (1.0, 2),
+    "reduce_scatter": (0.5, 1),
+    "all_gather": (0.5, 1),
+    "broadcast": "no NVLS kernel in NCCL (ring/tree only)",
+    "reduce": "no NVLS kernel in NCCL (ring/tree only)",
+    "gather": "point-to-point sends to the root; the switch's multicast does not apply",
+    "scatter": "point-to-point sends from the root; the switch's multicast does not apply",
+    "all_to_all": "point-to-point sends between every pair; nothing to reduce or multicast",
+    "p2p": "one send; nothing to reduce or multicast",
+}
+"""NVLink SHARP per collective kind: its cost terms where NCCL has an NVLS algorithm, else why not."""
+SWITCH_RADIX = 64
+"""Ports of a fabric switch (NVIDIA Quantum-2 QM9700: 64 NDR 400 Gb/s ports). A two-tier fat tree of
+radix-k switches reaches k^2/2 endpoints, a three-tier one k^3/4 (Al-Fares et al., SIGCOMM 2008)."""
 # kinds a hierarchical (intra-node, then inter-node) algorithm decomposes
 HIER_KINDS = ("all_reduce", "reduce_scatter", "all_gather")
 
@@ -69,16 +101,18 @@ def alpha_beta_time(kind: str, nbytes: float, n: int, bandwidth: float, latency_
     """Time of collective ``kind`` over n ranks on uniform links (0 for n == 1 or no bytes).
 
     ``algorithm``: "ring" (every kind), "tree" (all-reduce, broadcast, reduce) or "nvls"
-    (all-reduce: ``bandwidth`` is then the NVLS algorithm bandwidth).
+    (all-reduce, reduce-scatter, all-gather: ``bandwidth`` is then the NVLS all-reduce's
+    algorithm bandwidth).
     """
     if kind not in BUSBW_FACTOR:
         raise ValueError(f"unknown collective {kind!r} (known: {', '.join(KINDS)})")
     if (n <= 1 and kind != "p2p") or nbytes <= 0:
         return 0.0
     if algorithm == "nvls":
-        if kind != "all_reduce":
-            raise ValueError("nvls implements all_reduce only")
-        return nbytes / bandwidth + 2 * latency_s
+        terms = NVLS[kind]
+        if isinstance(terms, str):
+            raise ValueError(f"nvls does not implement {kind}: {terms}")
+        return terms[0] * nbytes / bandwidth + terms[1] * latency_s
     beta = BUSBW_FACTOR[kind](n) * nbytes / bandwidth
     if algorithm == "tree":
         if kind not in TREE_KINDS:
@@ -130,17 +164,29 @@ def placement(hw: HardwareProfile, ranks: list[int], concurrent: int | None = No
     return GroupPlacement(len(ranks), len(per), g, leaves, conc)
 
 
-def _nic_share(hw: HardwareProfile, pl: GroupPlacement) -> GroupPath:
+def switch_hops(hw: HardwareProfile, ranks: list[int]) -> int:
+    """Switches a message between the group's farthest ranks crosses: 0 inside a node, 1 inside
+    a leaf domain, 3 (leaf, spine, leaf) inside a two-tier pod of SWITCH_RADIX^2/2 GPUs, 5
+    through a core tier (SWITCH_RADIX^3/4 GPUs), 7 beyond. One NIC port per GPU (rails)."""
+    if len({hw.node_of(r) for r in ranks}) <= 1:
+        return 0
+    for hops, span in ((1, hw.gpus_per_leaf), (3, SWITCH_RADIX ** 2 // 2), (5, SWITCH_RADIX ** 3 // 4)):
+        if len({r // span for r in ranks}) == 1:
+            return hops
+    return 7
+
+
+def _nic_share(hw: HardwareProfile, pl: GroupPlacement, hops: int = 1) -> GroupPath:
     """Per-rank inter-node bandwidth of a flat ring: the node's NICs split over the
-    concurrent groups, each group's ring crossing the node boundary once per channel."""
+    concurrent groups, each group's ring crossing the node boundary once per channel;
+    ``hops``: switches crossed (:func:`switch_hops`), each paid on the way and back."""
     node_bw = hw.nic.effective_bandwidth * hw.nics_per_node
     bw = node_bw / pl.concurrent
     if pl.per_node > 1:
         bw = min(bw, hw.nvlink.effective_bandwidth)
-    hops = 1
     if pl.leaves > 1:
         bw /= max(1.0, hw.spine_oversubscription)
-        hops = 3  # leaf -> spine -> leaf
+        hops = max(hops, 3)  # leaf -> spine -> leaf
     return GroupPath("nic", bw, hw.nic.latency_s + 2 * hops * hw.switch_latency_s)
 
 
@@ -149,7 +195,7 @@ def group_path(hw: HardwareProfile, ranks: list[int], concurrent: int | None = N
     pl = placement(hw, ranks, concurrent)
     if pl.nodes <= 1:
         return GroupPath("nvlink", hw.nvlink.effective_bandwidth, hw.nvlink.latency_s)
-    return _nic_share(hw, pl)
+    return _nic_share(hw, pl, switch_hops(hw, ranks))
 
 
 def algorithm_times(hw: HardwareProfile, kind: str, nbytes: float, ranks: list[int],
@@ -166,14 +212,14 @@ def algorithm_times(hw: HardwareProfile, kind: str, nbytes: float, ranks: list[i
     out = {"ring": alpha_beta_time(kind, nbytes, n, flat.bandwidth, flat.latency_s)}
     if kind in TREE_KINDS and n > 2 and pl.nodes > 1:  # NCCL's trees span nodes
         out["tree"] = alpha_beta_time(kind, nbytes, n, flat.bandwidth, flat.latency_s, "tree")
-    if kind == "all_reduce" and pl.nodes == 1 and hw.nvls_bandwidth > 0 and n == hw.gpus_per_node:
+    if not isinstance(NVLS[kind], str) and pl.nodes == 1 and hw.nvls_bandwidth > 0 and n == hw.gpus_per_node:
         out["nvls"] = alpha_beta_time(kind, nbytes, n, hw.nvls_bandwidth, hw.nvlink.latency_s, "nvls")
     if kind in HIER_KINDS and pl.nodes > 1 and pl.per_node > 1 and n == pl.nodes * pl.per_node:
-        out["hierarchical"] = _hierarchical(hw, kind, nbytes, pl)
+        out["hierarchical"] = _hierarchical(hw, kind, nbytes, pl, switch_hops(hw, ranks))
     return out
 
 
-def _hierarchical(hw: HardwareProfile, kind: str, nbytes: float, pl: GroupPlacement) -> float:
+def _hierarchical(hw: HardwareProfile, kind: str, nbytes: float, pl: GroupPlacement, hops: int = 1) -> float:
     """Intra-node reduce-scatter / all-gather over NVLink + inter-node on S/g per rail."""
     g, k = pl.per_node, pl.nodes
     nv = hw.nvlink
@@ -183,7 +229,7 @@ def _hierarchical(hw: HardwareProfile, kind: str, nbytes: float, pl: GroupPlacem
     # each local rank drives its own rail: one inter-node ring per local rank, NICs shared
     # by the gpus_per_node/g concurrent groups' rails (nics_per_node/gpus_per_node each)
     rail = GroupPlacement(k, k, 1, pl.leaves, pl.concurrent * g)
-    inter = _nic_share(hw, rail)
+    inter = _nic_share(hw, rail, hops)
     return intra + alpha_beta_time(kind, nbytes / g, k, inter.bandwidth, inter.latency_s)
 
 
@@ -210,6 +256,46 @@ def collective_time(hw: HardwareProfile, kind: str, nbytes: float, ranks: list[i
     if len(ranks) <= 1:
         return 0.0
     return select_algorithm(hw, kind, nbytes, ranks, concurrent)[1]
+
+
+def n_buckets(nbytes: float, bucket_bytes: float) -> int:
+    """Buckets a gradient buffer of ``nbytes`` is reduced in (``bucket_bytes`` <= 0: one)."""
+    if nbytes <= 0:
+        return 0
+    if bucket_bytes <= 0:
+        return 1
+    return max(1, math.ceil(nbytes / bucket_bytes))
+
+
+def bucketed_time(hw: HardwareProfile, kind: str, nbytes: float, ranks: list[int], bucket_bytes: float,
+                  concurrent: int | None = None) -> tuple[str, float, int]:
+    """(algorithm, seconds, buckets): ``nbytes`` reduced as equal buckets of at most
+    ``bucket_bytes``, one collective each, back to back (each pays its latency terms; the
+    tuner picks the algorithm for the bucket's size). Equal buckets: a framework fills
+    buckets in parameter order, so sizes differ by at most one layer's gradients."""
+    nb = n_buckets(nbytes, bucket_bytes)
+    if len(ranks) <= 1 or nb == 0:
+        return "ring", 0.0, nb
+    name, t = select_algorithm(hw, kind, nbytes / nb, ranks, concurrent)
+    return name, nb * t, nb
+
+
+def megatron_bucket_params(dp: int) -> float:
+    """Megatron-core's default DDP bucket (``DistributedDataParallelConfig.bucket_size``):
+    max(40M, 1M x dp) parameters, larger for larger dp so that buckets stay bandwidth-bound."""
+    return max(40e6, 1e6 * dp)
+
+
+DDP_BUCKET_BYTES = 25 * 2 ** 20
+"""PyTorch DDP's default ``bucket_cap_mb`` = 25 (MiB)."""
+
+
+def grad_bucket_bytes(bucket_bytes: float, dp: int, precision: str) -> float:
+    """The gradient bucket in bytes: ``bucket_bytes`` (``overlap.bucket_bytes``) when > 0, else
+    Megatron-core's default of max(40M, 1M x dp) parameters of ``precision``'s gradients."""
+    if bucket_bytes > 0:
+        return float(bucket_bytes)
+    return megatron_bucket_params(dp) * PRECISION_TABLE[precision].weight_bytes
 
 
 def bytes_sent_per_rank(kind: str, nbytes: float, n: int) -> float:

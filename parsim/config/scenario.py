@@ -93,6 +93,9 @@ class OverlapConfig:
     """TP collectives pipelined with their GEMMs (--tp-comm-overlap)."""
     ep_comm: bool = False
     """Expert all-to-alls hidden behind another microbatch's compute (DualPipe-style overlap)."""
+    bucket_bytes: int = 0
+    """Gradient bucket of the DP reduction, bytes (PyTorch DDP ``bucket_cap_mb`` = 25 MiB); 0: Megatron-core's
+    default, max(40M, 1M x dp) parameters of gradient. One collective per bucket, each with its latency."""
     prefetch: int = 1
     """ZeRO-3/FSDP units whose parameter all-gather is issued ahead of the unit computing
     (FSDP2's default 1; 0: each unit gathered only when reached, nothing hidden)."""

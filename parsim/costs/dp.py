@@ -9,12 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from parsim.cluster.collectives import bytes_sent_per_rank, parameter_server_time
+from parsim.cluster.collectives import bucketed_time, bytes_sent_per_rank, grad_bucket_bytes, parameter_server_time
 from parsim.config.parallel import ParallelConfig
 from parsim.config.scenario import OverlapConfig
 from parsim.costs.inputs import CachedHash, Cluster, Ranks, rank_groups
 from parsim.costs.layer import cached_collective_time
 from parsim.costs.memory import state_bytes_per_param
+from parsim.model.shapes import layer_gemms
+from parsim.model.spec import ModelSpec, is_moe_layer
 from parsim.schedule.ir import Op
 from parsim.sim.engine import OpCost
 
@@ -35,7 +37,11 @@ class DPSetting(CachedHash):
     precision: str
     """Training precision (weight and gradient bytes)."""
     overlap: OverlapConfig
-    """Whether gradient reduction and the parameter gather overlap with compute."""
+    """Whether gradient reduction and the parameter gather overlap with compute; the gradient bucket."""
+    model: ModelSpec | None = None
+    """The model (Muon's Newton-Schulz runs on its 2-D weights); None: no per-matrix optimizer work."""
+    n_chains: int = 1
+    """Model copies of the schedule (2: DualPipe, Chimera; each stage's gradients are summed with its twin's)."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,8 @@ class DPInputs:
     """Blocks of the stage (gradient buckets; ZeRO-3/FSDP units)."""
     forward_s: float = 0.0
     """The stage's forward (F) seconds for one microbatch: what ZeRO-3's prefetched gathers hide under."""
+    moe_layers: int = 0
+    """Of the stage's blocks, how many are MoE layers (Muon's matrices differ)."""
 
 
 @dataclass(frozen=True)
@@ -71,7 +79,7 @@ class DPOps:
 def dp_ops(inp: DPInputs) -> DPOps:
     """The stage's data-parallel and optimizer ops."""
     reduce_s, grad_bytes, rest = _stage_dp(inp.setting, inp.params, inp.expert_params, inp.n_layers,
-                                           inp.forward_s if inp.setting.parallel.zero == 3 else 0.0)
+                                           inp.forward_s if inp.setting.parallel.zero == 3 else 0.0, inp.moe_layers)
     if reduce_s is None:
         return rest
     t = reduce_s
@@ -93,7 +101,7 @@ def dp_ops(inp: DPInputs) -> DPOps:
 
 @lru_cache(maxsize=65536)
 def _stage_dp(st: DPSetting, params: float, expert_params: float,
-              n_layers: int, forward_s: float = 0.0) -> tuple[float | None, float, DPOps]:
+              n_layers: int, forward_s: float = 0.0, moe_layers: int = 0) -> tuple[float | None, float, DPOps]:
     """(gradient reduction seconds before overlap or None when dp = 1, the gradient bytes,
     the other ops and the bytes of all): what does not depend on the backward's length.
 
@@ -117,15 +125,24 @@ def _stage_dp(st: DPSetting, params: float, expert_params: float,
         if par.dp_comm == "parameter_server":  # push gradients to one rank, pull the update back
             t = parameter_server_time(hw.profile, dense * g, groups.dp)
         else:
-            t = cached_collective_time(hw, kind, dense * g, shard_group)
+            t = _bucketed(hw, kind, dense * g, shard_group, bucket_bytes(st))
         # a parameter server moves what a ring all-reduce moves, on average per rank: 2(n-1)/n
         sent["REDUCE_GRAD"] = bytes_sent_per_rank(kind, dense * g, n_s)
         if len(replicas) > 1:  # HSDP: the shard each rank reduced, all-reduced across replicas
             t += cached_collective_time(hw, "all_reduce", dense * g / n_s, replicas)
             sent["REDUCE_GRAD"] += bytes_sent_per_rank("all_reduce", dense * g / n_s, len(replicas))
         if expert:  # expert gradients reduce over the expert-data-parallel ranks
-            t += cached_collective_time(hw, kind, expert * g, groups.edp)
+            t += _bucketed(hw, kind, expert * g, groups.edp, bucket_bytes(st))
             sent["REDUCE_GRAD"] += bytes_sent_per_rank(kind, expert * g, len(groups.edp))
+    if st.n_chains == 2:
+        # DualPipe / Chimera: the stage's twin (the same layers, on pipeline rank p-1-r) sums
+        # gradients with it every step (DeepSeek's reference all-reduces across ranks r and
+        # p-1-r); after the dp reduction each rank holds its shard, all-reduced with the twin's
+        twin = Ranks((groups.dp[0], groups.dp[0] + groups.pipeline[-1] - groups.pipeline[0]))
+        sharded = par.zero >= 1 and par.dp > 1
+        twin_bytes = g * (dense / (n_s if sharded else 1) + expert / (len(groups.edp) if sharded else 1))
+        t = (t or 0.0) + _bucketed(hw, "all_reduce", twin_bytes, twin, bucket_bytes(st))
+        sent["REDUCE_GRAD"] = sent.get("REDUCE_GRAD", 0.0) + bytes_sent_per_rank("all_reduce", twin_bytes, 2)
     shard = dense / (n_s if par.zero >= 1 else 1)
     shard += expert / (len(groups.edp) if par.zero >= 1 else 1)
     step_bytes = shard * (2 * k + g + w)  # read+write optimizer state, read grads, write weights
@@ -137,7 +154,8 @@ def _stage_dp(st: DPSetting, params: float, expert_params: float,
         sent[PARAM_GATHER] = bytes_sent_per_rank("all_gather", then_bytes, n_s)
         if not st.overlap.param_gather:
             then = cached_collective_time(hw, "all_gather", then_bytes, shard_group)
-    ops[Op.STEP] = OpCost(hw.profile.device.memory_time(step_bytes), then_comm_s=then, then_comm_bytes=then_bytes)
+    update_s = hw.profile.device.memory_time(step_bytes) + newton_schulz_s(st, n_layers, moe_layers)
+    ops[Op.STEP] = OpCost(update_s, then_comm_s=then, then_comm_bytes=then_bytes)
     if par.zero == 3 and par.dp > 1 and n_s > 1:
         gathered = params * w
         gather = cached_collective_time(hw, "all_gather", gathered, shard_group)
@@ -148,6 +166,55 @@ def _stage_dp(st: DPSetting, params: float, expert_params: float,
         sent["UNSHARD"] = bytes_sent_per_rank("all_gather", gathered, n_s)
     return t, params * g, DPOps(ops, sent)
 
+
+def bucket_bytes(st: DPSetting) -> float:
+    """The gradient bucket in bytes (``parsim.cluster.collectives.grad_bucket_bytes``)."""
+    return grad_bucket_bytes(st.overlap.bucket_bytes, st.parallel.dp, st.precision)
+
+
+@lru_cache(maxsize=65536)
+def _bucketed(hw: Cluster, kind: str, nbytes: float, group: Ranks, bucket: float) -> float:
+    """``bucketed_time``'s seconds, memoised (placement walks every rank)."""
+    return bucketed_time(hw.profile, kind, nbytes, list(group), bucket)[1]
+
+
+NS_ITERATIONS = 5
+"""Newton-Schulz iterations of Muon's orthogonalisation (Keller Jordan's reference: ``steps=5``)."""
+
+
+def newton_schulz_matrices(model: ModelSpec, moe: bool, tp: int, ep: int) -> list[tuple[int, int, float]]:
+    """(rows a, columns b, count) of the 2-D weights of one block on one GPU, a <= b: the TP
+    shards of its matrices (Megatron's sharding), routed experts split over ``ep``. The
+    embedding and the LM head are updated by AdamW in Muon's recipe, not orthogonalised."""
+    layer = next(i for i in range(model.n_layers) if is_moe_layer(model, i) == moe)
+    out = []
+    for gm in layer_gemms(model, 1, tp, layer):
+        count = gm.count / ep if gm.name.startswith("expert_") else gm.count
+        out.append((min(gm.n, gm.k), max(gm.n, gm.k), count))
+    return out
+
+
+def newton_schulz_flops(a: int, b: int) -> float:
+    """FLOPs of one quintic Newton-Schulz iteration on an a x b matrix (a <= b):
+    A = X X^T (2a^2 b), B = c1 A + c2 A A (2a^3), X' = c0 X + B X (2a^2 b)."""
+    return 4.0 * a * a * b + 2.0 * a ** 3
+
+
+def newton_schulz_s(st: DPSetting, n_layers: int, moe_layers: int) -> float:
+    """Seconds of Muon's orthogonalisation of the stage's matrices, as GEMMs (0 for other
+    optimizers). Every DP rank orthogonalises its TP-local matrices whole (Moonlight's
+    distributed Muon gathers the shard's matrix, computes, keeps its part)."""
+    if st.optimizer != "muon" or st.model is None or n_layers <= 0:
+        return 0.0
+    dev, par = st.cluster.profile.device, st.parallel
+    t = 0.0
+    for moe, layers in ((False, n_layers - moe_layers), (True, moe_layers)):
+        if layers <= 0:
+            continue
+        for a, b, count in newton_schulz_matrices(st.model, moe, par.tp, par.ep):
+            one = dev.gemm_time(a, a, b) + dev.gemm_time(a, a, a) + dev.gemm_time(a, b, a)
+            t += layers * count * NS_ITERATIONS * one
+    return t
 
 
 UNIT_KIND = "param_units"
@@ -180,3 +247,4 @@ def unit_buffers(par: ParallelConfig, prefetch: int, gathered: float, n_units: i
 def clear_caches() -> None:
     """Empty this module's caches (a cold start)."""
     _stage_dp.cache_clear()
+    _bucketed.cache_clear()

@@ -81,7 +81,8 @@ class ModelCosts:
         if mc is None:  # equal stages share one StageCost and one DPOps
             shared = [stage_cost(self.layer_inputs, sh) for sh in layout.shapes]
             tr = inputs.training
-            setting = DPSetting(inputs.cluster, par, tr.optimizer, tr.precision, inputs.overlap)
+            setting = DPSetting(inputs.cluster, par, tr.optimizer, tr.precision, inputs.overlap,
+                                inputs.model, self.traits.n_chains)
             dp = [self._dp_of(setting, st) for st in shared]
             costs = [shared[i] for i in layout.shape_of]
             self.dp_ops: tuple[DPOps | None, ...] = tuple(dp[i] for i in layout.shape_of)
@@ -103,7 +104,7 @@ class ModelCosts:
 
     def _dp_of(self, setting: DPSetting, st: StageCost) -> DPOps:
         return dp_ops(DPInputs(setting, st.params, st.expert_params, st.parts[Op.B].total, st.n_layers,
-                               st.parts[Op.F].total))
+                               st.parts[Op.F].total, moe_layers=st.moe_layers))
 
     # ---- CostTable protocol (the engine's questions) -------------------------
     def stage_ops(self, stage: int) -> dict[Op, OpCost]:

@@ -15,7 +15,8 @@ Definitions (what every number means):
 * breakdown: the mean pipeline rank's step time split into compute, recompute,
   tp/cp/ep communication inside ops, optimizer, exposed dp and pp communication and the
   pure pipeline bubble (``parsim.results.timeline``). The parts add up to step_time_s.
-* mfu / hfu: ``parsim.results.throughput``; bytes by axis: ``parsim.results.comm``.
+* mfu / hfu: ``parsim.results.throughput`` (MoE: routed, not dropped, assignments; hfu:
+  selective recompute's FLOPs too); bytes by axis: ``parsim.results.comm``.
 """
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ def metrics(sc: Scenario, schedule: Schedule, tables: CostTables, tl: pd.DataFra
         "recompute": tr.recompute,
         "params": total_params(m),
         "step_time_s": T,
-        **throughput(sc, T, hw_flops, pp),
+        **throughput(sc, T, hw_flops, pp, tables.moe.dropped_fraction if tables.moe is not None else 0.0),
         "bubble_fraction": float(np.mean([s["bubble_fraction"] for s in stages_out])) if stages_out else 0.0,
         "idle_fraction": float(np.mean([s["idle_fraction"] for s in stages_out])) if stages_out else 0.0,
         "exposed_comm_s": float(sum(axis_comm.values())),

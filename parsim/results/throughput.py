@@ -1,27 +1,56 @@
 """Throughput from the step time: tokens/s, model TFLOP/s per GPU, MFU, HFU, Megatron's TFLOP/s.
 
 * mfu: model FLOPs (3 x forward of all layers and the LM head, full s^2 attention, no
-  recompute) per GPU per second / peak; hfu counts what runs, recompute included.
+  recompute) per GPU per second / peak. MoE layers count the expert FLOPs of the routed
+  assignments an expert computes: those dropped over capacity are not the model's work
+  (a capacity factor of 0.5 must not show a higher MFU than 1.25 for doing less).
+* hfu: the FLOPs the GPUs executed (recompute included: full recompute's forward rerun in
+  the cost tables, selective recompute's attention core here) per GPU per second / peak.
 """
 from __future__ import annotations
 
 from parsim.config.scenario import Scenario
 from parsim.model import megatron_flops_per_step, model_flops_per_step
+from parsim.model.shapes import attention_core_flops
+from parsim.model.spec import ModelSpec
 
 
-def throughput(sc: Scenario, T: float, hw_flops_per_gpu: float, pp: int) -> dict[str, float]:
+def dropped_expert_flops(m: ModelSpec, tokens: float, dropped_fraction: float) -> float:
+    """Model FLOPs (3 passes) of the routed expert assignments dropped over capacity in one step:
+    each of tokens x top_k assignments of an MoE layer multiplies ffn_matrices x d_model x d_ff_expert weights."""
+    if not m.is_moe or dropped_fraction <= 0:
+        return 0.0
+    per_assignment = 2.0 * m.ffn_matrices * m.d_model * m.d_ff_expert_
+    return 3.0 * dropped_fraction * tokens * m.top_k * m.n_moe_layers * per_assignment
+
+
+def selective_recompute_flops(sc: Scenario) -> float:
+    """FLOPs selective recompute reruns in one step on all GPUs: the unfused attention core's
+    forward of every block and microbatch (with FlashAttention the scores are recomputed inside
+    its backward anyway: nothing extra, as ``parsim.costs.layer.selective_recompute_time`` times it)."""
+    tr, m = sc.training, sc.model
+    if tr.recompute != "selective" or tr.flash_attention:
+        return 0.0
+    sequences = sc.tokens_per_step / tr.seq_len
+    return sum(attention_core_flops(m, sequences, tr.seq_len, layer_index=i) for i in range(m.n_layers))
+
+
+def throughput(sc: Scenario, T: float, hw_flops_per_gpu: float, pp: int,
+               dropped_fraction: float = 0.0) -> dict[str, float]:
     """``tokens_per_s``, ``tflops_per_gpu``, ``mfu``, ``hfu``, ``megatron_tflops_per_gpu`` of a step of ``T`` s;
-    ``hw_flops_per_gpu``: FLOPs the pipeline ranks executed, summed over the ``pp`` ranks."""
+    ``hw_flops_per_gpu``: FLOPs the pipeline ranks executed, summed over the ``pp`` ranks;
+    ``dropped_fraction``: of the MoE assignments, those dropped over capacity."""
     tr, m = sc.training, sc.model
     tokens, world = sc.tokens_per_step, sc.parallel.world_size
-    model_flops = model_flops_per_step(m, tokens, tr.seq_len)
+    model_flops = model_flops_per_step(m, tokens, tr.seq_len) - dropped_expert_flops(m, tokens, dropped_fraction)
     tflops = model_flops / T / world / 1e12 if T > 0 else 0.0
     peak_flops = sc.hardware.device.peak(tr.precision)
     meg = megatron_flops_per_step(m, tr.global_batch, tr.seq_len, recompute=tr.recompute == "full")
+    hw = hw_flops_per_gpu / pp + selective_recompute_flops(sc) / world
     return {
         "tokens_per_s": tokens / T if T > 0 else 0.0,
         "tflops_per_gpu": tflops,
         "mfu": tflops * 1e12 / peak_flops,
-        "hfu": (hw_flops_per_gpu / pp) * (1.0) / T / peak_flops if T > 0 else 0.0,
+        "hfu": hw / T / peak_flops if T > 0 else 0.0,
         "megatron_tflops_per_gpu": meg / T / world / 1e12 if T > 0 else 0.0,
     }

@@ -18,9 +18,13 @@ formula; the latency term (alpha) is the formula's own, paid once the flows are 
 * hierarchical: intra-node ring (reduce-scatter) over NVLink, then one inter-node ring
   per local rank on S/g bytes, each on that rank's own rail (NIC), then an intra-node
   all-gather: the three terms of fast mode's formula, as three phases.
-* NVLS (all-reduce in the NVSwitch): each GPU's port carries S through the switch at the
-  NVLS algorithm bandwidth; its flow is sized (S x port bandwidth / NVLS bandwidth) so
-  that alone it holds the port for S / B_nvls, as the formula says.
+* NVLS (all-reduce, reduce-scatter, all-gather in the NVSwitch): each GPU's port carries
+  f x S through the switch at the NVLS algorithm bandwidth (f = 1 for all-reduce, 1/2 for
+  its halves, ``parsim.cluster.collectives.NVLS``); its flow is sized (f x S x port
+  bandwidth / NVLS bandwidth) so that alone it holds the port for f x S / B_nvls.
+* buckets (``n_buckets`` > 1, gradient reduction): the algorithm is the one picked for one
+  bucket; the flows carry all buckets' bytes (the bandwidth term is linear in bytes) and
+  the latency term is paid once per bucket, as fast mode's :func:`bucketed_time` sums it.
 * parameter server (``parallel.dp_comm``): every worker pushes S to the group's first
   rank, then pulls S back from it.
 
@@ -36,6 +40,7 @@ from functools import lru_cache
 
 from parsim.cluster.collectives import (
     BUSBW_FACTOR,
+    NVLS,
     alpha_beta_time,
     group_path,
     parameter_server_time,
@@ -119,6 +124,14 @@ def _hierarchical(hw: HardwareProfile, kind: str, nbytes: float, ranks: list[int
     return tuple(phases)
 
 
+def _bucketed(plan: CollectivePlan, nb: int) -> CollectivePlan:
+    """``plan`` (of one bucket) for ``nb`` buckets: flows x nb bytes, latency x nb."""
+    if nb == 1:
+        return plan
+    phases = tuple(Phase(tuple((a, b, x * nb) for a, b, x in ph.flows), ph.latency_s * nb) for ph in plan.phases)
+    return CollectivePlan(plan.algorithm, phases, plan.time_s * nb)
+
+
 @lru_cache(maxsize=4096)
 def _plan(hw: HardwareProfile, kind: str, nbytes: float, ranks: tuple[int, ...]) -> CollectivePlan:
     group = list(ranks)
@@ -128,7 +141,7 @@ def _plan(hw: HardwareProfile, kind: str, nbytes: float, ranks: tuple[int, ...])
     if algorithm == "hierarchical":
         return CollectivePlan(algorithm, _hierarchical(hw, kind, nbytes, group), t)
     if algorithm == "nvls":
-        scale = hw.nvlink.effective_bandwidth / hw.nvls_bandwidth
+        scale = NVLS[kind][0] * hw.nvlink.effective_bandwidth / hw.nvls_bandwidth
         flows = tuple((a, group[(i + 1) % len(group)], nbytes * scale) for i, a in enumerate(group))
         return CollectivePlan(algorithm, (Phase(flows, _no_latency(kind, nbytes, len(group),
                                                                     hw.nvlink.latency_s, "nvls")),), t)
@@ -138,9 +151,12 @@ def _plan(hw: HardwareProfile, kind: str, nbytes: float, ranks: tuple[int, ...])
                                                                algorithm)),), t)
 
 
-def plan_collective(hw: HardwareProfile, kind: str, nbytes: float, ranks: list[int]) -> CollectivePlan:
-    """``kind`` of ``nbytes`` (nccl-tests' S) over ``ranks`` (global GPU ids), as phases of flows."""
-    return _plan(hw, kind, float(nbytes), tuple(ranks))
+def plan_collective(hw: HardwareProfile, kind: str, nbytes: float, ranks: list[int],
+                    n_buckets: int = 1) -> CollectivePlan:
+    """``kind`` of ``nbytes`` (nccl-tests' S) over ``ranks`` (global GPU ids), as phases of
+    flows; ``n_buckets``: in that many equal buckets, one collective each."""
+    nb = max(1, n_buckets)
+    return _bucketed(_plan(hw, kind, float(nbytes) / nb, tuple(ranks)), nb)
 
 
 def plan_parameter_server(hw: HardwareProfile, nbytes: float, ranks: list[int]) -> CollectivePlan:

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 import simpy
 
+from parsim.cluster.collectives import grad_bucket_bytes, n_buckets
 from parsim.schedule.coverage import Coverage
 from parsim.schedule.ir import Op, Schedule
 from parsim.schedule.passes import last_backward, last_backward_per_microbatch
@@ -124,6 +125,13 @@ class _Job:
             self.env.process(self._run(kind, nbytes, scale, rank, reps, done))
         return done
 
+    def _buckets(self, kind: str, nbytes: float) -> int:
+        """Gradient reductions (the only all-reduces and reduce-scatters here) run in fast mode's buckets."""
+        if kind not in ("all_reduce", "reduce_scatter"):
+            return 1
+        sc = self.sc
+        return n_buckets(nbytes, grad_bucket_bytes(sc.overlap.bucket_bytes, sc.parallel.dp, sc.training.precision))
+
     def _run(self, kind, nbytes, scale, rank, reps, done):
         """The collective's phases for every TP rank's group at once (fast mode's concurrent groups)."""
         hw = self.sc.hardware
@@ -131,7 +139,7 @@ class _Job:
         for i in range(self.lanes):
             ranks = [self.gpus(j, rank)[i] for j in reps]
             plans.append(plan_parameter_server(hw, nbytes, ranks) if kind == "parameter_server"
-                         else plan_collective(hw, kind, nbytes, ranks))
+                         else plan_collective(hw, kind, nbytes, ranks, self._buckets(kind, nbytes)))
         for k in range(len(plans[0].phases)):
             phases = [p.phases[k] for p in plans]
             ev, _ = self.flows([f for ph in phases for f in ph.flows], scale)
