@@ -83,19 +83,26 @@ def dp_ops(inp: DPInputs) -> DPOps:
     if reduce_s is None:
         return rest
     t = reduce_s
+    par = inp.setting.parallel
+    un = rest.ops.get(Op.UNSHARD)  # the part of ZeRO-3's re-gather still running once the backward starts
+    regather = un.duration_s - (un.wait_s or 0.0) if un is not None and par.reshard_after_forward else 0.0
     if inp.setting.overlap.grad_reduce and inp.n_layers:
         # buckets of later layers reduce while earlier layers still run backward -- on the
         # dp stream, which ZeRO-3's re-gather for that backward occupies first
         n = inp.n_layers
-        un = rest.ops.get(Op.UNSHARD)  # the part of it still running once the backward starts
-        regather = un.duration_s - (un.wait_s or 0.0) if un is not None and \
-            inp.setting.parallel.reshard_after_forward else 0.0
         t = max(t - max(0.0, inp.backward_s - regather) * (n - 1) / n, t / n)
-    par = inp.setting.parallel
     if par.grad_per_microbatch:
-        # per microbatch the dp stream carries the whole reduction, its buckets starting under
-        # the backward (lead_s before it ends): when reductions outlast the backwards they queue
-        return DPOps({Op.REDUCE_GRAD: OpCost(reduce_s, bytes=grad_bytes, lead_s=reduce_s - t), **rest.ops}, rest.sent)
+        # per microbatch the dp stream carries the whole reduction: its first bucket may start
+        # once the re-gather is done and the first block's backward has run (lead_s before the
+        # backward ends), its last bucket once the backward ends (tail_s): reductions that
+        # outlast the backwards queue on the stream
+        lead, tail = 0.0, 0.0
+        if inp.setting.overlap.grad_reduce and inp.n_layers:
+            n = inp.n_layers
+            lead = max(0.0, inp.backward_s - max(regather, inp.backward_s / n))
+            tail = reduce_s / n
+        return DPOps({Op.REDUCE_GRAD: OpCost(reduce_s, bytes=grad_bytes, lead_s=lead, tail_s=tail), **rest.ops},
+                     rest.sent)
     return DPOps({Op.REDUCE_GRAD: OpCost(t, bytes=grad_bytes), **rest.ops}, rest.sent)
 
 

@@ -305,7 +305,7 @@ def dp_summary(costs: ModelCosts, pp: int) -> DPSummary:
             tl += step.duration_s + step.then_comm_s
             rg = ops.get(Op.REDUCE_GRAD, _NO_OP)
             red = rg.duration_s
-            rl = max(rl, red - rg.lead_s)  # what outlasts the backward
+            rl = max(rl, red - rg.lead_s, rg.tail_s)  # what outlasts the backward
             un = ops.get(Op.UNSHARD, _NO_OP)
             other += un.stash_bytes
             wt += gathers * (un.duration_s if un.wait_s is None else un.wait_s)

@@ -65,6 +65,8 @@ class OpCost:
     lead_s: float = 0.0
     """REDUCE_GRAD per microbatch: how long before it is issued (the end of its backward) its
     first buckets may start on the dp stream (the part of the backward it hides under)."""
+    tail_s: float = 0.0
+    """REDUCE_GRAD per microbatch: what of it runs after its backward ends at least (the last bucket)."""
     wait_s: float | None = None
     """UNSHARD: the part of ``duration_s`` its stage's compute waits for (ZeRO-3/FSDP's
     prefetched per-unit gathers hide the rest under that compute); None: all of it."""
@@ -247,6 +249,8 @@ def _rank_process(rank, actions, costs, link_of, box, out, nbr, s2r):
         if op is Op.REDUCE_GRAD or op is Op.UNSHARD:
             start = t - c.lead_s if t - c.lead_s > dp_free else dp_free
             dp_free = start + c.duration_s
+            if c.tail_s and dp_free < t + c.tail_s:  # the last bucket is ready when the backward ends
+                dp_free = t + c.tail_s
             if op is Op.REDUCE_GRAD:
                 reduce_done[stage] = dp_free
             else:
