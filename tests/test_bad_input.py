@@ -63,7 +63,10 @@ def to_toml(doc: dict) -> str:
 
 def refused(capsys, argv: list[str], *names: str) -> str:
     """Run the CLI in-process; assert exit 2 and one stderr line that names every ``names``."""
-    rc = main([str(a) for a in argv])
+    try:
+        rc = main([str(a) for a in argv])
+    except SystemExit as e:  # argparse's usage errors (option types) exit from the parser
+        rc = e.code
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
     assert rc == 2, (rc, err)

@@ -159,12 +159,9 @@ def _one_line(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)  # --help and usage errors: SystemExit (0, or 2 after one line)
     try:
-        parser = build_parser()
-        args = parser.parse_args(argv)
         return args.func(args)
-    except SystemExit as e:  # argparse: --help (0) and its one-line usage errors (2)
-        return e.code if isinstance(e.code, int) else EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("parsim: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
