@@ -18,8 +18,8 @@ from helpers import scenario
 from parsim.config.scenario import SimulationConfig
 from parsim.costs.model_costs import ModelCosts
 from parsim.scenario import load_scenario
-from parsim.simulate import schedule_for, simulate
 from parsim.sim.fullsim import run_full
+from parsim.simulate import schedule_for, simulate
 
 L70 = "scenarios/llama3-70b-h100.toml"
 FULL = ["simulation.mode=full"]

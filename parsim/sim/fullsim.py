@@ -65,8 +65,7 @@ class _Job:
         # the TP ranks of a process send identical flows on symmetric links: simulate the
         # first one on the quotient network where it stands for all (Topology.block_capacity)
         cap = self.topo.block_capacity(par.tp) if lump and par.stride("tp") == 1 else None
-        self.lanes = par.tp if cap is None else 1
-        """TP ranks whose flows are simulated: every one, or the first standing for all."""
+        self.lanes = par.tp if cap is None else 1  # TP ranks whose flows run: all, or the first for all
         self.net = FlowNetwork(self.env, self.topo.capacity if cap is None else cap)
         self.out = RawTimeline()
         self.arrival: dict[tuple, simpy.Event] = {}

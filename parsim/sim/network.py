@@ -35,7 +35,6 @@ import simpy
 
 from parsim.cluster.hardware import HardwareProfile
 
-
 _KINDS = ("nv_up", "nv_down", "nic_up", "nic_down", "leaf_up", "leaf_down")
 
 
