@@ -98,8 +98,9 @@ def test_groups_by_hand():
 def test_routing_keeps_first_choices_before_second_and_drops_over_capacity():
     """4 tokens, 2 experts, top-1 then top-2, capacity ceil(0.5 * 4 * 2 / 2) = 2 per expert."""
     from parsim.validate.experts import MoE
-    from parsim.validate.model import SplitLinear, swiglu
+    from parsim.validate.model import swiglu
     from parsim.validate.scale import prepare as prep
+    from parsim.validate.tensor_parallel import SplitLinear
     spec = prep(TINY, MOE, "gloo").model
     import dataclasses
     spec = dataclasses.replace(spec, n_experts=2, top_k=2, capacity_factor=0.5)

@@ -16,7 +16,7 @@ import torch
 
 from parsim.config.scenario import Scenario
 from parsim.schedule.semantics import staleness_steps, traits
-from parsim.validate.model import build_stages, microbatch_data
+from parsim.validate.model import build_stages, microbatch_data, set_token_dropping
 
 
 def _chain_len(sc: Scenario) -> int:
@@ -29,7 +29,8 @@ def reference_steps(sc: Scenario, n_steps: int = 1, seed: int = 0, optimizer=Non
 
     tr, par = sc.training, sc.parallel
     n = sc.n_microbatches * par.dp
-    stages = build_stages(sc.model, sc.layers_per_stage[:_chain_len(sc)], tr.seq_len, tr.flash_attention, seed)
+    stages = [set_token_dropping(st, sc.moe.drop_tokens) for st in
+              build_stages(sc.model, sc.layers_per_stage[:_chain_len(sc)], tr.seq_len, tr.flash_attention, seed)]
     t = traits(sc.schedule.name)
     params = [[p for p in st.parameters() if p.requires_grad] for st in stages]
     make = optimizer or optimizer_factory(tr.optimizer)

@@ -53,9 +53,10 @@ from parsim.validate.comm import (
     reduce_scatter_flat,
 )
 from parsim.validate.layout import Coords, coords, rank_at
-from parsim.validate.model import Stage, WeightGradStore
+from parsim.validate.model import Stage
 from parsim.validate.params import FlatParams, Versions, sum_partial_grads
 from parsim.validate.scale import RUNTIME_COVERAGE
+from parsim.validate.tensor_parallel import WeightGradStore
 from parsim.validate.timing import Timer
 
 

@@ -21,8 +21,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from parsim.validate.model import Block, Par, Stage
+from parsim.validate.model import Block, Stage
 from parsim.validate.ring import zigzag_positions
+from parsim.validate.tensor_parallel import Par
 
 
 def _keep(module: nn.Module, name: str, dim: int, index: torch.Tensor) -> None:

@@ -4,7 +4,9 @@ Reads RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT (set by
 :mod:`parsim.validate.launch` or by torchrun), rebuilds the same scaled scenario and
 lowered schedule as the simulator, runs warm-up and measured steps, and writes
 ``rank<R>.json`` (spans per step, activation memory, losses) into the job's folder;
-in parity mode also ``grads_rank<R>.pt`` (reduced gradients before the optimizer step).
+in parity mode also ``grads_rank<R>_v<variant>_s<step>.pt``: per reduction group of each
+stage, the reduced gradients before the optimizer step with the names and tensor-parallel
+shards of the parameters they belong to (``parsim.validate.reference`` checks them).
 """
 from __future__ import annotations
 
@@ -19,10 +21,15 @@ import torch.distributed as dist
 from parsim.schedule.ir import Op
 from parsim.simulate import schedule_for
 from parsim.validate.bench import probe
-from parsim.validate.model import build_stages, microbatch_data
+from parsim.validate.comm import Group
+from parsim.validate.layout import all_groups
+from parsim.validate.model import build_stages, microbatch_data, set_token_dropping
 from parsim.validate.probe import stage_activation_bytes
+from parsim.validate.ring import zigzag_positions
 from parsim.validate.runtime import Layout, RankRuntime
 from parsim.validate.scale import prepare
+from parsim.validate.shard import shard_descriptor, shard_stage
+from parsim.validate.tensor_parallel import Par
 from parsim.validate.timing import join_group, start_worker
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -92,9 +99,6 @@ def main(job_file: str) -> int:
 
 def make_groups(par, rank: int, n_chains: int, backend: str) -> dict:
     """Create every group of every kind on this process (all ranks, same order); keep its own."""
-    from parsim.validate.comm import Group
-    from parsim.validate.layout import all_groups
-
     mine = {}
     for kind, groups in all_groups(par, n_chains).items():
         stream = {"grad": "dp", "edp": "dp"}.get(kind, kind)
@@ -121,8 +125,6 @@ def run_variant(job: dict, overrides: list, rank: int, world: int, device, index
 
 def local_data(sc, lay: Layout, n: int, seed: int) -> list[tuple]:
     """This rank's microbatches: its data-parallel replica's, its zig-zag part of the sequence."""
-    from parsim.validate.ring import zigzag_positions
-
     tr, spec, c, par = sc.training, sc.model, lay.c, sc.parallel
     data = microbatch_data(spec, n * par.dp, tr.microbatch_size, tr.seq_len, seed)
     data = data[c.dp * n:(c.dp + 1) * n]
@@ -141,9 +143,6 @@ def activation_shape(sc) -> tuple[int, int, int]:
 
 def build_local(sc, sched, lay: Layout, seed: int) -> dict:
     """This rank's stages, cut from the full model and wired to its groups."""
-    from parsim.validate.model import Par
-    from parsim.validate.shard import shard_stage
-
     tr, par = sc.training, sc.parallel
     full = build_stages(sc.model, sc.layers_per_stage, tr.seq_len, tr.flash_attention, seed, lay.dtype,
                         chain_len=sched.chain_len)
@@ -152,17 +151,11 @@ def build_local(sc, sched, lay: Layout, seed: int) -> dict:
              cp=g.get("cp") if par.cp > 1 else None, ep=g.get("ep") if par.ep > 1 else None)
     mine = {}
     for s in sched.stages_of(lay.pp_rank):
-        st = shard_stage(full[s], px, tr.seq_len)
-        for blk in st.blocks:
-            if blk.moe is not None:
-                blk.moe.drop = sc.moe.drop_tokens
-        mine[s] = st.to(lay.device)
+        mine[s] = set_token_dropping(shard_stage(full[s], px, tr.seq_len), sc.moe.drop_tokens).to(lay.device)
     return mine
 
 
 def run(job: dict, sc, sched, lay: Layout) -> dict:
-    from parsim.validate.shard import shard_descriptor
-
     tr = sc.training
     seed = int(job.get("seed", 0))
     mine = build_local(sc, sched, lay, seed)
