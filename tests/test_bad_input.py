@@ -292,11 +292,21 @@ def test_generated_malformed_hf_configs_are_refused(tmp_path, capsys, key, value
 
 # ----------------------------------------------------------------------------- interrupts, dask, no tracebacks
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def test_ctrl_c_is_one_line_and_exit_130(tmp_path):
     p = subprocess.Popen([sys.executable, "-m", "parsim", "plan", "--model", "llama3-70b", "--hardware", "dgx-h100",
                           "--gpus", "4096", "--global-batch", "2048", "--seq-len", "8192", "--workers", "2"],
                          cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(4)
+    # interrupt once the command is surely past start-up (its imports take ~0.5 s of CPU) and not yet
+    # done (~5 s of CPU): measured in the process's own CPU time, so a loaded machine cannot race it
+    deadline = time.time() + 120
+    while _cpu_seconds(p.pid) < 2.0 and p.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=60)
     assert p.returncode == 130, err
