@@ -1,5 +1,9 @@
 """The scenario a validation run executes: the user's, scaled down to fit the machine.
 
+The ``[overlap]`` the runtime does not implement (bucketed gradient reduction during the
+backward, overlapped parameter gathers, TP/EP communication pipelined with GEMMs) is set
+off in the scaled scenario (:func:`runtime_overlap`): the simulator predicts what runs.
+
 Torch-free (the launcher and the comparison use it without importing torch). Same
 structure, smaller numbers: fewer layers, a smaller hidden size (head_dim capped, same
 GQA ratio and d_ff/d_model ratio), a shorter sequence and a smaller vocabulary. The
@@ -125,6 +129,15 @@ def scale_model(m: ModelSpec, n_stages: int, seq_len: int, lim: Limits) -> Model
         vocab_size=min(m.vocab_size, lim.max_vocab), max_seq_len=max(seq_len, min(m.max_seq_len, seq_len)))
 
 
+def runtime_overlap(sc: Scenario):
+    """The overlap the runtime actually has: it reduces a stage's gradients in one collective
+    after the stage's last backward (the IR's REDUCE_GRAD: no buckets launched during the
+    backward), gathers ZeRO-1/2 parameters right after STEP, and runs the tensor- and
+    expert-parallel collectives between the GEMMs they feed. The scaled scenario says so, so
+    the prediction is of the job that runs (bucket size and ZeRO-3 prefetch are kept)."""
+    return dataclasses.replace(sc.overlap, grad_reduce=False, param_gather=False, tp_comm=False, ep_comm=False)
+
+
 def default_profile(sc: Scenario, backend: str) -> str | None:
     """The calibrated profile validation uses when present (``calibrated/<hardware>.toml``)."""
     name = "cpu-gloo" if backend == "gloo" else sc.hardware.name
@@ -148,6 +161,7 @@ def prepare(path: str, overrides: list[str] | None, backend: str, profile: str |
     hardware = load_profile(hw_name) if hw_name else sc.hardware
     layers = sc.layers_per_stage if model is sc.model else partition_layers(
         model.n_layers, chain_len, file=sc.file, interleaved=par.vpp > 1 and t.stages_per_rank is None) * t.n_chains
-    out = dataclasses.replace(sc, model=model, training=training, hardware=hardware, layers_per_stage=layers)
+    out = dataclasses.replace(sc, model=model, training=training, hardware=hardware, layers_per_stage=layers,
+                              overlap=runtime_overlap(sc))
     check_shapes(out)
     return out
