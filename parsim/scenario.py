@@ -259,6 +259,7 @@ def _training(t: dict, file: str) -> TrainingConfig:
         grad_accumulation_fusion=_typed(t, "grad_accumulation_fusion", bool, file, p, True),
         dropout=_typed(t, "dropout", bool, file, p, None),
         fused_kernels=_typed(t, "fused_kernels", bool, file, p, True),
+        cross_entropy_fusion=_typed(t, "cross_entropy_fusion", bool, file, p, False),
         fp8_recipe=(None if t.get("fp8_recipe") is None else
                     _choice(_typed(t, "fp8_recipe", str, file, p, None), FP8_RECIPES, file, p + "fp8_recipe")),
     )

@@ -49,6 +49,10 @@ class TrainingConfig:
     fp8_recipe: str | None = None
     """FP8 scaling recipe (``precision = "fp8"``): delayed | current | mxfp8 | blockwise; None: the
     device's default (mxfp8 where it has block-scaled FP8 GEMMs, i.e. Blackwell; current otherwise)."""
+    cross_entropy_fusion: bool = False
+    """The loss runs as one fused kernel per pass (Megatron's ``--cross-entropy-loss-fusion``, Liger,
+    a compiled loss); false (Megatron-Core's default): the vocabulary-parallel cross-entropy op by op
+    over fp32 logits (``parsim.costs.memory_ops.loss_work``)."""
 
 
 @dataclass(frozen=True)

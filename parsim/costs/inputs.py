@@ -159,6 +159,8 @@ class TrainOptions:
     """Memory-bound ops as fused kernels (Megatron/TE) or eager PyTorch op by op."""
     fp8_recipe: str | None = None
     """FP8 scaling recipe (None: the device's default)."""
+    cross_entropy_fusion: bool = False
+    """The loss as fused kernels (else Megatron's op-by-op vocabulary-parallel cross-entropy)."""
 
 
 @dataclass(frozen=True)
@@ -224,7 +226,8 @@ def layer_inputs(ci: CostInputs) -> LayerInputs:
     shard = Shard(tr.microbatch_size, tr.seq_len, par.tp, par.cp, par.ep, par.sequence_parallel, groups.tp, groups.cp,
                   ep_group, etp, par.cp_comm)
     opts = TrainOptions(tr.precision, tr.flash_attention, ci.dropout, tr.recompute, _remat(ci.schedule),
-                        tr.grad_accumulation_fusion, tr.optimizer, ci.overlap, tr.fused_kernels, tr.fp8_recipe)
+                        tr.grad_accumulation_fusion, tr.optimizer, ci.overlap, tr.fused_kernels, tr.fp8_recipe,
+                        tr.cross_entropy_fusion)
     return LayerInputs(m, ci.cluster, shard, opts, ci.moe if has_moe else None)
 
 

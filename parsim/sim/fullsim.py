@@ -30,8 +30,9 @@ engine's (``parsim.sim.engine``); only where the time of communication comes fro
   B that is exactly fast mode's max(t - B(n-1)/n, t/n); with a split backward the pieces
   hide under the last W only (a layer's gradient is final after its last W), where fast
   mode's closed form lets them hide under a whole B;
-* ``overlap.param_gather``: the ZeRO-1/2 gather runs under the next step's forward: a
-  zero-length span carrying its bytes, as in fast mode; otherwise it runs after STEP.
+* ``overlap.param_gather``: the ZeRO-1/2 gather runs under the next step's forward: a span
+  of what the cost model found exposed (``parsim.costs.dp.param_gather_exposed``) carrying
+  its bytes, as in fast mode; otherwise it runs after STEP.
 
 Only replica 0's spans are recorded (the Result reads one pipeline); the step still
 ends when every replica's last collective is done, since replica 0 waits on them.
@@ -242,9 +243,10 @@ def _rank(job: _Job, rep: int, rank: int, actions):
     bucketed = sc.overlap.grad_reduce
     under: dict[int, bool] = {}  # stage -> its reduction was launched under its last backward
 
-    def dp_op(op_name, stage, op, nbytes, window=None, run=True, mb=None, wait_s=None):
-        """Queue a DP collective on the dp stream (``run=False``: a zero-length span with
-        its bytes); ``window`` = (start, duration) of the backward its buckets hide under."""
+    def dp_op(op_name, stage, op, nbytes, window=None, run=True, mb=None, wait_s=None, fixed_s=0.0):
+        """Queue a DP collective on the dp stream (``run=False``: a span of ``fixed_s`` -- the
+        part the cost model found exposed -- with its bytes); ``window`` = (start, duration) of
+        the backward its buckets hide under."""
         k = (stage, op_name)
         seq[k] = seq.get(k, 0) + 1
         parts = _dp_parts(job, stage, op, nbytes) if run else []
@@ -266,6 +268,8 @@ def _rank(job: _Job, rep: int, rank: int, actions):
                 start = env.now if start is None else start
                 for i, part in enumerate(parts):
                     yield job.join((rank, stage, op_name, seq[k], b, i), rep, rank, part, 1 / n)
+            if fixed_s > 0:
+                yield env.timeout(fixed_s)
             keep((rank, "dp", op_name, stage, -1 if mb is None else mb, start, env.now, nbytes))
             ev.succeed()
         env.process(go())
@@ -342,8 +346,10 @@ def _rank(job: _Job, rep: int, rank: int, actions):
         if c.then_comm_bytes > 0 or c.then_comm_s > 0:
             # ZeRO-1/2 gather of the updated shards: under the next step's forward with
             # overlap.param_gather (a zero-length span with its bytes, as fast mode), else now
+            overlapped = sc.overlap.param_gather
             pending[(a.stage, "PARAM_GATHER")] = dp_op("PARAM_GATHER", a.stage, Op.UNSHARD, c.then_comm_bytes,
-                                                       run=not sc.overlap.param_gather)
+                                                       run=not overlapped,
+                                                       fixed_s=c.then_comm_s if overlapped else 0.0)
     for ev in list(pending.values()):
         yield ev
 
