@@ -103,8 +103,9 @@ def _sync_server(env, fed, pop, avail, task, rows):
             yield env.timeout(max(0.0, t0 + close - env.now))
         got = np.array(got, dtype=np.int64)
         ok = len(got) >= max(need, 1)
-        rows.append(Round(round=r, start_s=t0, end_s=env.now, selected=len(sel), participants=len(got) if ok else 0,
-                          dropped=len(sel) - len(got), failed=not ok,
+        kept = len(got) if ok else 0
+        rows.append(Round(round=r, start_s=t0, end_s=env.now, selected=len(sel), participants=kept,
+                          dropped=len(sel) - kept, failed=not ok,
                           bytes_up=len(got) * task.up_bits / 8, bytes_down=len(sel) * task.down_bits / 8,
                           compute_s_mean=float(comp[got].mean()) if len(got) else 0.0,
                           comm_s_mean=float((down + up)[got].mean()) if len(got) else 0.0, staleness_mean=0.0))
