@@ -39,9 +39,11 @@ def plot_time_to_rounds(res: FLResult, path: str) -> None:
     import matplotlib.pyplot as plt
 
     t = res.time_to_rounds()
+    end = float(t[-1]) if len(t) else 0.0
+    unit, scale = ("s", 1.0) if end < 600 else ("min", 60.0) if end < 36000 else ("h", 3600.0)
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
-    ax.step(t / 3600.0, range(1, len(t) + 1), where="post", label=res.metrics["mode"])
-    ax.set_xlabel("virtual time (h)")
+    ax.step(t / scale, range(1, len(t) + 1), where="post", label=res.metrics["mode"])
+    ax.set_xlabel(f"virtual time ({unit})")
     ax.set_ylabel("rounds aggregated")
     ax.set_title(f"{res.name}: time to N rounds")
     ax.legend()
