@@ -273,6 +273,10 @@ def test_same_seed_same_result():
     ({"availability": "trace"}, None, "federated.availability_trace"),
     ({"layer_shapes": [[1, 2]]}, None, "federated.model_params"),
     ({"over_commitment": 0.5}, None, "federated.over_commitment"),
+    ({"availability_probability": 0.5}, None, "federated.availability_probability"),
+    ({"mode": "async", "buffer_size": 10}, None, "federated.over_commitment"),
+    ({"device_classes": [{"fraction": 1.0, "seconds_per_sample": 0.1, "uplink_mbit_per_s": 1,
+                          "downlink_mbit_per_s": 1}]}, None, "federated.device_classes"),
     ({}, {"method": "zip"}, "compression.method"),
     ({}, {"method": ["quantize", "subsample"], "bits": 1, "keep_fraction": 0.1}, "compression.method"),
     ({}, {"method": ["subsample", "low_rank"], "rank": 1, "keep_fraction": 0.1}, "compression.method"),
@@ -315,3 +319,35 @@ def test_cli_json_report_and_bad_input(tmp_path):
     assert r.returncode == 2 and "federated.foo" in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     assert load_fl_scenario(sc).federated.clients == 100_000
+
+
+def test_fedbuff_with_identical_clients_aggregates_in_waves():
+    """Every task lasting D: the C concurrent clients finish together at D, 2D, ...; each wave
+    gives C / B aggregations at that instant. The first wave's updates all started from version
+    0, so the aggregation of versions 0..9 sees staleness 0..9."""
+    fed = {**BASE, "clients": 1000, "clients_per_round": 100, "rounds": 30, "mode": "async", "buffer_size": 10}
+    del fed["over_commitment"]
+    res = simulate_fl(fl(fed))
+    D = 3 * 0.01 + 2 * 1000 * 32 / 1e6
+    assert [r.end_s for r in res.rows] == pytest.approx([D * (r // 10 + 1) for r in range(30)], rel=1e-12)
+    assert [r.staleness_mean for r in res.rows[:10]] == list(range(10))
+    assert all(r.participants == 10 and r.dropped == 0 for r in res.rows)
+
+
+def test_population_medians_spreads_and_device_class_shares():
+    fed = fl({**HETERO, "clients": 100_000, "clients_per_round": 10, "compute_sigma": 0.6, "seconds_per_sample": 0.005,
+              "uplink_mbit_per_s": 5, "uplink_sigma": 0.8}).federated
+    pop = make_population(fed, np.random.default_rng(0))
+    n = 100_000
+    # median of a lognormal = its median parameter; sd of the sample median ~ 1.2533 sigma / sqrt(n) in log
+    for arr, med, sigma in ((pop.seconds_per_sample, 0.005, 0.6), (pop.uplink_bit_per_s, 5e6, 0.8)):
+        assert abs(math.log(np.median(arr) / med)) < 4 * 1.2533 * sigma / math.sqrt(n)
+        assert np.std(np.log(arr)) == pytest.approx(sigma, rel=0.02)
+    classes = [{"name": "a", "fraction": 0.25, "seconds_per_sample": 0.1, "uplink_mbit_per_s": 1, "downlink_mbit_per_s": 2},
+               {"name": "b", "fraction": 0.75, "seconds_per_sample": 0.01, "uplink_mbit_per_s": 10, "downlink_mbit_per_s": 20}]
+    fed = {k: v for k, v in HETERO.items() if k not in ("seconds_per_sample", "uplink_mbit_per_s", "downlink_mbit_per_s",
+                                                        "compute_sigma", "uplink_sigma", "downlink_sigma")}
+    pop = make_population(fl({**fed, "clients": n, "device_classes": classes}).federated, np.random.default_rng(0))
+    share = np.mean(pop.device_class == 0)
+    assert abs(share - 0.25) < 4 * math.sqrt(0.25 * 0.75 / n)
+    assert set(pop.seconds_per_sample[pop.device_class == 0]) == {0.1}

@@ -270,6 +270,11 @@ def _federated(t: _Table, base_dir: Path) -> FederatedConfig:
     if avail == "trace" and not t.has("availability_trace"):
         raise t.bad("availability_trace", "missing (availability = \"trace\" needs a FedScale-format JSON file)")
     trace = _trace(t, base_dir) if avail == "trace" else None
+    unused = {"availability_probability": avail != "probability", "availability_trace": avail != "trace",
+              "over_commitment": mode == "async", "min_fraction": mode == "async"}
+    for key, idle in unused.items():
+        if idle and t.has(key):
+            raise t.bad(key, f"not used with availability = {avail!r}, mode = {mode!r}")
     return FederatedConfig(
         clients=clients, clients_per_round=k, rounds=t.int("rounds"), mode=mode,
         buffer_size=_buffer(t, mode, k), local_steps=t.int("local_steps"), batch_size=t.int("batch_size"),
