@@ -23,9 +23,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import simpy  # noqa: E402
+import simpy
 
-from parsim.federated import load_fl_scenario, simulate_fl  # noqa: E402
+from parsim.federated import load_fl_scenario, simulate_fl
 
 SCENARIO = ROOT / "scenarios" / "fl-mobile.toml"
 

@@ -33,8 +33,9 @@ def fl(federated: dict, compression: dict | None = None, model: dict | None = No
     return fl_scenario_from_dict(doc, file, base_dir=Path(file).parent)
 
 
-BASE = dict(clients=1, clients_per_round=1, rounds=1, local_steps=1, batch_size=1, seconds_per_sample=0.01,
-            uplink_mbit_per_s=1.0, downlink_mbit_per_s=1.0, model_params=1000, over_commitment=1.0)
+BASE = {"clients": 1, "clients_per_round": 1, "rounds": 1, "local_steps": 1, "batch_size": 1,
+        "seconds_per_sample": 0.01, "uplink_mbit_per_s": 1.0, "downlink_mbit_per_s": 1.0, "model_params": 1000,
+        "over_commitment": 1.0}
 
 
 def fedscale_completion(case) -> float:
@@ -84,9 +85,9 @@ def _durations(sc) -> np.ndarray:
                              download_bits=sc.params * 32)
 
 
-HETERO = dict(clients=130, clients_per_round=100, rounds=3, local_steps=5, batch_size=10, seconds_per_sample=0.02,
-              compute_sigma=0.7, uplink_mbit_per_s=1.0, downlink_mbit_per_s=8.0, uplink_sigma=0.6, downlink_sigma=0.6,
-              model_params=200_000, over_commitment=1.3, seed=5)
+HETERO = {"clients": 130, "clients_per_round": 100, "rounds": 3, "local_steps": 5, "batch_size": 10,
+          "seconds_per_sample": 0.02, "compute_sigma": 0.7, "uplink_mbit_per_s": 1.0, "downlink_mbit_per_s": 8.0,
+          "uplink_sigma": 0.6, "downlink_sigma": 0.6, "model_params": 200_000, "over_commitment": 1.3, "seed": 5}
 
 
 def test_over_commitment_round_ends_at_the_kth_fastest_and_drops_the_rest():
@@ -208,7 +209,6 @@ def test_konecny_sketch_one_bit_of_a_sixteenth_is_a_sixteenth_of_a_bit():
     assert sum(x.size for x in t) == total_params(spec)
     e = encode(t, ("subsample", "quantize"), keep_fraction=KONECNY["subsample_keep_fraction"],
                bits=KONECNY["quantize_bits"])
-    P = total_params(spec)
     n_tensors = sum(x.count for x in t)
     kept = sum(math.ceil(0.0625 * x.rows * x.cols) * x.count for x in t)
     assert e.bits == kept + 64 * n_tensors + 32  # 1 bit per kept value, min and max per tensor, one seed
@@ -219,8 +219,8 @@ def test_konecny_sketch_one_bit_of_a_sixteenth_is_a_sixteenth_of_a_bit():
 
 
 def test_each_encoding_adds_its_client_compute():
-    base = dict(HETERO, clients=1, clients_per_round=1, rounds=1, compute_sigma=0.0, uplink_sigma=0.0,
-                downlink_sigma=0.0, over_commitment=1.0, layer_shapes=[[512, 512], [512, 10]])
+    base = {**HETERO, "clients": 1, "clients_per_round": 1, "rounds": 1, "compute_sigma": 0.0, "uplink_sigma": 0.0,
+            "downlink_sigma": 0.0, "over_commitment": 1.0, "layer_shapes": [[512, 512], [512, 10]]}
     del base["model_params"]
     plain = simulate_fl(fl(base)).rows[0].compute_s_mean
     for comp in ({"method": "low_rank", "rank": 16}, {"method": "random_mask", "keep_fraction": 0.25},
@@ -239,12 +239,13 @@ def test_async_fedbuff_finishes_more_rounds_in_the_same_virtual_time():
     """A heterogeneous population (two device classes, lognormal spreads): FedBuff aggregating
     every 10 of 100 concurrent updates completes more rounds by the time sync FedAvg with
     K = 100 finishes its 10 (Nguyen et al. 2022; FedScale's async aggregator)."""
-    fed = dict(clients=5000, clients_per_round=100, rounds=10, local_steps=10, batch_size=20, model_params=1_000_000,
-               compute_sigma=0.5, uplink_sigma=0.7, downlink_sigma=0.7, seed=11,
-               device_classes=[{"name": "fast", "fraction": 0.7, "seconds_per_sample": 0.005, "uplink_mbit_per_s": 10,
-                                "downlink_mbit_per_s": 50},
-                               {"name": "slow", "fraction": 0.3, "seconds_per_sample": 0.05, "uplink_mbit_per_s": 1,
-                                "downlink_mbit_per_s": 5}])
+    fed = {"clients": 5000, "clients_per_round": 100, "rounds": 10, "local_steps": 10, "batch_size": 20,
+           "model_params": 1_000_000, "compute_sigma": 0.5, "uplink_sigma": 0.7, "downlink_sigma": 0.7, "seed": 11,
+           "device_classes": [
+               {"name": "fast", "fraction": 0.7, "seconds_per_sample": 0.005, "uplink_mbit_per_s": 10,
+                "downlink_mbit_per_s": 50},
+               {"name": "slow", "fraction": 0.3, "seconds_per_sample": 0.05, "uplink_mbit_per_s": 1,
+                "downlink_mbit_per_s": 5}]}
     sync = simulate_fl(fl(fed))
     horizon = sync.metrics["total_time_s"]
     asyn = simulate_fl(fl({**fed, "mode": "async", "buffer_size": 10, "rounds": 400}))
@@ -273,6 +274,7 @@ def test_same_seed_same_result():
     ({"availability": "trace"}, None, "federated.availability_trace"),
     ({"layer_shapes": [[1, 2]]}, None, "federated.model_params"),
     ({"over_commitment": 0.5}, None, "federated.over_commitment"),
+    ({"max_staleness": 2}, None, "federated.max_staleness"),
     ({"availability_probability": 0.5}, None, "federated.availability_probability"),
     ({"mode": "async", "buffer_size": 10}, None, "federated.over_commitment"),
     ({"device_classes": [{"fraction": 1.0, "seconds_per_sample": 0.1, "uplink_mbit_per_s": 1,
@@ -298,7 +300,7 @@ def test_model_from_a_preset_table():
 
 def run(*args):
     return subprocess.run([sys.executable, "-m", "parsim", *map(str, args)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, check=False)
 
 
 def test_cli_json_report_and_bad_input(tmp_path):
@@ -319,6 +321,10 @@ def test_cli_json_report_and_bad_input(tmp_path):
     assert r.returncode == 2 and "federated.foo" in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     assert load_fl_scenario(sc).federated.clients == 100_000
+    r = run("fl", tmp_path / "missing.toml")
+    assert r.returncode == 2 and "no such scenario file" in r.stderr
+    r = run("fl", sc, "--set", "federated.rounds=3", "--rounds-csv", "-")
+    assert r.returncode == 0 and r.stdout.splitlines()[0].startswith("round,") and "fl-mobile" in r.stderr
 
 
 def test_fedbuff_with_identical_clients_aggregates_in_waves():
@@ -332,6 +338,10 @@ def test_fedbuff_with_identical_clients_aggregates_in_waves():
     assert [r.end_s for r in res.rows] == pytest.approx([D * (r // 10 + 1) for r in range(30)], rel=1e-12)
     assert [r.staleness_mean for r in res.rows[:10]] == list(range(10))
     assert all(r.participants == 10 and r.dropped == 0 for r in res.rows)
+    # FedScale's max_staleness: older updates are dropped, the rest wait for fresh ones
+    res = simulate_fl(fl({**fed, "max_staleness": 3}))
+    assert all(r.staleness_mean <= 3 for r in res.rows) and sum(r.dropped for r in res.rows) > 0
+    assert [r.staleness_mean for r in res.rows[:4]] == [0, 1, 2, 3] and res.rows[4].start_s == pytest.approx(D)
 
 
 def test_population_medians_spreads_and_device_class_shares():

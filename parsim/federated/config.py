@@ -109,6 +109,9 @@ class FederatedConfig:
     async: a task longer than this is dropped. None: no deadline."""
     min_fraction: float
     """Sync: a round that closes with fewer than min_fraction x K updates fails (no aggregation)."""
+    max_staleness: int | None
+    """Async: an update more than this many model versions old is dropped (FedScale's
+    max_staleness); None: every update is aggregated."""
     weight_bits: int
     """Bits per model value sent down and per uncompressed update value sent up (32: float32)."""
     seed: int
@@ -228,7 +231,7 @@ FED_KEYS = ("clients", "clients_per_round", "rounds", "mode", "buffer_size", "lo
             "seconds_per_sample", "compute_sigma", "train_factor", "uplink_mbit_per_s", "downlink_mbit_per_s",
             "uplink_sigma", "downlink_sigma", "device_classes", "availability", "availability_probability",
             "availability_trace", "over_commitment", "deadline_s", "min_fraction", "weight_bits", "seed",
-            "model_params", "layer_shapes")
+            "model_params", "layer_shapes", "max_staleness")
 CLASS_KEYS = ("name", "fraction", "seconds_per_sample", "uplink_mbit_per_s", "downlink_mbit_per_s")
 COMP_KEYS = ("method", "rank", "keep_fraction", "bits", "rotation")
 
@@ -271,7 +274,7 @@ def _federated(t: _Table, base_dir: Path) -> FederatedConfig:
         raise t.bad("availability_trace", "missing (availability = \"trace\" needs a FedScale-format JSON file)")
     trace = _trace(t, base_dir) if avail == "trace" else None
     unused = {"availability_probability": avail != "probability", "availability_trace": avail != "trace",
-              "over_commitment": mode == "async", "min_fraction": mode == "async"}
+              "over_commitment": mode == "async", "min_fraction": mode == "async", "max_staleness": mode == "sync"}
     for key, idle in unused.items():
         if idle and t.has(key):
             raise t.bad(key, f"not used with availability = {avail!r}, mode = {mode!r}")
@@ -288,7 +291,9 @@ def _federated(t: _Table, base_dir: Path) -> FederatedConfig:
         availability_probability=t.num("availability_probability", 1.0, hi=1.0), availability_trace=trace,
         over_commitment=t.num("over_commitment", 1.3, lo=1.0, lo_open=False),
         deadline_s=t.num("deadline_s") if t.has("deadline_s") else None,
-        min_fraction=t.num("min_fraction", 1.0, hi=1.0), weight_bits=t.int("weight_bits", 32),
+        min_fraction=t.num("min_fraction", 1.0, hi=1.0),
+        max_staleness=t.int("max_staleness", minimum=0) if t.has("max_staleness") else None,
+        weight_bits=t.int("weight_bits", 32),
         seed=t.int("seed", 0, minimum=0))
 
 

@@ -106,13 +106,13 @@ class FLResult:
         lines = [
             f"{m['name']}: {m['clients']:,} clients, {m['clients_per_round']:,} per round, {mode}",
             f"  model             {m['model']} ({m['params']:,} parameters)",
-            f"  uplink            {', '.join(m['compression'])}: {m['uplink_bits_per_param']:.4g} bits/param "
-            f"({m['uplink_bits_per_update'] / 8e6:.4g} MB per update)",
+            (f"  uplink            {', '.join(m['compression'])}: {m['uplink_bits_per_param']:.4g} bits/param "
+             f"({m['uplink_bits_per_update'] / 8e6:.4g} MB per update)"),
             f"  rounds            {m['rounds']} ({m['failed_rounds']} failed) in {_hms(m['total_time_s'])}",
             f"  round time        p50 {_hms(m['round_time_s_p50'])}, p90 {_hms(m['round_time_s_p90'])}",
             f"  client task       p50 {_hms(m['client_task_s_p50'])} (download + compute + upload)",
-            f"  participants      {m['participants_mean']:.1f} per round; dropped {m['dropped_fraction']:.1%} of "
-            "selected",
+            (f"  participants      {m['participants_mean']:.1f} per round; dropped {m['dropped_fraction']:.1%} of "
+             "selected"),
             f"  traffic           up {m['bytes_up_total'] / 1e9:.4g} GB, down {m['bytes_down_total'] / 1e9:.4g} GB",
         ]
         if m["mode"] == "async":

@@ -17,7 +17,8 @@ server retries after one median task time.
 Async (FedBuff, Nguyen et al. 2022): ``clients_per_round`` clients train at once; when one
 finishes, another (online, idle) client starts; the server aggregates every
 ``buffer_size`` updates (a round), whatever model version each update started from
-(staleness = versions since its download). A task longer than ``deadline_s`` is dropped.
+(staleness = versions since its download). A task longer than ``deadline_s``, and an update
+more than ``max_staleness`` versions old (FedScale's async aggregator), are dropped.
 """
 from __future__ import annotations
 
@@ -90,7 +91,7 @@ def _sync_server(env, fed, pop, avail, task, rows):
         for i in order:  # the server aggregates updates as they arrive
             if len(got) == k or (fed.deadline_s is not None and dur[i] > fed.deadline_s):
                 break
-            yield env.timeout(t0 + dur[i] - env.now)
+            yield env.timeout(max(0.0, t0 + dur[i] - env.now))
             if reach[i]:
                 got.append(i)
         if len(got) < k:
@@ -144,7 +145,8 @@ def _async_run(env, fed, pop, avail, task, rows, done):
             busy[c] = False
             if done.triggered:
                 return
-            if late or not avail.online_at_end(np.array([c]), np.array([t0 + dur]))[0]:
+            stale = fed.max_staleness is not None and st["version"] - v0 > fed.max_staleness
+            if late or stale or not avail.online_at_end(np.array([c]), np.array([t0 + dur]))[0]:
                 st["dropped"] += 1
                 continue
             st["buffer"].append((st["version"] - v0, comp, down + up))
