@@ -361,3 +361,19 @@ def test_population_medians_spreads_and_device_class_shares():
     share = np.mean(pop.device_class == 0)
     assert abs(share - 0.25) < 4 * math.sqrt(0.25 * 0.75 / n)
     assert set(pop.seconds_per_sample[pop.device_class == 0]) == {0.1}
+
+
+def test_help_has_an_example(capsys):
+    from parsim.cli.main import main
+    with pytest.raises(SystemExit) as e:
+        main(["fl", "--help"])
+    assert e.value.code == 0
+    assert "example: parsim fl scenarios/fl-mobile.toml" in " ".join(capsys.readouterr().out.split())
+
+
+def test_readme_output_is_what_the_bundled_scenario_prints():
+    """The README section quotes the summary of scenarios/fl-mobile.toml: keep it true."""
+    res = simulate_fl(load_fl_scenario(ROOT / "scenarios" / "fl-mobile.toml"))
+    readme = (ROOT / "README.md").read_text()
+    for line in res.summary().splitlines():
+        assert line in readme, line
