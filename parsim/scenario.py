@@ -134,6 +134,8 @@ TABLES = ("model", "training", "parallel", "schedule", "costs", "overlap", "moe"
 
 
 def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Scenario:
+    if "federated" in doc:
+        raise ConfigError(file, "federated", "a federated-learning scenario: run it with `parsim fl`")
     _check_keys(doc, TOP_KEYS, file, "")
     for key in TABLES:  # a scalar or an array of tables ([[parallel]], --set parallel=5) where a table goes
         if key in doc and not isinstance(doc[key], dict):

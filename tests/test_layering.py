@@ -19,7 +19,7 @@ LAYERS = [
     {"sim"},
     {"costs"},
     {"results", "scenario", "calibrate"},
-    {"simulate"},
+    {"simulate", "federated"},
     {"parsim", "plan", "report", "frameworks"},   # "parsim": the public API in parsim/__init__.py
     {"validate"},
     {"cli"},
