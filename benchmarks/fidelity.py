@@ -24,7 +24,8 @@ Rules (documented defaults; the sources do not give these):
   rank sends 1/tp of the activation on its own NIC) is what sequence-sharded p2p models.
 * Megatron-Core r0.8.0 weak scaling (H100): bf16, microbatch 1, no recompute,
   distributed optimizer (ZeRO-1) with --overlap-grad-reduce --overlap-param-gather
-  --tp-comm-overlap (sequence parallelism on when tp > 1), 1F1B.
+  --tp-comm-overlap (sequence parallelism on when tp > 1), 1F1B; attention through
+  Transformer Engine's FusedAttention, i.e. cuDNN (``training.attention_kernel = "cudnn"``).
 """
 from __future__ import annotations
 
@@ -80,7 +81,7 @@ def scenario_for(case: dict) -> dict:
         "name": cid, "hardware": "dgx-h100", "gpus": i["gpus"],
         "model": {"preset": f"mcore-gpt-{size}"},
         "training": {"global_batch": i["global_batch"], "microbatch_size": 1, "seq_len": i["seq_len"],
-                     "precision": "bf16", "recompute": "none"},
+                     "precision": "bf16", "recompute": "none", "attention_kernel": "cudnn"},
         "parallel": {"dp": dp, "tp": tp, "pp": pp, "zero": 1, "sequence_parallel": tp > 1},
         "schedule": {"name": "1F1B"},
         "overlap": {"grad_reduce": True, "param_gather": True, "tp_comm": True},

@@ -11,6 +11,8 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
+from parsim.cluster.attention_kernels import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
+from parsim.cluster.attention_kernels import resolve as resolve_attention
 from parsim.cluster.hardware import load_profile
 from parsim.config.moe import MoEConfig, check_moe, moe_from_table
 from parsim.config.parallel import (
@@ -155,6 +157,12 @@ def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Sc
         hardware.device.peak(training.precision)
     except ValueError as e:
         raise ConfigError(file, "training.precision", f"{training.precision!r} on {hw_name}: {e}") from None
+    if training.attention_kernel is not None:
+        kf = hardware.device.kernels
+        if kf is None or resolve_attention(training.attention_kernel, kf.mma_style) is None:
+            raise ConfigError(file, "training.attention_kernel",
+                              f"{training.attention_kernel!r} has no kernel model on {hardware.device.name} "
+                              f"(modelled: fa2 on Ampere and Hopper, fa3 and cudnn on Hopper, fa4 on Blackwell)")
     parallel = _parallel(doc.get("parallel", {}), file, gpus)
     schedule = _schedule(doc.get("schedule", {}), file)
     overlap = _simple(OverlapConfig, doc.get("overlap", {}), file, "overlap.")
@@ -262,6 +270,9 @@ def _training(t: dict, file: str) -> TrainingConfig:
         dropout=_typed(t, "dropout", bool, file, p, None),
         fused_kernels=_typed(t, "fused_kernels", bool, file, p, True),
         cross_entropy_fusion=_typed(t, "cross_entropy_fusion", bool, file, p, False),
+        attention_kernel=(None if t.get("attention_kernel") is None else
+                          _choice(_typed(t, "attention_kernel", str, file, p, None), ATTENTION_IMPLEMENTATIONS,
+                                  file, p + "attention_kernel")),
         fp8_recipe=(None if t.get("fp8_recipe") is None else
                     _choice(_typed(t, "fp8_recipe", str, file, p, None), FP8_RECIPES, file, p + "fp8_recipe")),
     )

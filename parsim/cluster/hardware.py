@@ -176,12 +176,18 @@ class Device:
 
     def attention_kernel_time(self, batch: int, seq_q: int, seq_k: int, heads: int, kv_heads: int,
                               head_dim: int, causal: bool = False, backward: bool = False,
-                              precision: str = "bf16") -> float:
+                              precision: str = "bf16", implementation: str | None = None) -> float:
         """Seconds of one fused-attention pass (forward, or backward with ``backward=True``) by
-        this device's attention kernel (:mod:`parsim.cluster.attention_kernels`)."""
-        self._kernel_facts("fused attention")
+        this device's attention kernel (:mod:`parsim.cluster.attention_kernels`), or by the
+        named ``implementation`` (fa2 | fa3 | fa4 | cudnn) as fitted for this architecture."""
+        kf = self._kernel_facts("fused attention")
+        kernel = None
+        if implementation is not None:
+            kernel = attention_kernels.resolve(implementation, kf.mma_style)
+            if kernel is None:
+                raise ValueError(f"attention kernel {implementation!r} has no model on {self.name}")
         return attention_kernels.attention_time(self, batch, seq_q, seq_k, heads, kv_heads, head_dim,
-                                                causal, backward, canonical_precision(precision))
+                                                causal, backward, canonical_precision(precision), kernel)
 
     def memory_time(self, nbytes: float) -> float:
         """Seconds for a memory-bound kernel that reads + writes ``nbytes`` in total."""

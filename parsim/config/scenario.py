@@ -49,6 +49,10 @@ class TrainingConfig:
     fp8_recipe: str | None = None
     """FP8 scaling recipe (``precision = "fp8"``): delayed | current | mxfp8 | blockwise; None: the
     device's default (mxfp8 where it has block-scaled FP8 GEMMs, i.e. Blackwell; current otherwise)."""
+    attention_kernel: str | None = None
+    """The fused-attention implementation the framework calls: fa2 | fa3 | fa4 | cudnn (each fitted
+    per GPU architecture to published bars, ``parsim.cluster.attention_kernels``); None: the
+    device's own (FA2 on Ampere, FA3 on Hopper, FA4 on Blackwell)."""
     cross_entropy_fusion: bool = False
     """The loss runs as one fused kernel per pass (Megatron's ``--cross-entropy-loss-fusion``, Liger,
     a compiled loss); false (Megatron-Core's default): the vocabulary-parallel cross-entropy op by op

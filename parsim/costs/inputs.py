@@ -161,6 +161,8 @@ class TrainOptions:
     """FP8 scaling recipe (None: the device's default)."""
     cross_entropy_fusion: bool = False
     """The loss as fused kernels (else Megatron's op-by-op vocabulary-parallel cross-entropy)."""
+    attention_kernel: str | None = None
+    """The fused-attention implementation (None: the device's own)."""
 
 
 @dataclass(frozen=True)
@@ -227,7 +229,7 @@ def layer_inputs(ci: CostInputs) -> LayerInputs:
                   ep_group, etp, par.cp_comm)
     opts = TrainOptions(tr.precision, tr.flash_attention, ci.dropout, tr.recompute, _remat(ci.schedule),
                         tr.grad_accumulation_fusion, tr.optimizer, ci.overlap, tr.fused_kernels, tr.fp8_recipe,
-                        tr.cross_entropy_fusion)
+                        tr.cross_entropy_fusion, tr.attention_kernel)
     return LayerInputs(m, ci.cluster, shard, opts, ci.moe if has_moe else None)
 
 
