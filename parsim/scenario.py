@@ -43,7 +43,7 @@ __all__ = ["load_scenario", "scenario_from_dict", "apply_overrides", "parse_over
 
 
 TOP_KEYS = {"name", "hardware", "gpus", "model", "training", "parallel", "schedule", "costs", "overlap", "description", "moe",
-            "simulation"}
+            "simulation", "offload", "inference"}
 
 
 def _check_keys(table: dict, allowed, file: str, prefix: str) -> None:
@@ -168,6 +168,11 @@ def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Sc
     simulation = _simulation(doc.get("simulation", {}), file)
     sc = Scenario(name, file, hardware, gpus, model, training, parallel, schedule, overlap, costs, layers, moe,
                   simulation)
+    if "offload" in doc:  # ZeRO-Offload / ZeRO-Infinity (parsim.config.offload)
+        from parsim.config.offload import parse_offload
+        sc = replace(sc, offload=parse_offload(doc["offload"], file, parallel.zero))
+        if sc.offload.active and simulation.mode == "full":
+            raise ConfigError(file, "offload", "offload runs in the fast engine only (simulation.mode = \"fast\")")
     check_batch(sc)
     if schedule.partition == "balanced" and schedule.layers_per_stage is None:
         from parsim.costs.partition import (
