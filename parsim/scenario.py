@@ -171,6 +171,9 @@ def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Sc
     if "offload" in doc:  # ZeRO-Offload / ZeRO-Infinity (parsim.config.offload)
         from parsim.config.offload import parse_offload
         sc = replace(sc, offload=parse_offload(doc["offload"], file, parallel.zero))
+        if sc.offload.active and hardware.host is None:
+            raise ConfigError(file, "offload", f"hardware profile {hardware.name} has no [host] table (host "
+                                               "memory, CPU, NVMe): offload cannot be costed on it")
         if sc.offload.active and simulation.mode == "full":
             raise ConfigError(file, "offload", "offload runs in the fast engine only (simulation.mode = \"fast\")")
     check_batch(sc)

@@ -126,3 +126,13 @@ def parse_inference(table, file: str) -> InferenceConfig:
         weight_bits=_choice(table, "weight_bits", WEIGHT_BITS, 16, file, p),
         kv_cache=_choice(table, "kv_cache", KV_PLACES, "gpu", file, p),
         prefetch=_bool(table, "prefetch", True, file, p))
+
+
+def parse_offload_inference(table, file: str) -> OffloadConfig:
+    """``[offload]`` of an inference scenario: only ``params`` (where the weights live) applies."""
+    p = "offload."
+    _check(table, OffloadConfig, file, p)
+    for k in table:
+        if k != "params":
+            raise ConfigError(file, p + k, "applies to training; inference reads only offload.params")
+    return OffloadConfig(params=_choice(table, "params", TIERS, "none", file, p))
