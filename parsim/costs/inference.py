@@ -27,7 +27,14 @@ from dataclasses import dataclass
 from parsim.cluster.collectives import select_algorithm
 from parsim.cluster.hardware import HardwareProfile
 from parsim.model import ModelSpec
-from parsim.model.shapes import attention_core_flops, head_gemm, layer_gemms, layer_params
+from parsim.model.shapes import (
+    attention_core_flops,
+    embedding_params,
+    head_gemm,
+    head_params,
+    layer_gemms,
+    layer_params,
+)
 
 KERNELS_PER_LAYER = 12
 """Kernels one block launches at inference: norms, QKV, attention, out-projection, residual
@@ -111,11 +118,17 @@ def pass_cost(*, hw: HardwareProfile, model: ModelSpec, layers: tuple[int, ...],
     if last_stage:
         h = head_gemm(model, batch, tp)  # the next token's logits only
         head = _gemm_s(hw, h.m, h.n, h.k, h.count, precision, weight_bits) + 2 * dev.kernel_launch_s
-    emb = model.vocab_size * model.d_model / tp * weight_bits / 8
+    wbytes = weight_bits / 8 / tp
+    emb = embedding_params(model) * wbytes  # token (+ position) table
+    matrix = model.vocab_size * model.d_model * wbytes
+    head_own = head_params(model) * wbytes  # final norm (+ the head matrix when untied)
+    head_use = head_own + (matrix if model.tied_embeddings else 0.0)  # what the head gathers to run
+    resident = (emb if first_stage else 0.0) + (head_own if last_stage else 0.0)
+    if last_stage and not first_stage and model.tied_embeddings:
+        resident += matrix  # the last stage keeps its own copy of the tied matrix
     return PassCost(layer_s=tuple(out), head_s=head, tp_comm_s=tp_total, weight_bytes=tuple(wb),
-                    embedding_bytes=emb if first_stage else 0.0, head_bytes=emb if last_stage else 0.0,
-                    resident_head_bytes=emb * (first_stage + (last_stage and not model.tied_embeddings)
-                                               + (last_stage and model.tied_embeddings and not first_stage)))
+                    embedding_bytes=emb if first_stage else 0.0, head_bytes=head_use if last_stage else 0.0,
+                    resident_head_bytes=resident)
 
 
 def _fp(hw: HardwareProfile, precision: str) -> str:
