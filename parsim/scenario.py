@@ -148,6 +148,8 @@ def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Sc
     if "model" not in doc or not isinstance(doc["model"], dict):
         raise ConfigError(file, "model", "missing [model] table (preset = \"...\" or explicit fields)")
     model = model_from_table(doc["model"], file)
+    if "inference" in doc and "training" not in doc:
+        raise ConfigError(file, "training", "missing: an [inference] scenario runs with `parsim infer`")
     training = _training(doc.get("training", {}), file)
     try:  # a device without this precision's tensor cores (V100: no bf16) cannot run it; bf16 is the default
         hardware.device.peak(training.precision)

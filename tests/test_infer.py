@@ -22,8 +22,8 @@ from parsim.model import total_params
 DATA = json.loads((ROOT / "tests" / "data" / "inference_published.json").read_text())
 ZI = DATA["zero-inference-2022"]
 BLOOM = DATA["bloom-176b-8xa100-ds-inference"]
-OPT = str(ROOT / "scenarios" / "opt-30b-zero-inference-v100.toml")
-BLOOM_TOML = str(ROOT / "scenarios" / "bloom-176b-a100-inference.toml")
+OPT = str(ROOT / "scenarios" / "inference" / "opt-30b-zero-inference-v100.toml")
+BLOOM_TOML = str(ROOT / "scenarios" / "inference" / "bloom-176b-a100-inference.toml")
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 

@@ -19,7 +19,7 @@ def register(sub) -> None:
                                    "generate_tokens, precision, weight_bits, kv_cache) on its model, hardware and "
                                    "parallel tables; [offload] params = \"cpu\"|\"nvme\" streams the weights "
                                    "(ZeRO-Inference).",
-                       epilog="example: parsim infer scenarios/opt-30b-zero-inference-v100.toml")
+                       epilog="example: parsim infer scenarios/inference/opt-30b-zero-inference-v100.toml")
     p.add_argument("scenario", help="scenario TOML file with an [inference] table")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a scenario key (repeatable), e.g. --set inference.batch=64")
