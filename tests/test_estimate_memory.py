@@ -106,3 +106,18 @@ def test_cli_bad_input_is_one_line(args, key):
     p = _cli(*args)
     assert p.returncode == 2
     assert len(p.stderr.strip().splitlines()) == 1 and key in p.stderr, p.stderr
+
+
+def test_scenario_mode_puts_the_estimate_beside_the_full_count():
+    p = _cli("--scenario", str(ROOT / "scenarios" / "zero-offload-10b-v100.toml"), "--json")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    ds, ps = out["deepspeed"], out["parsim"]
+    assert ds["per_gpu_bytes"] == 2 * ds["params"]  # ZeRO-2 + CPU offload: the fp16 parameters
+    # parsim's model states are exactly what the estimator counts; the rest is what it leaves out
+    assert ps["model_states_bytes"] == pytest.approx(ds["per_gpu_bytes"])
+    rest = ps["activations_bytes"] + ps["buffers_bytes"] + ps["fragmentation_bytes"] + ps["cuda_context_bytes"]
+    assert out["left_out_bytes"] == pytest.approx(ps["model_states_bytes"] + rest - ds["per_gpu_bytes"])
+    assert ps["activations_bytes"] > 0
+    p = _cli("--scenario", str(ROOT / "scenarios" / "gpt3-175b-1f1b.toml"))
+    assert p.returncode == 2 and "parallel.zero" in p.stderr and len(p.stderr.strip().splitlines()) == 1
