@@ -200,3 +200,12 @@ def test_bad_inference_values_are_one_line(override, key):
 def test_a_scenario_without_inference_is_refused(tmp_path):
     p = _cli(str(ROOT / "scenarios" / "tiny-cpu.toml"))
     assert p.returncode == 2 and "[inference]" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_kv_cache_on_the_host_frees_the_gpu_and_costs_pcie():
+    _, gpu, _ = infer(BLOOM_TOML, "inference.batch=64")
+    job, cpu, _ = infer(BLOOM_TOML, "inference.batch=64", 'inference.kv_cache="cpu"')
+    assert cpu["peak_memory_bytes"] == pytest.approx(gpu["peak_memory_bytes"] - gpu["kv_cache_bytes"])
+    assert cpu["max_batch"] > gpu["max_batch"]
+    assert cpu["decode_s_per_token"] > gpu["decode_s_per_token"]
+    assert cpu["host_memory_bytes_per_node"] == pytest.approx(gpu["kv_cache_bytes"] * 8)

@@ -172,3 +172,26 @@ def test_bad_offload_values_are_one_line(tmp_path: Path, key, value, needle):
                        env=ENV, cwd=ROOT)
     assert p.returncode == 2
     assert len(p.stderr.strip().splitlines()) == 1 and needle in p.stderr, p.stderr
+
+
+def test_a6000_workstation_fine_tunes_7b_only_with_offload():
+    doc = {"name": "ws", "hardware": "a6000-workstation", "gpus": 1, "model": {"preset": "llama2-7b"},
+           "training": {"global_batch": 4, "microbatch_size": 1, "seq_len": 2048, "precision": "bf16",
+                        "recompute": "full"},
+           "parallel": {"zero": 2}}
+    _, plain = run(doc)
+    _, off = run({**doc, "offload": {"optimizer": "cpu"}})
+    assert not plain.metrics["fits_in_memory"] and off.metrics["fits_in_memory"]
+    assert off.metrics["host_fits"]
+
+
+def test_grace_blackwell_copies_over_c2c_not_pcie():
+    doc = {"name": "gb", "hardware": "gb200-nvl72", "gpus": 8, "model": {"preset": "llama3-8b"},
+           "training": {"global_batch": 8, "seq_len": 4096, "recompute": "full"},
+           "parallel": {"zero": 2}, "offload": {"optimizer": "cpu"}}
+    sc, res = run(doc)
+    assert set(res.metrics["tier_time_s"]) == {"c2c", "cpu"}
+    c2c = spans(res, "c2c")
+    d2h = c2c[c2c["op"] == "D2H_GRADS"].iloc[0]
+    host = sc.hardware.host
+    assert d2h["end_s"] - d2h["start_s"] == pytest.approx(d2h["bytes"] / (host.c2c_bandwidth * host.c2c_efficiency))
