@@ -45,7 +45,7 @@ __all__ = ["load_scenario", "scenario_from_dict", "apply_overrides", "parse_over
 
 
 TOP_KEYS = {"name", "hardware", "gpus", "model", "training", "parallel", "schedule", "costs", "overlap", "description", "moe",
-            "simulation"}
+            "simulation", "offload", "inference"}
 
 
 def _check_keys(table: dict, allowed, file: str, prefix: str) -> None:
@@ -152,6 +152,8 @@ def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Sc
     if "model" not in doc or not isinstance(doc["model"], dict):
         raise ConfigError(file, "model", "missing [model] table (preset = \"...\" or explicit fields)")
     model = model_from_table(doc["model"], file)
+    if "inference" in doc and "training" not in doc:
+        raise ConfigError(file, "training", "missing: an [inference] scenario runs with `parsim infer`")
     training = _training(doc.get("training", {}), file)
     try:  # a device without this precision's tensor cores (V100: no bf16) cannot run it; bf16 is the default
         hardware.device.peak(training.precision)
@@ -178,6 +180,14 @@ def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Sc
     simulation = _simulation(doc.get("simulation", {}), file)
     sc = Scenario(name, file, hardware, gpus, model, training, parallel, schedule, overlap, costs, layers, moe,
                   simulation)
+    if "offload" in doc:  # ZeRO-Offload / ZeRO-Infinity (parsim.config.offload)
+        from parsim.config.offload import parse_offload
+        sc = replace(sc, offload=parse_offload(doc["offload"], file, parallel.zero))
+        if sc.offload.active and hardware.host is None:
+            raise ConfigError(file, "offload", f"hardware profile {hardware.name} has no [host] table (host "
+                                               "memory, CPU, NVMe): offload cannot be costed on it")
+        if sc.offload.active and simulation.mode == "full":
+            raise ConfigError(file, "offload", "offload runs in the fast engine only (simulation.mode = \"fast\")")
     check_batch(sc)
     if schedule.partition == "balanced" and schedule.layers_per_stage is None:
         from parsim.costs.partition import (

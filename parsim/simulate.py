@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from parsim.config.scenario import Scenario
 from parsim.costs.model_costs import ModelCosts
+from parsim.costs.offload_ops import tier_bytes_per_node
 from parsim.errors import ScheduleError
 from parsim.results.result import Result
+from parsim.results.tiers import tier_metrics
 from parsim.schedule import build, lower
 from parsim.schedule.coverage import check_runs
 from parsim.schedule.grid import format_grid
@@ -38,7 +40,14 @@ def simulate(sc: Scenario, costs: ModelCosts | None = None, schedule: Schedule |
         check_runs(sched, engine.COVERAGE)
         raw = simulate_schedule(sched, costs)
     _check_complete(sched, raw)
-    return Result.from_raw(sc, sched, costs.tables(sched.stage_to_rank), raw)
+    res = Result.from_raw(sc, sched, costs.tables(sched.stage_to_rank), raw)
+    host, nvme = (tier_bytes_per_node(costs, sched.stage_to_rank)
+                  if sc.offload.active and sc.costs is None else (0.0, 0.0))
+    tiers = tier_metrics(sc, res.timeline, host, nvme)  # [offload]: host/NVMe bytes, per-tier time
+    res.metrics.update(tiers)
+    if not tiers["host_fits"]:
+        res.metrics["fits_in_memory"] = False
+    return res
 
 
 def _check_complete(sched: Schedule, raw) -> None:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from parsim.cluster import attention_kernels, kernels
+from parsim.cluster.host import HostTier, parse_host
 from parsim.cluster.kernels import KernelFacts, parse_shape, parse_tile
 from parsim.cluster.precision import GEMM_PRECISIONS, PRECISION_TABLE
 from parsim.cluster.precision import precision as precision_row
@@ -268,6 +269,8 @@ class HardwareProfile:
     ``collective_<kind>_<n>`` = [[max bytes, latency us, GB/s], ...]): (kind, group size, max
     bytes, per-step latency s, link bandwidth B/s) in the ring formulas' terms. A group inside
     one node with a fit for its kind and size is priced by it (``parsim.cluster.collectives``)."""
+    host: HostTier | None = None
+    """Host memory, CPU, NVMe and C2C per node (optional ``[host]`` table; None: not given)."""
 
     @property
     def node_nic_bandwidth(self) -> float:
@@ -332,8 +335,9 @@ _SCHEMA: dict[str, dict[str, tuple[str, bool]]] = {
         "switch_latency_us": ("nonneg", _REQ),
     },
     "calibration": {},  # optional, free-form provenance written by `parsim calibrate`
+    "host": {},  # optional: host memory, CPU, NVMe, C2C (parsim.cluster.host checks its keys)
 }
-_OPTIONAL_TABLES = {"calibration"}
+_OPTIONAL_TABLES = {"calibration", "host"}
 _TOP_TABLES = [t for t in _SCHEMA if t]
 
 
@@ -462,6 +466,7 @@ def parse_profile(data: Mapping[str, Any], file: str = "<profile>") -> HardwareP
         source_path="" if file.startswith("<") else file,
         nvls_bandwidth=to_si("nvls_gbyte_per_s", nd["nvls_gbyte_per_s"]) if "nvls_gbyte_per_s" in nd else 0.0,
         collective_fits=_collective_fits(data.get("calibration", {}), file),
+        host=parse_host(data.get("host"), file),
     )
 
 

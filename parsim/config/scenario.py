@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from parsim.cluster.hardware import HardwareProfile
 from parsim.cluster.precision import TRAINING_PRECISIONS
 from parsim.config.moe import MoEConfig
+from parsim.config.offload import OffloadConfig
 from parsim.config.parallel import ParallelConfig
 from parsim.errors import ConfigError
 from parsim.model import ModelSpec
@@ -159,6 +160,8 @@ class Scenario:
     """The ``[moe]`` table: routing imbalance, expert TP, token dropping (MoE models)."""
     simulation: SimulationConfig = field(default_factory=SimulationConfig)
     """The ``[simulation]`` table: engine mode."""
+    offload: OffloadConfig = field(default_factory=OffloadConfig)
+    """The ``[offload]`` table: model states on the CPU or NVMe (ZeRO-Offload / ZeRO-Infinity)."""
 
     @property
     def n_microbatches(self) -> int:

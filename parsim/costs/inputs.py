@@ -14,6 +14,7 @@ from functools import lru_cache
 
 from parsim.cluster.hardware import HardwareProfile
 from parsim.config.moe import MoEConfig
+from parsim.config.offload import OffloadConfig
 from parsim.config.parallel import ParallelConfig
 from parsim.config.scenario import (
     MeasuredCosts,
@@ -90,6 +91,8 @@ class CostInputs:
     """Dropout masks kept (resolved from the training table and the model's FFN)."""
     measured: MeasuredCosts | None = None
     """A ``[costs]`` table: measured per-microbatch times replacing the modelled ones."""
+    offload: OffloadConfig = OffloadConfig()
+    """The ``[offload]`` table (``parsim.costs.offload``)."""
 
     @property
     def hardware(self) -> HardwareProfile:
@@ -99,7 +102,7 @@ class CostInputs:
 def cost_inputs(sc: Scenario) -> CostInputs:
     """The cost model's view of a scenario."""
     return CostInputs(sc.model, cluster_of(sc.hardware), sc.training, sc.parallel, sc.overlap, sc.moe, sc.schedule.name,
-                      sc.n_microbatches, tuple(sc.layers_per_stage), sc.dropout, sc.costs)
+                      sc.n_microbatches, tuple(sc.layers_per_stage), sc.dropout, sc.costs, offload=sc.offload)
 
 
 @dataclass(frozen=True)
