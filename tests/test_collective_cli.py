@@ -125,3 +125,23 @@ def test_bad_input_is_one_line(args, line):
     r = run("collective", *args)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and line in r.stderr, r.stderr
+
+
+def test_simulate_json_names_each_axis_collective_and_its_algorithm():
+    """``collective_algorithms``: per axis the collective it runs, at its size, and the algorithm
+    the tuner model picks -- the same answer `parsim collective` gives for that kind, size and
+    group (TP = one node's 8 GPUs, global ranks 0..7)."""
+    import json as _json
+    out = subprocess.run([sys.executable, "-m", "parsim", "simulate", "scenarios/llama3-70b-h100.toml", "--json"],
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    algos = _json.loads(out)["collective_algorithms"]
+    tp = algos["tp"]
+    assert tp["kind"] == "reduce_scatter" and tp["ranks"] == 8  # sequence parallel on, tp 8
+    assert tp["bytes"] == 8192 * 8192 * 2  # one microbatch's activation, bf16
+    cli = _json.loads(subprocess.run(
+        [sys.executable, "-m", "parsim", "collective", "reduce_scatter", "--size", str(int(tp["bytes"])),
+         "--gpus", "8", "--hardware", "dgx-h100", "--json"], cwd=ROOT, capture_output=True, text=True,
+        check=True).stdout)
+    assert tp["algorithm"] == cli["algorithm"] == "nvls"
+    assert tp["time_s"] == pytest.approx(cli["time_s"], rel=1e-9)
+    assert set(algos) == {"tp", "dp"}  # cp = ep = 1: no entry

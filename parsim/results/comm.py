@@ -18,3 +18,50 @@ def bytes_by_axis(tl: pd.DataFrame, sent: pd.DataFrame, pp: int) -> dict[str, fl
     dp_buffer = float(tl.loc[tl["stream"] == "dp", "bytes"].sum()) / pp
     return {"pp": axis["pp"], "dp": axis["dp"], "dp_buffer": dp_buffer, "tp": axis["tp"], "cp": axis["cp"],
             "ep": axis["ep"]}
+
+
+def collective_algorithms(sc) -> dict[str, dict]:
+    """The collective each parallel axis runs most, at its size, and the algorithm chosen for
+    it (``parsim.cluster.collectives.select_algorithm``, NCCL's tuner as modelled): ``kind``,
+    ``bytes`` (the buffer), ``ranks`` (group size), ``algorithm``, ``time_s``. Axes of degree 1
+    are left out. tp: one layer's activation (all-reduce; reduce-scatter with sequence
+    parallelism); dp: one gradient bucket (all-reduce; reduce-scatter with ZeRO >= 1, over the
+    shard group); cp: the K/V block passed per ring step (or the all-gather / all-to-all of
+    ``parallel.cp_comm``); ep: one microbatch's dispatch all-to-all."""
+    from parsim.cluster.collectives import grad_bucket_bytes, select_algorithm
+    from parsim.cluster.precision import PRECISION_TABLE
+    from parsim.costs.inputs import rank_groups
+
+    par, m, tr, hw = sc.parallel, sc.model, sc.training, sc.hardware
+    groups = rank_groups(par)
+    act = PRECISION_TABLE[tr.precision].wire_bytes
+    tokens = tr.microbatch_size * tr.seq_len // par.cp
+    wanted = []
+    if par.tp > 1:
+        wanted.append(("tp", "reduce_scatter" if par.sequence_parallel else "all_reduce",
+                       tokens * m.d_model * act, list(groups.tp)))
+    if par.dp > 1:
+        n_s = par.shard_degree if par.zero >= 1 else par.dp
+        wanted.append(("dp", "reduce_scatter" if par.zero >= 1 else "all_reduce",
+                       grad_bucket_bytes(sc.overlap.bucket_bytes, par.dp, tr.precision), list(groups.dp)[:n_s]))
+    if par.cp > 1:
+        kv = 2 * tokens * m.n_kv_heads * m.head_dim_ * act / par.tp
+        kind = {"p2p": "p2p", "all_gather": "all_gather", "a2a": "all_to_all"}.get(par.cp_comm, "p2p")
+        wanted.append(("cp", kind, kv * (par.cp if kind == "all_gather" else 1), list(groups.cp)))
+    if par.ep > 1 and m.is_moe:
+        from parsim.costs.moe import ep_group_ranks
+        etp = (sc.moe.expert_tp if sc.moe is not None else None) or par.tp
+        per = tokens * m.top_k * m.d_model * act / (par.tp if par.sequence_parallel else 1)
+        wanted.append(("ep", "all_to_all", per, ep_group_ranks(par, etp)))
+    out = {}
+    for axis, kind, nbytes, ranks in wanted:
+        if len(ranks) <= 1 or nbytes <= 0:
+            continue
+        if kind == "p2p":
+            ranks = ranks[:2]
+        try:
+            algo, t = select_algorithm(hw, kind, nbytes, ranks)
+        except (KeyError, ValueError):
+            continue
+        out[axis] = {"kind": kind, "bytes": float(nbytes), "ranks": len(ranks), "algorithm": algo, "time_s": t}
+    return out

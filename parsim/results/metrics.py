@@ -28,7 +28,7 @@ from parsim.costs.memory import ALLOCATOR_FRAGMENTATION
 from parsim.costs.parts import PART_NAMES
 from parsim.costs.tables import CostTables
 from parsim.model import active_params, total_params
-from parsim.results.comm import bytes_by_axis
+from parsim.results.comm import bytes_by_axis, collective_algorithms
 from parsim.results.frames import parts_frame, sent_frame
 from parsim.results.memory import MEMORY_KINDS, rank_memory, reserved_bytes
 from parsim.results.moe import moe_layers_per_rank, moe_metrics
@@ -73,6 +73,7 @@ def metrics(sc: Scenario, schedule: Schedule, tables: CostTables, tl: pd.DataFra
         "exposed_comm_s": float(sum(axis_comm.values())),
         "exposed_comm_by_axis_s": axis_comm,
         "comm_bytes_by_axis": bytes_by_axis(tl, sent_frame(tables), pp),
+        "collective_algorithms": collective_algorithms(sc),
         "breakdown_s": {k: mean[k] for k in BREAKDOWN},
         "peak_memory_bytes": peak_all,
         "peak_reserved_bytes": reserved_bytes(peak_all),
