@@ -33,6 +33,7 @@ from parsim.config.scenario import (
     check_batch,
     check_model_parallel,
 )
+from parsim.config.sharding import sharding_from_table, to_parallel_table
 from parsim.errors import ConfigError
 from parsim.model import ModelSpec, model_from_table
 
@@ -43,7 +44,7 @@ __all__ = ["load_scenario", "scenario_from_dict", "apply_overrides", "parse_over
 
 
 TOP_KEYS = {"name", "hardware", "gpus", "model", "training", "parallel", "schedule", "costs", "overlap", "description", "moe",
-            "simulation"}
+            "simulation", "sharding"}
 
 
 def _check_keys(table: dict, allowed, file: str, prefix: str) -> None:
@@ -130,7 +131,7 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
     return scenario_from_dict(doc, file, base_dir=path.parent)
 
 
-TABLES = ("model", "training", "parallel", "schedule", "costs", "overlap", "moe", "simulation")
+TABLES = ("model", "training", "parallel", "schedule", "costs", "overlap", "moe", "simulation", "sharding")
 
 
 def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Scenario:
@@ -153,7 +154,8 @@ def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Sc
         hardware.device.peak(training.precision)
     except ValueError as e:
         raise ConfigError(file, "training.precision", f"{training.precision!r} on {hw_name}: {e}") from None
-    parallel = _parallel(doc.get("parallel", {}), file, gpus)
+    sharding, parallel_table = _sharding(doc, file, gpus)
+    parallel = _parallel(parallel_table, file, gpus)
     schedule = _schedule(doc.get("schedule", {}), file)
     overlap = _simple(OverlapConfig, doc.get("overlap", {}), file, "overlap.")
     parallel = _schedule_shape(parallel, schedule, file)
@@ -167,7 +169,7 @@ def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Sc
     check_moe(moe, model, parallel, file)
     simulation = _simulation(doc.get("simulation", {}), file)
     sc = Scenario(name, file, hardware, gpus, model, training, parallel, schedule, overlap, costs, layers, moe,
-                  simulation)
+                  simulation, sharding)
     check_batch(sc)
     if schedule.partition == "balanced" and schedule.layers_per_stage is None:
         from parsim.costs.partition import (
@@ -175,6 +177,22 @@ def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Sc
         )
         sc = replace(sc, layers_per_stage=balanced_layers(sc))
     return sc
+
+
+def _sharding(doc: dict, file: str, gpus: int):
+    """``[sharding]`` (GSPMD-style annotations, ``parsim.config.sharding``) stands in for
+    ``[parallel]``: the annotations become the parallel table they amount to (merged with
+    ``[parallel]``, where ``--set parallel.KEY`` may still tune what they do not say).
+    Returns (the annotations or None, the parallel table)."""
+    if "sharding" not in doc:
+        return None, doc.get("parallel", {})
+    sh = sharding_from_table(doc["sharding"], file)
+    derived = to_parallel_table(sh, gpus, file)
+    given = doc.get("parallel", {})
+    clash = sorted(k for k in given if k in derived)
+    if clash:
+        raise ConfigError(file, f"parallel.{clash[0]}", "is decided by [sharding]; give the axes in one of them")
+    return sh, {**given, **derived}
 
 
 def _schedule_shape(par: ParallelConfig, schedule: ScheduleConfig, file: str) -> ParallelConfig:

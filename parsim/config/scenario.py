@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from parsim.cluster.hardware import HardwareProfile
 from parsim.cluster.precision import TRAINING_PRECISIONS
 from parsim.config.moe import MoEConfig
+from parsim.config.sharding import ShardingConfig
 from parsim.config.parallel import ParallelConfig
 from parsim.errors import ConfigError
 from parsim.model import ModelSpec
@@ -151,6 +152,8 @@ class Scenario:
     """The ``[moe]`` table: routing imbalance, expert TP, token dropping (MoE models)."""
     simulation: SimulationConfig = field(default_factory=SimulationConfig)
     """The ``[simulation]`` table: engine mode."""
+    sharding: ShardingConfig | None = None
+    """The ``[sharding]`` annotations the parallel axes came from (None: stated as ``[parallel]``)."""
 
     @property
     def n_microbatches(self) -> int:
