@@ -73,9 +73,11 @@ def test_megatron_tp_with_sp_falls_out_where_weights_dominate():
 
 
 def test_fsdp_falls_out_where_tokens_dominate():
-    """Llama-3-8B, 16 x 4096 tokens per microbatch (> 9 d: TP's activation traffic exceeds the
-    weights' 3 x 12 d^2), 32 blocks whose replicated states (112 GB) do not fit 45 GB: every
-    linear layer stored sharded over the 8 GPUs and gathered (ZeRO-3 / FSDP)."""
+    """Llama-3-8B, 16 x 4096 tokens per microbatch, 32 blocks whose replicated states (112 GB) do
+    not fit 45 GB: TP's collectives carry 4 x tokens x d per block pass, exposed (more bytes than
+    the block's weights, 12 d^2, once tokens > 3 d), while FSDP's gathers of the weights hide
+    behind 65k tokens of compute: every linear layer stored sharded over the 8 GPUs and gathered
+    (ZeRO-3 / FSDP)."""
     g = block_graph(Setting(get_preset("llama3-8b"), H100, 16, 4096), Mesh((("d", 8),)))
     p = Problem(g, H100, n_blocks=32, memory_budget=45e9)
     sol = solve(p)
@@ -83,8 +85,11 @@ def test_fsdp_falls_out_where_tokens_dominate():
     assert sol.choice == propagate(g, fsdp)
     tp = evaluate(p, propagate(g, sharding_from_table(MEGATRON_SP, "t.toml")))
     assert tp[0] > sol.time_s
-    # with memory to spare, plain data parallelism (one gradient all-reduce per step) wins
-    roomy = solve(Problem(g, H100, n_blocks=4, n_microbatches=8))
+    # with memory to spare and one sequence per GPU per microbatch, FSDP's gathers (3 x the block's
+    # weights per microbatch) no longer hide behind the compute, while plain data parallelism
+    # all-reduces the gradients once per step of 64 microbatches: DDP wins
+    g = block_graph(Setting(get_preset("llama3-8b"), H100, 8, 1024), Mesh((("d", 8),)))
+    roomy = solve(Problem(g, H100, n_blocks=4, n_microbatches=64))
     assert roomy.choice == propagate(g, sharding_from_table({"mesh": {"d": 8}, "batch": ["d"]}, "t.toml"))
 
 

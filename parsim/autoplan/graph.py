@@ -182,7 +182,7 @@ def _fam_linear(name: str, roles) -> tuple[str, ...] | None:
     return tuple(out)
 
 
-def linear_op(st: Setting, mesh: Mesh, name: str) -> Op:
+def linear_op(st: Setting, mesh: Mesh, name: str, only: frozenset | None = None) -> Op:
     """qkv / up (column-type in Megatron) or out / down (row-type): every role assignment."""
     m = st.model
     gname = COLUMN.get(name) or ROW[name]
@@ -193,6 +193,8 @@ def linear_op(st: Setting, mesh: Mesh, name: str) -> Op:
     tokens = st.microbatch * st.seq_len
     strategies = []
     for roles in _role_sets(mesh, LINEAR_ROLES):
+        if only is not None and _fam_linear(name, roles) not in only:
+            continue
         c, r, bz = _prod(mesh, roles, "C"), _prod(mesh, roles, "R"), _prod(mesh, roles, "BZ")
         heads_split = c if name == "qkv" else r if name == "out" else 1
         if name in ("qkv", "out") and (m.n_heads % heads_split or (m.n_kv_heads % heads_split and heads_split % m.n_kv_heads)):
@@ -262,11 +264,13 @@ def _attn_stash(st: Setting, inp: LayerInputs, heads: int) -> float:
     return out
 
 
-def attention_op(st: Setting, mesh: Mesh) -> Op:
+def attention_op(st: Setting, mesh: Mesh, only: frozenset | None = None) -> Op:
     m = st.model
     out = []
     qkv_w = (m.n_heads + 2 * m.n_kv_heads) * m.head_dim_
     for roles in _role_sets(mesh, ("B", "H", "X")):
+        if only is not None and tuple("T" if x == "H" else x for x in roles) not in only:
+            continue
         b, h = _prod(mesh, roles, "B"), _prod(mesh, roles, "H")
         if st.microbatch % b or m.n_heads % h or (m.n_kv_heads % h and h % m.n_kv_heads):
             continue
@@ -326,13 +330,15 @@ def serves(op: Op, s: Strategy, fam: tuple[str, ...]) -> bool:
     return s.family == roles
 
 
-def end_op(st: Setting, mesh: Mesh, kind: str) -> Op:
+def end_op(st: Setting, mesh: Mesh, kind: str, only: frozenset | None = None) -> Op:
     """The embedding (first stage) or the final norm, LM head and loss (last stage), as
     ``parsim.costs.stage`` costs them at the local shard (vocabulary split over the V axes)."""
     m = st.model
     out = []
     tokens = st.microbatch * st.seq_len
     for roles in _role_sets(mesh, ("B", "Z", "V", "X")):
+        if only is not None and tuple("T" if x == "V" else x for x in roles) not in only:
+            continue
         bz, v = _prod(mesh, roles, "BZ"), _prod(mesh, roles, "V")
         if st.microbatch % bz or m.vocab_size % v:
             continue
@@ -352,26 +358,31 @@ def end_op(st: Setting, mesh: Mesh, kind: str) -> Op:
     return Op(kind, kind, m.d_model, tuple(out))
 
 
-def block_graph(st: Setting, mesh: Mesh, first: bool = False, last: bool = False) -> Graph:
+def block_graph(st: Setting, mesh: Mesh, first: bool = False, last: bool = False, runnable: bool = False) -> Graph:
     """The block's op chain (with the embedding before it / the head after it), cyclic: the
-    block's output feeds the next block's ``ln1`` (every block of a stage runs alike)."""
+    block's output feeds the next block's ``ln1`` (every block of a stage runs alike).
+    ``runnable``: only the strategies of the axes families the engine runs (:func:`families`)."""
     m = st.model
     if m.is_mla or m.is_moe:
         raise ConfigError("parsim autoplan", "model", f"{m.name}: the op graph covers dense MHA/GQA blocks "
                                                       "(MLA and routed experts are not in it yet)")
+    fams = [f[:-1] for f in families(mesh)] if runnable else None
+    lin = frozenset(fams) if runnable else None
+    att = frozenset(tuple("B" if r == "Z" else r for r in f) for f in fams) if runnable else None
     qkv_w = (m.n_heads + 2 * m.n_kv_heads) * m.head_dim_
     f_w = m.d_ff
-    ops = [norm_op(st, mesh, "ln1"), linear_op(st, mesh, "qkv"), attention_op(st, mesh), linear_op(st, mesh, "out"),
-           norm_op(st, mesh, "ln2"), linear_op(st, mesh, "up"), linear_op(st, mesh, "down")]
+    ops = [norm_op(st, mesh, "ln1"), linear_op(st, mesh, "qkv", lin), attention_op(st, mesh, att),
+           linear_op(st, mesh, "out", lin), norm_op(st, mesh, "ln2"), linear_op(st, mesh, "up", lin),
+           linear_op(st, mesh, "down", lin)]
     ops[5] = _with_activation(st, mesh, ops[5])
     widths = [m.d_model, qkv_w, m.n_heads * m.head_dim_, m.d_model, m.d_model, f_w]
     edges = [(i, i + 1, w) for i, w in enumerate(widths)]
     edges.append((6, 0, m.d_model))
     if first:
-        ops.append(end_op(st, mesh, "embedding"))
+        ops.append(end_op(st, mesh, "embedding", lin))
         edges.append((len(ops) - 1, 0, m.d_model))
     if last:
-        ops.append(end_op(st, mesh, "lm_head"))
+        ops.append(end_op(st, mesh, "lm_head", lin))
         edges.append((6, len(ops) - 1, m.d_model))
     tokens = st.microbatch * st.seq_len
     return Graph(tuple(ops), tuple(edges), mesh, tokens, PRECISION_TABLE[st.precision].wire_bytes)
@@ -390,24 +401,39 @@ def _with_activation(st: Setting, mesh: Mesh, up: Op) -> Op:
     return replace(up, strategies=tuple(out))
 
 
-def edge_matrices(hw: HardwareProfile, g: Graph, e: int) -> tuple[tuple[tuple[float, ...], ...], ...]:
+def edge_matrices(hw: HardwareProfile, g: Graph, e: int):
     """(forward, backward) matrices [s][t] of resharding seconds on edge ``e`` (source strategy
     s, destination strategy t): the activation into the consumer's input layout, its gradient
-    back into the producer's output layout."""
+    back into the producer's output layout. Computed once per graph (kept on it)."""
+    memo = g.__dict__.setdefault("_edges", {})
+    key = (id(hw), e)
+    if key not in memo:
+        memo[key] = _edge_matrix(hw, g, e)
+    return memo[key]
+
+
+def _edge_matrix(hw: HardwareProfile, g: Graph, e: int):
     src, dst, width = g.edges[e]
     full = g.tokens * width * g.act_bytes
     a, b = g.ops[src], g.ops[dst]
-    fwd = tuple(tuple(reshard_time(hw, s.out, t.inp, full, g.mesh) for t in b.strategies) for s in a.strategies)
-    bwd = tuple(tuple(reshard_time(hw, t.grad_in, s.out.without_partial(), full, g.mesh) for t in b.strategies)
-                for s in a.strategies)
+    seen: dict = {}
+
+    def t(x: Layout, y: Layout) -> float:
+        if (x, y) not in seen:
+            seen[(x, y)] = reshard_time(hw, x, y, full, g.mesh)
+        return seen[(x, y)]
+    fwd = tuple(tuple(t(s.out, d.inp) for d in b.strategies) for s in a.strategies)
+    bwd = tuple(tuple(t(d.grad_in, s.out.without_partial()) for d in b.strategies) for s in a.strategies)
     return fwd, bwd
 
 
 def op_time(s: Strategy, recompute: str, n_microbatches: int) -> float:
-    """Seconds an op strategy adds per microbatch (forward, backward, the forward again under
-    full recomputation, its collectives, its per-step collectives spread over the microbatches)."""
-    re = s.forward_s if recompute == "full" else 0.0
-    return s.forward_s + s.backward_s + s.comm_s + re + s.step_comm_s / n_microbatches
+    """Seconds an op strategy adds per microbatch: forward, backward, the forward again under
+    full recomputation, the per-step collectives spread over the microbatches, and what its FSDP
+    gathers and reduce-scatters do not hide behind that compute (the engine prefetches the next
+    unit's parameters while one computes: ``overlap.prefetch = 1``, FSDP2's default)."""
+    work = s.forward_s + s.backward_s + (s.forward_s if recompute == "full" else 0.0)
+    return work + max(0.0, s.comm_s - work) + s.step_comm_s / n_microbatches
 
 
 def families(mesh: Mesh) -> list[tuple[str, ...]]:

@@ -20,7 +20,7 @@ from parsim.autoplan.graph import Graph, edge_matrices, families, op_time, serve
 from parsim.cluster.hardware import HardwareProfile
 from parsim.errors import ConfigError
 
-EXTRA_HINT = "parsim autoplan needs scipy (HiGHS): pip install 'parsim[autoplan]'"
+EXTRA_HINT = "needs scipy (HiGHS) for its ILP: pip install 'parsim[autoplan]'"
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ One submesh shape per plan: the engine and the torch runtime run the same axes o
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 
 from parsim.autoplan.graph import Setting, block_graph, families, serves
@@ -20,6 +21,7 @@ from parsim.autoplan.ilp import Problem, evaluate, solve
 from parsim.autoplan.interop import Pipeline, StageModel, best_split
 from parsim.autoplan.mesh import Mesh
 from parsim.cluster.hardware import HardwareProfile
+from parsim.config.sharding import sharding_from_table, to_parallel_table
 from parsim.errors import ConfigError
 from parsim.model import ModelSpec
 
@@ -75,7 +77,7 @@ def _submesh_sizes(gpus: int, per_node: int) -> list[int]:
 def logical_meshes(d: int, per_node: int) -> list[tuple[tuple[str, int], ...]]:
     """2-D meshes (a outer, b inner) of d devices, b a power of two no larger than a node."""
     out = []
-    b = 1
+    b = 2 if d > 1 else 1  # b = 1 is the mesh a = 1, b = d again
     while b <= min(d, per_node):
         if d % b == 0:
             out.append((("a", d // b), ("b", b)))
@@ -145,7 +147,14 @@ def search(spec: AutoplanSpec, progress=None) -> tuple[list[Plan], dict]:
                     if plan is not None:
                         plans.append(plan)
     plans.sort(key=lambda p: p.estimate_s)
-    return plans, stats
+    seen, out = set(), []
+    for p in plans:  # logical meshes that amount to the same axes (all data-parallel, say) once
+        key = (p.n_microbatches, p.recompute, p.pipeline.layers_per_stage,
+               str(sorted(to_parallel_table(sharding_from_table(sharding_table(p), FILE), spec.gpus, FILE).items())))
+        if key not in seen:
+            seen.add(key)
+            out.append(p)
+    return out, stats
 
 
 def _microbatches(spec: AutoplanSpec, d: int, pp: int) -> list[int]:
@@ -159,10 +168,11 @@ def _microbatches(spec: AutoplanSpec, d: int, pp: int) -> list[int]:
 def _graphs(st: Setting, axes, pp: int) -> dict:
     mesh = Mesh(axes)
     if pp == 1:
-        g = block_graph(st, mesh, first=True, last=True)
-        return {"mid": block_graph(st, mesh), "first": g, "last": g, "ilp": g}
-    first = block_graph(st, mesh, first=True)
-    return {"mid": block_graph(st, mesh), "first": first, "last": block_graph(st, mesh, last=True), "ilp": first}
+        g = block_graph(st, mesh, first=True, last=True, runnable=True)
+        return {"mid": block_graph(st, mesh, runnable=True), "first": g, "last": g, "ilp": g}
+    first = block_graph(st, mesh, first=True, runnable=True)
+    return {"mid": block_graph(st, mesh, runnable=True), "first": first,
+            "last": block_graph(st, mesh, last=True, runnable=True), "ilp": first}
 
 
 def _one(spec: AutoplanSpec, graphs: dict, pp: int, mb: int, rc: str, budget: float, stats: dict) -> Plan | None:
@@ -223,7 +233,7 @@ def sharding_table(plan: Plan) -> dict:
 def scenario_doc(spec: AutoplanSpec, plan: Plan) -> dict:
     """A scenario document (``parsim.scenario.scenario_from_dict``) running the plan."""
     ref = spec.model_ref
-    model = {"hf_config": ref} if (ref.endswith(".json") or "/" in ref) else {"preset": ref}
+    model = {"hf_config": str(Path(ref).resolve())} if (ref.endswith(".json") or "/" in ref) else {"preset": ref}
     dp = 1
     for (a, n), r in zip(plan.mesh, plan.family[:-1]):
         if r in "BZ":
