@@ -118,15 +118,22 @@ def _human(res, out: dict, grid: dict | None) -> str:
         return "\n".join(lines)
     p = res.best
     sh = out["sharding"]
-    roles = {"B": "data", "Z": "data, weights sharded (FSDP)", "T": "tensor" + (" + SP" if p.family[-1] == "sp" else "")}
-    mesh = ", ".join(f"{a}={n} {roles.get(r, '-')}" for (a, n), r in zip(p.mesh, p.family[:-1]) if n > 1) or "one GPU"
-    lines.append(f"  plan          pp={p.pp} stages, each on {'x'.join(str(n) for _, n in p.mesh)} GPUs ({mesh})")
-    lines.append(f"                {p.n_microbatches} microbatches of {out['training']['microbatch_size']} per data rank, "
-                 f"1F1B, recompute={p.recompute}")
-    lines.append("  stages        " + "; ".join(f"{st['layers']} layers on GPUs {st['devices'][0]}-{st['devices'][-1]}"
-                                                 for st in out["stages"]))
+    mesh = " x ".join(f"{a}={n}" for a, n in sh["mesh"].items())
+    tensor = next((a for (a, _), r in zip(p.mesh, p.family[:-1]) if r == "T"), None)
+    roles = [f"batch {', '.join(sh['batch'])}" if sh.get("batch") else "",
+             f"weights stored sharded over {', '.join(sh['fsdp'])} (FSDP)" if sh.get("fsdp") else "",
+             f"tensor {tensor}" + (" + sequence parallel" if sh.get("sequence") else "") if tensor else ""]
+    stages = "1 stage" if p.pp == 1 else f"{p.pp} stages"
+    lines.append(f"  plan          {stages} of {s.gpus // p.pp} GPUs; mesh {mesh} ({'; '.join(r for r in roles if r)})")
+    n_mb = p.n_microbatches
+    lines.append(f"                {n_mb} microbatch{'es' if n_mb > 1 else ''} of {out['training']['microbatch_size']} "
+                 f"sequences per data rank, 1F1B, recompute={p.recompute}")
+    d = s.gpus // p.pp
+    lines.append(f"  stages        layers {', '.join(str(st['layers']) for st in out['stages'])}; stage i on GPUs "
+                 f"{d}i .. {d}i+{d - 1}" if p.pp > 1 else f"  stages        {s.model.n_layers} layers on GPUs 0-{d - 1}")
     w = sh.get("weights", {})
-    lines.append("  sharding      " + (", ".join(f"{k} {v}" for k, v in w.items()) or "all weights replicated"))
+    lines.append("  weights       " + (", ".join(f"{k} {v}" for k, v in w.items()) or "replicated over the stage"
+                                       + (" (stored sharded, gathered for use)" if sh.get("fsdp") else "")))
     lines.append(f"  step time     {fmt_s(out['step_time_s'])} simulated (stage DP estimate {fmt_s(p.estimate_s)}); "
                  f"MFU {100 * out['mfu']:.1f}%, peak memory {fmt_b(out['peak_memory_bytes'])}")
     if grid is not None:
