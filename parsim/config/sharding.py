@@ -195,7 +195,9 @@ def to_parallel_table(sc: ShardingConfig, gpus: int, file: str) -> dict:
         dp *= size[a]
     par = {"dp": dp, "tp": size[t] if t else 1, "pp": size[sc.pipeline] if sc.pipeline else 1,
            "cp": size[cp_axis] if cp_axis else 1, "ep": size[ep_axis] if ep_axis else 1,
-           "zero": 3 if sc.fsdp else 0, "sequence_parallel": sc.sequence is not None and sc.sequence == t}
+           "sequence_parallel": sc.sequence is not None and sc.sequence == t}
+    if sc.fsdp:  # ZeRO-1/2 shard optimizer state, not a weight layout: [parallel] zero may state them
+        par["zero"] = 3
     # the rank grid's order (slowest first) follows the mesh's axis order; axes of size 1 anywhere
     placed = []
     for a in size:
