@@ -93,6 +93,20 @@ def test_fsdp_falls_out_where_tokens_dominate():
     assert roomy.choice == propagate(g, sharding_from_table({"mesh": {"d": 8}, "batch": ["d"]}, "t.toml"))
 
 
+def test_expert_parallelism_falls_out_for_the_experts():
+    """Mixtral blocks on 8 H100, 8 x 4096 tokens per microbatch: replicated experts would cost
+    each GPU all 8 experts' states and a per-step all-reduce of 1.4B parameters per block;
+    split over the batch axis (EP) they cost two all-to-alls of the routed tokens per pass."""
+    m = get_preset("mixtral-8x7b")
+    g = block_graph(Setting(m, H100, 8, 4096), Mesh((("e", 8),)))
+    sol = solve(Problem(g, H100, n_blocks=4, n_microbatches=8, memory_budget=60e9))
+    experts = g.ops[-1]
+    assert experts.name == "experts" and experts.strategies[sol.choice[-1]].roles == ("E",)
+    rep = list(sol.choice)
+    rep[-1] = next(i for i, s in enumerate(experts.strategies) if s.roles == ("B",))
+    assert evaluate(Problem(g, H100, n_blocks=4, n_microbatches=8), tuple(rep))[0] > sol.time_s
+
+
 @pytest.mark.parametrize("budget", [float("inf"), 2.2e9])
 def test_mcmc_never_beats_the_ilp_and_reaches_it_on_a_small_graph(budget):
     p = Problem(_toy_block(), H100, n_blocks=2, n_microbatches=4, memory_budget=budget)

@@ -83,6 +83,23 @@ def test_fsdp_and_dp_annotations_imply_the_zero3_and_ddp_collectives():
                 assert s.step_comm_s == pytest.approx(collective_time(sc.hardware, "all_reduce", local * gb, ranks))
 
 
+def test_ep_annotation_reproduces_the_moe_block_cost():
+    """Mixtral's block with the experts split over the batch axis (GShard's EP): the router, the
+    grouped expert GEMMs, permutes and the dispatch/combine all-to-alls are parsim.costs.moe's on
+    the slowest EP rank, exactly as the block costs them with dp = ep = 8."""
+    sc = scenario(dp=8, hardware="dgx-h100", model={"preset": "mixtral-8x7b"}, parallel={"ep": 8},
+                  training={"seq_len": 4096, "microbatch_size": 1, "global_batch": 8})
+    lc = layer_cost(layer_inputs(cost_inputs(sc)), True)
+    sh = sharding_from_table({"mesh": {"e": 8}, "batch": ["e"], "weights": {"experts": "split(0, e)"}}, "t.toml")
+    g = block_graph(Setting(sc.model, sc.hardware, 8, 4096), stage_mesh(sh))
+    b = breakdown(sc.hardware, g, propagate(g, sh))
+    assert b.forward_s == pytest.approx(lc.forward.compute, rel=1e-9)
+    assert b.backward_s == pytest.approx(lc.backward_input.compute + lc.backward_weight.compute, rel=1e-9)
+    assert b.forward_comm_s == pytest.approx(lc.forward.ep_comm, rel=1e-9)
+    assert b.backward_comm_s == pytest.approx(lc.backward_input.ep_comm, rel=1e-9)
+    assert b.state_bytes / 16 == pytest.approx(lc.params)  # 1 expert of 8 per GPU, attention replicated
+
+
 def test_reshard_collectives():
     mesh = Mesh((("a", 2), ("b", 4)))
     full = 1024.0

@@ -13,13 +13,15 @@ loss). A strategy gives every mesh axis a role:
 * ``attn``: ``B`` (whole sequences split), ``H`` (heads split), ``X``;
 * norms: ``T`` (tokens split: data parallel, or Megatron's sequence parallelism), ``X``;
 * ``embedding`` / ``lm_head``: ``B``, ``Z``, ``V`` (vocabulary split: Megatron's vocab-parallel
-  embedding and cross-entropy), ``X``.
+  embedding and cross-entropy), ``X``;
+* ``experts`` (an MoE block's router and routed experts, in place of ``up``/``down``): ``E``
+  (experts split over the axis, tokens too: GShard's expert parallelism), ``B``, ``X``.
 
 Costs are parsim's own: each GEMM through ``Device.gemm_time`` at its local shape, the attention
 core and memory-bound ops as ``parsim.costs.layer`` costs them, the embedding and the head by
 ``parsim.costs.stage``, collectives by ``parsim.cluster.collectives`` on the mesh's groups. What
 is not modelled here (the engine has it when the plan is simulated): launch-bound excess,
-overlap of TP communication, FP8 casts, context parallelism, MLA, routed experts.
+overlap of TP communication, FP8 casts, context parallelism, MLA, shared experts, expert TP.
 """
 from __future__ import annotations
 
@@ -70,6 +72,9 @@ class Strategy:
     """Activations the op keeps from its forward to its backward, per microbatch."""
     family: tuple[str, ...] | None
     """The Megatron-style axes family this strategy belongs to (None: none of them)."""
+    a2a_s: float = 0.0
+    """Seconds of the expert dispatch + combine all-to-alls of one forward (the backward runs as
+    many again), exposed (``overlap.ep_comm`` off)."""
 
 
 @dataclass(frozen=True)
@@ -283,7 +288,7 @@ def attention_op(st: Setting, mesh: Mesh, only: frozenset | None = None) -> Op:
     return Op("attn", "attn", qkv_w, tuple(out))
 
 
-def memory_bound_bytes(st: Setting, tokens: int, tp: int) -> tuple[float, float]:
+def memory_bound_bytes(st: Setting, tokens: int, tp: int, moe: bool = False) -> tuple[float, float]:
     """(residual-stream part at full width, the rest at ``tp``) forward HBM bytes of a block's
     memory-bound ops for ``tokens`` local tokens: the norms, residual adds and dropout act on
     d_model (split over tp only with sequence parallelism); rotary and the activation on the
@@ -291,7 +296,7 @@ def memory_bound_bytes(st: Setting, tokens: int, tp: int) -> tuple[float, float]
     def total(t: int, sp: bool) -> float:
         inp = _inputs(st, 1, t, sp)
         if st.hardware.device.kernels is not None:
-            return _compute.memory_work(inp, False)[0].bytes / st.seq_len * tokens
+            return _compute.memory_work(inp, moe)[0].bytes / st.seq_len * tokens
         return layer_elementwise_bytes(st.model, tokens, t, sp, st_act_bytes(st))
     d_part = 2 * (total(2, False) - total(2, True))
     return d_part, total(tp, False) - d_part
@@ -363,9 +368,12 @@ def block_graph(st: Setting, mesh: Mesh, first: bool = False, last: bool = False
     block's output feeds the next block's ``ln1`` (every block of a stage runs alike).
     ``runnable``: only the strategies of the axes families the engine runs (:func:`families`)."""
     m = st.model
-    if m.is_mla or m.is_moe:
-        raise ConfigError("parsim autoplan", "model", f"{m.name}: the op graph covers dense MHA/GQA blocks "
-                                                      "(MLA and routed experts are not in it yet)")
+    if m.is_mla or (m.is_moe and (runnable or m.n_shared_experts or m.first_dense_layers or m.moe_every != 1)):
+        raise ConfigError("parsim autoplan", "model", f"{m.name}: the op graph covers dense MHA/GQA blocks and "
+                                                      "blocks of routed experts only (no MLA, shared or dense "
+                                                      "layers; the search proposes no EP yet)")
+    if m.is_moe:
+        return _moe_graph(st, mesh, first, last)
     fams = [f[:-1] for f in families(mesh)] if runnable else None
     lin = frozenset(fams) if runnable else None
     att = frozenset(tuple("B" if r == "Z" else r for r in f) for f in fams) if runnable else None
@@ -432,8 +440,10 @@ def op_time(s: Strategy, recompute: str, n_microbatches: int) -> float:
     full recomputation, the per-step collectives spread over the microbatches, and what its FSDP
     gathers and reduce-scatters do not hide behind that compute (the engine prefetches the next
     unit's parameters while one computes: ``overlap.prefetch = 1``, FSDP2's default)."""
-    work = s.forward_s + s.backward_s + (s.forward_s if recompute == "full" else 0.0)
-    return work + max(0.0, s.comm_s - work) + s.step_comm_s / n_microbatches
+    again = recompute == "full"
+    work = s.forward_s + s.backward_s + (s.forward_s if again else 0.0)
+    a2a = s.a2a_s * (3 if again else 2)
+    return work + max(0.0, s.comm_s - work) + a2a + s.step_comm_s / n_microbatches
 
 
 def families(mesh: Mesh) -> list[tuple[str, ...]]:
@@ -448,3 +458,57 @@ def families(mesh: Mesh) -> list[tuple[str, ...]]:
     return out
 
 
+
+
+def experts_op(st: Setting, mesh: Mesh) -> Op:
+    """The router and the routed experts (``parsim.costs.moe``: routing, grouped GEMMs, permutes,
+    dispatch and combine all-to-alls on the slowest EP rank), as ``parsim.costs.layer`` adds them
+    to a block; the block's other memory-bound work at the routed widths rides along. Roles: ``E``
+    experts split over the axis (tokens split over it too, GShard), ``B`` tokens split with the
+    experts replicated, ``X``. Expert tensor parallelism is not among them."""
+    from parsim.config.moe import MoEConfig
+    m, dev = st.model, st.hardware.device
+    out = []
+    tokens = st.microbatch * st.seq_len
+    f_e = m.d_ff_expert_
+    for roles in _role_sets(mesh, ("B", "E", "X")):
+        e, bz = _prod(mesh, roles, "E"), _prod(mesh, roles, "BE")
+        if m.n_experts % e or st.microbatch % bz:
+            continue
+        group = mesh.group(_axes(mesh, roles, "E"))
+        base = _inputs(st, st.microbatch // bz, 1, False)
+        inp = replace(base, shard=replace(base.shard, ep=e, ep_group=Ranks(group), expert_tp=1),
+                      moe=MoEConfig())
+        ph = _layer.moe_phase(inp)
+        counted_f, counted_i = _layer._routed_memory_counted(inp)
+        _, rest = memory_bound_bytes(st, tokens // bz, 1, moe=True)
+        mem = dev.memory_time(rest)
+        f = mem + ph.forward_s - counted_f
+        b = 2 * mem + ph.backward_input_s - counted_i + ph.backward_weight_s
+        expert = m.n_experts * m.ffn_matrices * m.d_model * f_e / e
+        router = m.d_model * m.n_experts
+        w, g, _ = state_bytes_per_param(st.optimizer, st.precision)
+        b_axes = _axes(mesh, roles, "B")
+        step = collective(st.hardware, "all_reduce", expert * g, mesh.group(b_axes)) if b_axes else 0.0
+        step += collective(st.hardware, "all_reduce", router * g, mesh.group(_axes(mesh, roles, "BE")))
+        lay = Layout(tuple("T" if x in "BE" else "-" for x in roles))
+        stash = ph.routed_rows * (m.d_model + m.ffn_matrices * f_e) * st_act_bytes(st)
+        out.append(Strategy(tuple(roles), lay, lay, lay, f, b, 0.0, step, _states(st, expert + router),
+                            stash, None, 2 * ph.all_to_all_s))
+    return Op("experts", "experts", m.d_model, tuple(out))
+
+
+def _moe_graph(st: Setting, mesh: Mesh, first: bool, last: bool) -> Graph:
+    """ln1 -> qkv -> attn -> out -> ln2 -> experts (-> the next block's ln1)."""
+    m = st.model
+    ops = [norm_op(st, mesh, "ln1"), linear_op(st, mesh, "qkv"), attention_op(st, mesh), linear_op(st, mesh, "out"),
+           norm_op(st, mesh, "ln2"), experts_op(st, mesh)]
+    widths = [m.d_model, (m.n_heads + 2 * m.n_kv_heads) * m.head_dim_, m.n_heads * m.head_dim_, m.d_model, m.d_model]
+    edges = [(i, i + 1, w) for i, w in enumerate(widths)] + [(5, 0, m.d_model)]
+    if first:
+        ops.append(end_op(st, mesh, "embedding"))
+        edges.append((len(ops) - 1, 0, m.d_model))
+    if last:
+        ops.append(end_op(st, mesh, "lm_head"))
+        edges.append((5, len(ops) - 1, m.d_model))
+    return Graph(tuple(ops), tuple(edges), mesh, st.microbatch * st.seq_len, PRECISION_TABLE[st.precision].wire_bytes)

@@ -51,6 +51,9 @@ def roles_of(sc: ShardingConfig, op: str, kind: str, mesh: Mesh) -> tuple[str, .
             out.append("B" if a in sc.batch else "H" if qkv.axis == a and qkv.dim == 1 else "X")
         elif kind == "norm":
             out.append("T" if a in sc.batch or a == sc.sequence else "X")
+        elif kind == "experts":
+            ex = sc.weight("experts")
+            out.append(("E" if ex.axis == a and ex.dim == 0 else "B") if a in sc.batch else "X")
         else:
             w = sc.weight(WEIGHT_OF[kind])
             vocab_dim = 0 if kind == "embedding" else 1
@@ -121,5 +124,6 @@ def breakdown(hw: HardwareProfile, g: Graph, choice: tuple[int, ...]) -> Breakdo
         fwd, bwd = edge_matrices(hw, g, e)
         fc += fwd[choice[u]][choice[v]]
         bc += bwd[choice[u]][choice[v]]
-    return Breakdown(sum(s.forward_s for s in ss), sum(s.backward_s for s in ss), fc, bc,
+    a2a = sum(s.a2a_s for s in ss)  # the experts' dispatch + combine, once per pass
+    return Breakdown(sum(s.forward_s for s in ss), sum(s.backward_s for s in ss), fc + a2a, bc + a2a,
                      sum(s.comm_s for s in ss), sum(s.step_comm_s for s in ss), sum(s.state_bytes for s in ss))
