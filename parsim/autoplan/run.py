@@ -333,7 +333,7 @@ def to_json(res: AutoplanResult) -> dict:
                        "peak_memory_bytes": sim.get("peak_memory_bytes")})
     return {"step_time_s": mx["step_time_s"], "estimated_step_time_s": p.estimate_s, "stages": stages,
             "sharding": doc["sharding"], "schedule": doc["schedule"], "training": doc["training"],
-            "parallel": _parallel(mx), "mfu": mx.get("mfu"), "fits_in_memory": mx.get("fits_in_memory"),
+            "parallel": _parallel(doc), "mfu": mx.get("mfu"), "fits_in_memory": mx.get("fits_in_memory"),
             "peak_memory_bytes": mx.get("peak_memory_bytes"), "plans_considered": res.n_plans,
             "simulated": [{"sharding": sharding_table(q), "recompute": q.recompute, "n_microbatches": q.n_microbatches,
                            "estimated_step_time_s": q.estimate_s, "step_time_s": m2["step_time_s"],
@@ -348,5 +348,7 @@ def _size(p: Plan) -> int:
     return out
 
 
-def _parallel(mx: dict) -> dict | None:
-    return mx.get("parallel")
+def _parallel(doc: dict) -> dict:
+    """The parallel axes the plan's annotations amount to (``parsim.config.sharding``)."""
+    par = to_parallel_table(sharding_from_table(doc["sharding"], FILE), doc["gpus"], FILE)
+    return {k: v for k, v in par.items() if k != "order"} | {"zero": par.get("zero", 0)}
