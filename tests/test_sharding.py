@@ -154,6 +154,9 @@ def test_sharding_table_runs_as_the_parallel_axes_it_amounts_to():
     ({**SH, "batch": ["dp", "nope"]}, "sharding.batch"),
     ({**SH, "batch": []}, "sharding.mesh"),
     ({**SH, "fsdp": ["op"]}, "sharding.fsdp"),
+    ({**SH, "mesh": {"pp": 2, "dp": 2, "op": 2, "dq": 1}, "batch": ["dp", "zz"]}, "sharding.batch"),
+    ({"mesh": {"d1": 2, "op": 2, "d2": 2}, "batch": ["d1", "d2"], "weights": SH["weights"]}, "sharding.batch"),
+    ({**SH, "pipeline": "op"}, "sharding"),
 ])
 def test_sharding_table_is_strict(bad, key):
     with pytest.raises(ConfigError) as e:

@@ -188,6 +188,11 @@ def to_parallel_table(sc: ShardingConfig, gpus: int, file: str) -> dict:
                                                  f"{list(sc.batch)} (ZeRO-3) or none")
     if len(sc.batch) > 1 and any(a != b for a, b in zip(sc.batch, [n for n in size if n in sc.batch])):
         raise ConfigError(file, "sharding.batch", "batch axes must be listed in mesh order")
+    inner = [a for a in size if size[a] > 1]
+    pos = [inner.index(a) for a in sc.batch if a in inner]
+    if pos and pos[-1] - pos[0] != len(pos) - 1:
+        raise ConfigError(file, "sharding.batch", f"{list(sc.batch)} are not neighbours in the mesh "
+                                                  f"{list(size)}: the engine's data-parallel axis is one stride")
     role_axis = {"dp": list(sc.batch), "tp": [t] if t else [], "pp": [sc.pipeline] if sc.pipeline else [],
                  "cp": [cp_axis] if cp_axis else []}
     dp = 1
