@@ -21,9 +21,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from parsim.autoplan.run import AutoplanSpec, autoplan, sharding_table  # noqa: E402
-from parsim.cluster.hardware import load_profile  # noqa: E402
-from parsim.model import get_preset  # noqa: E402
+from parsim.autoplan.run import AutoplanSpec, autoplan, sharding_table
+from parsim.cluster.hardware import load_profile
+from parsim.model import get_preset
 
 
 def main() -> None:

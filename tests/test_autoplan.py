@@ -31,7 +31,7 @@ def _slow_only_when_asked(request):
 
 def _run(args, env=ENV, timeout=300):
     return subprocess.run([sys.executable, "-m", "parsim", *args], capture_output=True, text=True, cwd=ROOT,
-                          env=env, timeout=timeout)
+                          env=env, timeout=timeout, check=False)
 
 
 def _brute_split(sm: StageModel, n_layers: int, pp: int, m: int, budget: float) -> float | None:

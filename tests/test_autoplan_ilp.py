@@ -8,14 +8,14 @@ import pytest
 
 pytest.importorskip("scipy")
 
-from parsim.autoplan.graph import Graph, Setting, block_graph  # noqa: E402
-from parsim.autoplan.ilp import Problem, brute_force, evaluate, solve  # noqa: E402
-from parsim.autoplan.mcmc import search  # noqa: E402
-from parsim.autoplan.mesh import Mesh  # noqa: E402
-from parsim.autoplan.sharding import propagate  # noqa: E402
-from parsim.cluster.hardware import load_profile  # noqa: E402
-from parsim.config.sharding import sharding_from_table  # noqa: E402
-from parsim.model import get_preset  # noqa: E402
+from parsim.autoplan.graph import Graph, Setting, block_graph
+from parsim.autoplan.ilp import Problem, brute_force, evaluate, solve
+from parsim.autoplan.mcmc import search
+from parsim.autoplan.mesh import Mesh
+from parsim.autoplan.sharding import propagate
+from parsim.cluster.hardware import load_profile
+from parsim.config.sharding import sharding_from_table
+from parsim.model import get_preset
 
 H100 = load_profile("dgx-h100")
 MEGATRON_SP = {"mesh": {"d": 8}, "sequence": "d",

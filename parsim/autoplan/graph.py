@@ -340,7 +340,6 @@ def end_op(st: Setting, mesh: Mesh, kind: str, only: frozenset | None = None) ->
     ``parsim.costs.stage`` costs them at the local shard (vocabulary split over the V axes)."""
     m = st.model
     out = []
-    tokens = st.microbatch * st.seq_len
     for roles in _role_sets(mesh, ("B", "Z", "V", "X")):
         if only is not None and tuple("T" if x == "V" else x for x in roles) not in only:
             continue
@@ -487,7 +486,7 @@ def experts_op(st: Setting, mesh: Mesh) -> Op:
         b = 2 * mem + ph.backward_input_s - counted_i + ph.backward_weight_s
         expert = m.n_experts * m.ffn_matrices * m.d_model * f_e / e
         router = m.d_model * m.n_experts
-        w, g, _ = state_bytes_per_param(st.optimizer, st.precision)
+        g = state_bytes_per_param(st.optimizer, st.precision)[1]
         b_axes = _axes(mesh, roles, "B")
         step = collective(st.hardware, "all_reduce", expert * g, mesh.group(b_axes)) if b_axes else 0.0
         step += collective(st.hardware, "all_reduce", router * g, mesh.group(_axes(mesh, roles, "BE")))

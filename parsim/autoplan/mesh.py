@@ -69,7 +69,7 @@ class Layout:
                 out *= n
         return out
 
-    def without_partial(self) -> "Layout":
+    def without_partial(self) -> Layout:
         return Layout(tuple("-" if r == "P" else r for r in self.roles))
 
 

@@ -13,8 +13,8 @@ One submesh shape per plan: the engine and the torch runtime run the same axes o
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from parsim.autoplan.graph import Setting, block_graph, families, serves
 from parsim.autoplan.ilp import Problem, evaluate, solve

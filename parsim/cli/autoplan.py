@@ -111,8 +111,9 @@ def cmd_autoplan(args) -> int:
 def _human(res, out: dict, grid: dict | None) -> str:
     from parsim.results.summary import fmt_b, fmt_s
     s = res.spec
-    lines = [f"autoplan: {s.model.name} on {s.gpus} GPUs of {s.hardware.name}, {s.global_batch} x {s.seq_len} tokens "
-             f"per step ({s.precision})"]
+    head = (f"autoplan: {s.model.name} on {s.gpus} GPUs of {s.hardware.name}, {s.global_batch} x {s.seq_len} "
+            f"tokens per step ({s.precision})")
+    lines = [head]
     if res.best is None:
         lines.append(f"  no plan fits ({res.n_plans} considered)")
         return "\n".join(lines)
