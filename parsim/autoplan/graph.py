@@ -75,6 +75,9 @@ class Strategy:
     a2a_s: float = 0.0
     """Seconds of the expert dispatch + combine all-to-alls of one forward (the backward runs as
     many again), exposed (``overlap.ep_comm`` off)."""
+    transient_bytes: float = 0.0
+    """Bytes alive only while the op runs: FSDP's gathered weight (and its gradient before the
+    reduce-scatter), on top of everything kept at that liveness point."""
 
 
 @dataclass(frozen=True)
@@ -173,6 +176,14 @@ def _weight_comm(st: Setting, mesh: Mesh, roles, params_local: float) -> tuple[f
     return per_mb, step
 
 
+def _gathered(st: Setting, params_local: float, z: int) -> float:
+    """FSDP: the full weight and its full gradient alive while the op runs (z > 1), else nothing."""
+    if z <= 1:
+        return 0.0
+    w, g, _ = state_bytes_per_param(st.optimizer, st.precision)
+    return params_local * (w + g)
+
+
 def _fam_linear(name: str, roles) -> tuple[str, ...] | None:
     """Family of a linear strategy: Megatron's (C for column ops, R for row ops) on a T axis."""
     mega = "C" if name in COLUMN else "R"
@@ -231,7 +242,8 @@ def linear_op(st: Setting, mesh: Mesh, name: str, only: frozenset | None = None)
         gin = Layout(tuple("T" if x in "BZ" else "F" if x == "R" else "P" if x == "C" else "-" for x in roles))
         stash = tokens / bz * K / r * st_act_bytes(st)
         strategies.append(Strategy(tuple(roles), inp_l, out_l, gin, f, i + w, per_mb, step,
-                                   _states(st, params) / z, stash, _fam_linear(name, roles)))
+                                   _states(st, params) / z, stash, _fam_linear(name, roles),
+                                   transient_bytes=_gathered(st, params, z)))
     return Op(name, "linear", K, tuple(strategies))
 
 
@@ -358,7 +370,7 @@ def end_op(st: Setting, mesh: Mesh, kind: str, only: frozenset | None = None) ->
         b = ec.backward_input.total + ec.backward_weight.total
         fam = tuple("T" if x == "V" else x for x in roles)
         out.append(Strategy(tuple(roles), lay, lay, gin, f, b, per_mb, step, _states(st, params) / z,
-                            ec.activation_bytes, fam))
+                            ec.activation_bytes, fam, transient_bytes=_gathered(st, params, z)))
     return Op(kind, kind, m.d_model, tuple(out))
 
 

@@ -4,9 +4,10 @@ One-hot variables ``x[o, s]`` pick a strategy per op; edge variables ``e[(u, v),
 the resharding cost between consecutive ops (``sum_t e[s, t] = x[u, s]``, ``sum_s e[s, t] =
 x[v, t]``, ``e >= 0``: with one-hot x the only feasible e is their product); the objective is the
 per-microbatch time of a stage of ``n_blocks`` alike blocks (compute, the collectives each
-strategy implies, resharding); one memory constraint holds the stage's peak (model states plus
-the activations of the microbatches in flight at the end of the forward, the liveness point
-where a training stage peaks). ``runnable`` adds family variables ``y[f]`` (one-hot) with
+strategy implies, resharding); a memory constraint at each op's liveness point holds what is
+kept there (model states plus the activations of the microbatches in flight: a training stage
+peaks at the end of its forward) plus what lives only while that op runs (FSDP's gathered
+weight and gradient). ``runnable`` adds family variables ``y[f]`` (one-hot) with
 ``y[f] <= sum_{s serves f} x[o, s]`` for every op: the space the engine and the runtime run
 (Megatron's TP/SP, DP, FSDP), which the emitted scenario needs. Solved with HiGHS through
 ``scipy.optimize.milp`` (the ``autoplan`` extra).
@@ -50,7 +51,7 @@ class Solution:
     time_s: float
     """Per-microbatch seconds of the stage (objective)."""
     memory_bytes: float
-    """Peak bytes per device (the memory constraint's left side)."""
+    """Peak bytes per device (the largest left side of the memory constraints)."""
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,9 @@ class Coefficients:
     time: tuple[tuple[float, ...], ...]
     """Per op, per strategy: seconds per microbatch."""
     memory: tuple[tuple[float, ...], ...]
-    """Per op, per strategy: bytes at the peak."""
+    """Per op, per strategy: bytes kept at the peak."""
+    transient: tuple[tuple[float, ...], ...]
+    """Per op, per strategy: bytes alive only while the op runs."""
     edges: tuple[tuple[tuple[float, ...], ...], ...]
     """Per edge, [s][t] seconds per microbatch."""
 
@@ -69,10 +72,11 @@ def _block_op(g: Graph, o: int) -> bool:
 
 def coefficients(p: Problem) -> Coefficients:
     g = p.graph
-    times, mems = [], []
+    times, mems, trans = [], [], []
     for o, op in enumerate(g.ops):
         k = p.n_blocks if _block_op(g, o) else 1
         t, mm = [], []
+        trans.append(tuple(s.transient_bytes for s in op.strategies))
         for s in op.strategies:
             t.append(k * op_time(s, p.recompute, p.n_microbatches))
             if p.recompute == "full" and _block_op(g, o):
@@ -89,7 +93,7 @@ def coefficients(p: Problem) -> Coefficients:
         fwd, bwd = edge_matrices(p.hardware, g, e)
         k = p.n_blocks if all(_block_op(g, o) for o in g.edges[e][:2]) else 1
         edges.append(tuple(tuple(k * (refwd * f + b) for f, b in zip(fr, br)) for fr, br in zip(fwd, bwd)))
-    return Coefficients(tuple(times), tuple(mems), tuple(edges))
+    return Coefficients(tuple(times), tuple(mems), tuple(trans), tuple(edges))
 
 
 def evaluate(p: Problem, choice: tuple[int, ...], co: Coefficients | None = None) -> tuple[float, float]:
@@ -97,7 +101,7 @@ def evaluate(p: Problem, choice: tuple[int, ...], co: Coefficients | None = None
     co = co or coefficients(p)
     t = sum(co.time[o][s] for o, s in enumerate(choice))
     t += sum(co.edges[e][choice[u]][choice[v]] for e, (u, v, _) in enumerate(p.graph.edges))
-    m = sum(co.memory[o][s] for o, s in enumerate(choice))
+    m = sum(co.memory[o][s] for o, s in enumerate(choice)) + max(co.transient[o][s] for o, s in enumerate(choice))
     return t, m
 
 
@@ -171,9 +175,10 @@ def solve(p: Problem) -> Solution | None:
             row([(e0[e] + s * nv + t, 1.0) for t in range(nv)] + [(x0[u] + s, -1.0)], 0, 0)
         for t in range(nv):
             row([(e0[e] + s * nv + t, 1.0) for s in range(n_s[u])] + [(x0[v] + t, -1.0)], 0, 0)
-    if p.memory_budget != float("inf"):
-        row([(x0[o] + s, co.memory[o][s]) for o in range(len(g.ops)) for s in range(n_s[o])], -np.inf,
-            p.memory_budget)
+    if p.memory_budget != float("inf"):  # one row per liveness point: while op i runs
+        for i in range(len(g.ops)):
+            row([(x0[o] + s, co.memory[o][s] + (co.transient[o][s] if o == i else 0.0))
+                 for o in range(len(g.ops)) for s in range(n_s[o])], -np.inf, p.memory_budget)
     if fams:
         row([(y0 + f, 1.0) for f in range(len(fams))], 1, 1)
         for o, op in enumerate(g.ops):
