@@ -103,6 +103,8 @@ class Graph:
     """Tokens of one microbatch on the whole mesh."""
     act_bytes: float
     """Bytes per activation element on the wire."""
+    n_experts: int = 0
+    """Routed experts per MoE block (0: a dense graph); picks the axes families (:func:`families`)."""
 
 
 
@@ -339,6 +341,9 @@ def serves(op: Op, s: Strategy, fam: tuple[str, ...]) -> bool:
     linear ops Megatron's column/row pair on the T axis, attention its heads, norms their tokens
     over the batch axes (and over the T axis under sequence parallelism), the ends the vocabulary."""
     roles, sp = fam[:-1], fam[-1] == "sp"
+    if op.kind == "experts":
+        return s.roles == _expert_roles(roles)
+    roles = _dense(roles)
     if op.kind == "norm":
         return all((r == "T" and (f in "BZ" or (f == "T" and sp))) or (r == "X" and (f == "X" or (f == "T" and not sp)))
                    for r, f in zip(s.roles, roles))
@@ -379,12 +384,12 @@ def block_graph(st: Setting, mesh: Mesh, first: bool = False, last: bool = False
     block's output feeds the next block's ``ln1`` (every block of a stage runs alike).
     ``runnable``: only the strategies of the axes families the engine runs (:func:`families`)."""
     m = st.model
-    if m.is_mla or (m.is_moe and (runnable or m.n_shared_experts or m.first_dense_layers or m.moe_every != 1)):
+    if m.is_mla or (m.is_moe and (m.n_shared_experts or m.first_dense_layers or m.moe_every != 1)):
         raise ConfigError("parsim autoplan", "model", f"{m.name}: the op graph covers dense MHA/GQA blocks and "
-                                                      "blocks of routed experts only (no MLA, shared or dense "
-                                                      "layers; the search proposes no EP yet)")
+                                                      "blocks of routed experts only (no MLA, shared experts or "
+                                                      "dense layers between MoE ones)")
     if m.is_moe:
-        return _moe_graph(st, mesh, first, last)
+        return _moe_graph(st, mesh, first, last, runnable)
     fams = [f[:-1] for f in families(mesh)] if runnable else None
     lin = frozenset(fams) if runnable else None
     att = frozenset(tuple("B" if r == "Z" else r for r in f) for f in fams) if runnable else None
@@ -457,69 +462,95 @@ def op_time(s: Strategy, recompute: str, n_microbatches: int) -> float:
     return work + max(0.0, s.comm_s - work) + a2a + s.step_comm_s / n_microbatches
 
 
-def families(mesh: Mesh) -> list[tuple[str, ...]]:
+def families(mesh: Mesh, n_experts: int = 0) -> list[tuple[str, ...]]:
     """Megatron-style axes families the engine runs: per axis B, Z or T (at most one T; Z on all
-    batch axes or none), plus ``sp``/``nosp`` (sequence parallelism, with a T axis)."""
+    batch axes or none), plus ``sp``/``nosp`` (sequence parallelism, with a T axis). With routed
+    experts (``n_experts``) one batch axis may also split the experts (EP): E (a B axis that
+    does) or Y (a Z axis that does), its size dividing the experts."""
     out = []
-    for roles in _role_sets(mesh, ("B", "Z", "T")):
-        if roles.count("T") > 1 or ("Z" in roles and "B" in roles):
+    for roles in _role_sets(mesh, ("B", "Z", "T", "E", "Y") if n_experts else ("B", "Z", "T")):
+        data = [r for r in roles if r in "BZEY"]
+        if roles.count("T") > 1 or (any(r in "ZY" for r in data) and any(r in "BE" for r in data)):
+            continue
+        ep = [i for i, r in enumerate(roles) if r in "EY"]
+        if len(ep) > 1 or (ep and n_experts % mesh.sizes[ep[0]]):
             continue
         for sp in (("sp", "nosp") if "T" in roles else ("nosp",)):
             out.append(tuple(roles) + (sp,))
     return out
 
 
+def _dense(roles) -> tuple[str, ...]:
+    """A family's roles as the dense ops see them (an EP axis is a batch axis to them)."""
+    return tuple("B" if r == "E" else "Z" if r == "Y" else r for r in roles)
 
 
-def experts_op(st: Setting, mesh: Mesh) -> Op:
+def _expert_roles(roles) -> tuple[str, ...]:
+    """A family's roles as the experts op sees them (a ZeRO-3 EP axis splits the experts; their
+    states are sharded over the other batch axes, as ZeRO-3 shards them over expert-data-parallel)."""
+    return tuple({"Y": "E"}.get(r, r) for r in roles)
+
+
+def experts_op(st: Setting, mesh: Mesh, only: frozenset | None = None) -> Op:
     """The router and the routed experts (``parsim.costs.moe``: routing, grouped GEMMs, permutes,
     dispatch and combine all-to-alls on the slowest EP rank), as ``parsim.costs.layer`` adds them
     to a block; the block's other memory-bound work at the routed widths rides along. Roles: ``E``
     experts split over the axis (tokens split over it too, GShard), ``B`` tokens split with the
-    experts replicated, ``X``. Expert tensor parallelism is not among them."""
+    experts replicated, ``T`` every expert split over the axis as Megatron splits an MLP
+    (expert TP = the tensor axis: partial sums out, reduced on the edge), ``X``."""
     from parsim.config.moe import MoEConfig
     m, dev = st.model, st.hardware.device
     out = []
     tokens = st.microbatch * st.seq_len
     f_e = m.d_ff_expert_
-    for roles in _role_sets(mesh, ("B", "E", "X")):
-        e, bz = _prod(mesh, roles, "E"), _prod(mesh, roles, "BE")
-        if m.n_experts % e or st.microbatch % bz:
+    for roles in _role_sets(mesh, ("B", "Z", "E", "T", "X")):
+        if only is not None and tuple(roles) not in only:
+            continue
+        e, bz, t = _prod(mesh, roles, "E"), _prod(mesh, roles, "BZE"), _prod(mesh, roles, "T")
+        if m.n_experts % e or st.microbatch % bz or f_e % t:
             continue
         group = mesh.group(_axes(mesh, roles, "E"))
-        base = _inputs(st, st.microbatch // bz, 1, False)
-        inp = replace(base, shard=replace(base.shard, ep=e, ep_group=Ranks(group), expert_tp=1),
+        base = _inputs(st, st.microbatch // bz, t, False, mesh.group(_axes(mesh, roles, "T")))
+        inp = replace(base, shard=replace(base.shard, ep=e, ep_group=Ranks(group), expert_tp=t),
                       moe=MoEConfig())
         ph = _layer.moe_phase(inp)
         counted_f, counted_i = _layer._routed_memory_counted(inp)
-        _, rest = memory_bound_bytes(st, tokens // bz, 1, moe=True)
+        _, rest = memory_bound_bytes(st, tokens // bz, t, moe=True)
         mem = dev.memory_time(rest)
         f = mem + ph.forward_s - counted_f
         b = 2 * mem + ph.backward_input_s - counted_i + ph.backward_weight_s
-        expert = m.n_experts * m.ffn_matrices * m.d_model * f_e / e
+        expert = m.n_experts * m.ffn_matrices * m.d_model * f_e / (e * t)
         router = m.d_model * m.n_experts
         g = state_bytes_per_param(st.optimizer, st.precision)[1]
-        b_axes = _axes(mesh, roles, "B")
-        step = collective(st.hardware, "all_reduce", expert * g, mesh.group(b_axes)) if b_axes else 0.0
-        step += collective(st.hardware, "all_reduce", router * g, mesh.group(_axes(mesh, roles, "BE")))
-        lay = Layout(tuple("T" if x in "BE" else "-" for x in roles))
-        stash = ph.routed_rows * (m.d_model + m.ffn_matrices * f_e) * st_act_bytes(st)
-        out.append(Strategy(tuple(roles), lay, lay, lay, f, b, 0.0, step, _states(st, expert + router),
-                            stash, None, 2 * ph.all_to_all_s))
+        # the experts' weights: gradients all-reduced over B, stored sharded and gathered over Z (FSDP)
+        per_mb, step = _weight_comm(st, mesh, roles, expert)
+        step += collective(st.hardware, "all_reduce", router * g, mesh.group(_axes(mesh, roles, "BZE")))
+        z = _prod(mesh, roles, "Z")
+        lay = Layout(tuple("T" if x in "BZE" else "-" for x in roles))
+        part = Layout(tuple("T" if x in "BZE" else "P" if x == "T" else "-" for x in roles))
+        stash = ph.routed_rows * (m.d_model + m.ffn_matrices * f_e / t) * st_act_bytes(st)
+        out.append(Strategy(tuple(roles), lay, part, part, f, b, per_mb, step,
+                            _states(st, expert) / z + _states(st, router), stash, None, 2 * ph.all_to_all_s,
+                            transient_bytes=_gathered(st, expert, z)))
     return Op("experts", "experts", m.d_model, tuple(out))
 
 
-def _moe_graph(st: Setting, mesh: Mesh, first: bool, last: bool) -> Graph:
+def _moe_graph(st: Setting, mesh: Mesh, first: bool, last: bool, runnable: bool = False) -> Graph:
     """ln1 -> qkv -> attn -> out -> ln2 -> experts (-> the next block's ln1)."""
     m = st.model
-    ops = [norm_op(st, mesh, "ln1"), linear_op(st, mesh, "qkv"), attention_op(st, mesh), linear_op(st, mesh, "out"),
-           norm_op(st, mesh, "ln2"), experts_op(st, mesh)]
+    fams = [f[:-1] for f in families(mesh, m.n_experts)] if runnable else None
+    lin = frozenset(_dense(f) for f in fams) if runnable else None
+    att = frozenset(tuple("B" if r == "Z" else r for r in _dense(f)) for f in fams) if runnable else None
+    exp = frozenset(_expert_roles(f) for f in fams) if runnable else None
+    ops = [norm_op(st, mesh, "ln1"), linear_op(st, mesh, "qkv", lin), attention_op(st, mesh, att),
+           linear_op(st, mesh, "out", lin), norm_op(st, mesh, "ln2"), experts_op(st, mesh, exp)]
     widths = [m.d_model, (m.n_heads + 2 * m.n_kv_heads) * m.head_dim_, m.n_heads * m.head_dim_, m.d_model, m.d_model]
     edges = [(i, i + 1, w) for i, w in enumerate(widths)] + [(5, 0, m.d_model)]
     if first:
-        ops.append(end_op(st, mesh, "embedding"))
+        ops.append(end_op(st, mesh, "embedding", lin))
         edges.append((len(ops) - 1, 0, m.d_model))
     if last:
-        ops.append(end_op(st, mesh, "lm_head"))
+        ops.append(end_op(st, mesh, "lm_head", lin))
         edges.append((5, len(ops) - 1, m.d_model))
-    return Graph(tuple(ops), tuple(edges), mesh, st.microbatch * st.seq_len, PRECISION_TABLE[st.precision].wire_bytes)
+    return Graph(tuple(ops), tuple(edges), mesh, st.microbatch * st.seq_len, PRECISION_TABLE[st.precision].wire_bytes,
+                 m.n_experts)

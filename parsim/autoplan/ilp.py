@@ -110,7 +110,7 @@ def allowed(p: Problem) -> list[list[bool]]:
     g = p.graph
     if not p.runnable:
         return [[True] * len(op.strategies) for op in g.ops]
-    fams = families(g.mesh)
+    fams = families(g.mesh, g.n_experts)
     return [[any(serves(op, s, f) for f in fams) for s in op.strategies] for op in g.ops]
 
 
@@ -118,7 +118,7 @@ def brute_force(p: Problem) -> Solution | None:
     """Every combination (toy graphs only): the oracle the ILP is tested against."""
     co = coefficients(p)
     best = None
-    fams = families(p.graph.mesh) if p.runnable else [None]
+    fams = families(p.graph.mesh, p.graph.n_experts) if p.runnable else [None]
     for choice in itertools.product(*[range(len(op.strategies)) for op in p.graph.ops]):
         if p.runnable and not any(all(serves(op, op.strategies[s], f) for op, s in zip(p.graph.ops, choice))
                                   for f in fams):
@@ -146,7 +146,7 @@ def solve(p: Problem) -> Solution | None:
     e0 = [n_x]
     for (u, v, _) in g.edges:
         e0.append(e0[-1] + n_s[u] * n_s[v])
-    fams = families(g.mesh) if p.runnable else []
+    fams = families(g.mesh, g.n_experts) if p.runnable else []
     y0 = e0[-1]
     n_var = y0 + len(fams)
     c = np.zeros(n_var)

@@ -61,7 +61,7 @@ def _penalty(t: float) -> float:
 
 def _family_walk(p: Problem, co, rng: random.Random, steps: int) -> Solution | None:
     from parsim.autoplan.graph import families, serves
-    fams = families(p.graph.mesh)
+    fams = families(p.graph.mesh, p.graph.n_experts)
     cands = []
     for f in fams:
         ch = []

@@ -96,7 +96,7 @@ def family_choice(g, fam) -> tuple[int, ...] | None:
 
 
 def _family_of(g, choice) -> tuple[str, ...]:
-    for fam in families(g.mesh):
+    for fam in families(g.mesh, g.n_experts):
         if all(serves(op, op.strategies[c], fam) for op, c in zip(g.ops, choice)):
             return fam
     raise AssertionError("runnable ILP answer outside every family")
@@ -211,9 +211,9 @@ def sharding_table(plan: Plan) -> dict:
         if n == 1:
             continue
         mesh[a] = n
-        if r in "BZ":
+        if r in "BZEY":
             batch.append(a)
-        if r == "Z":
+        if r in "ZY":
             fsdp.append(a)
         if r == "T":
             tensor = a
@@ -236,7 +236,7 @@ def scenario_doc(spec: AutoplanSpec, plan: Plan) -> dict:
     model = {"hf_config": str(Path(ref).resolve())} if (ref.endswith(".json") or "/" in ref) else {"preset": ref}
     dp = 1
     for (a, n), r in zip(plan.mesh, plan.family[:-1]):
-        if r in "BZ":
+        if r in "BZEY":
             dp *= n
     mbs = spec.global_batch // (plan.n_microbatches * dp)
     return {

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from parsim.autoplan.graph import COLUMN, Graph, edge_matrices
+from parsim.autoplan.graph import Graph, edge_matrices
 from parsim.autoplan.mesh import Mesh
 from parsim.cluster.hardware import HardwareProfile
 from parsim.config.sharding import REPLICATE, Annotation, ShardingConfig
@@ -53,7 +53,8 @@ def roles_of(sc: ShardingConfig, op: str, kind: str, mesh: Mesh) -> tuple[str, .
             out.append("T" if a in sc.batch or a == sc.sequence else "X")
         elif kind == "experts":
             ex = sc.weight("experts")
-            out.append(("E" if ex.axis == a and ex.dim == 0 else "B") if a in sc.batch else "X")
+            out.append(("E" if ex.axis == a and ex.dim == 0 else "Z" if a in sc.fsdp else "B") if a in sc.batch else
+                       "T" if qkv.axis == a else "X")
         else:
             w = sc.weight(WEIGHT_OF[kind])
             vocab_dim = 0 if kind == "embedding" else 1
@@ -86,8 +87,12 @@ def annotations_of(g: Graph, choice: tuple[int, ...]) -> dict[str, str]:
                 if r in "CR":
                     ann = Annotation(1 if r == "C" else 0, a)
             out[op.name] = str(ann)
-            if op.name == "up" and op.name in COLUMN:
-                pass
+        elif op.kind == "experts":  # EP splits the expert dim; expert TP splits each expert's MLP as Megatron's
+            for a, r in zip(g.mesh.names, roles):
+                if r == "E":
+                    out["experts"] = str(Annotation(0, a))
+                elif r == "T":
+                    out["up"], out["down"] = str(Annotation(1, a)), str(Annotation(0, a))
         elif op.kind in ("embedding", "lm_head"):
             ann = REPLICATE
             for a, r in zip(g.mesh.names, roles):

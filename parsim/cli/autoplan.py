@@ -14,7 +14,7 @@ def register(sub) -> None:
     from parsim.cli.args import positive_int
 
     p = sub.add_parser("autoplan", help="automatic parallelization: Alpa-style intra-op ILP + stage DP, simulated",
-                       description="Search sharding (Megatron TP/SP, DP, FSDP as annotations on a device mesh) with "
+                       description="Search sharding (Megatron TP/SP, DP, FSDP, EP as annotations on a device mesh) with "
                                    "an integer linear program per stage and cut the layers into pipeline stages with "
                                    "Alpa's DP; the leaders are simulated and the fastest that fits is printed, with "
                                    "parsim plan's best grid configuration beside it.",
@@ -60,9 +60,9 @@ def build_spec(args):
     rc = tuple(x.strip() for x in args.recompute.split(",") if x.strip())
     if not rc or any(x not in ("none", "full") for x in rc):
         raise ConfigError(FILE, "--recompute", f"expected a comma-separated list of none, full; got {args.recompute!r}")
-    if model.is_moe or model.is_mla:
-        raise ConfigError(FILE, "--model", f"{model.name}: the op graph covers dense MHA/GQA blocks "
-                                           "(MLA and routed experts are not in it yet)")
+    if model.is_mla or (model.is_moe and (model.n_shared_experts or model.first_dense_layers or model.moe_every != 1)):
+        raise ConfigError(FILE, "--model", f"{model.name}: the op graph covers dense MHA/GQA blocks and blocks of "
+                                           "routed experts only (no MLA, shared experts or dense layers between)")
     return AutoplanSpec(model, ref, hw, args.gpus, args.global_batch, args.seq_len, prec, args.optimizer, rc,
                         args.confirm)
 
@@ -123,7 +123,8 @@ def _human(res, out: dict, grid: dict | None) -> str:
     tensor = next((a for (a, _), r in zip(p.mesh, p.family[:-1]) if r == "T"), None)
     roles = [f"batch {', '.join(sh['batch'])}" if sh.get("batch") else "",
              f"weights stored sharded over {', '.join(sh['fsdp'])} (FSDP)" if sh.get("fsdp") else "",
-             f"tensor {tensor}" + (" + sequence parallel" if sh.get("sequence") else "") if tensor else ""]
+             f"tensor {tensor}" + (" + sequence parallel" if sh.get("sequence") else "") if tensor else "",
+             f"experts {sh['weights']['experts']} (EP)" if "experts" in sh.get("weights", {}) else ""]
     stages = "1 stage" if p.pp == 1 else f"{p.pp} stages"
     lines.append(f"  plan          {stages} of {s.gpus // p.pp} GPUs; mesh {mesh} ({'; '.join(r for r in roles if r)})")
     n_mb = p.n_microbatches
