@@ -43,7 +43,7 @@ class AutoplanSpec:
     optimizer: str = "adam"
     recompute: tuple[str, ...] = ("none", "full")
     confirm: int = 4
-    """Leaders by the estimate that are simulated."""
+    """Leaders by the estimate that are simulated (more, up to 4x, until one fits in the engine's memory)."""
     max_microbatch_per_gpu: int = 8
     """Largest microbatch, in sequences per GPU of a stage, considered."""
 
@@ -167,9 +167,10 @@ def _microbatches(spec: AutoplanSpec, d: int, pp: int) -> list[int]:
 
 def _graphs(st: Setting, axes, pp: int) -> dict:
     mesh = Mesh(axes)
-    if pp == 1:
+    if pp == 1:  # one stage holds both ends: counted once, as "first"
         g = block_graph(st, mesh, first=True, last=True, runnable=True)
-        return {"mid": block_graph(st, mesh, runnable=True), "first": g, "last": g, "ilp": g}
+        mid = block_graph(st, mesh, runnable=True)
+        return {"mid": mid, "first": g, "last": mid, "ilp": g}
     first = block_graph(st, mesh, first=True, runnable=True)
     return {"mid": block_graph(st, mesh, runnable=True), "first": first,
             "last": block_graph(st, mesh, last=True, runnable=True), "ilp": first}
@@ -303,7 +304,10 @@ def autoplan(spec: AutoplanSpec) -> AutoplanResult:
     t0 = time.perf_counter()
     plans, stats = search(spec)
     confirmed = []
-    for plan in plans[: spec.confirm]:
+    for i, plan in enumerate(plans):
+        # the leaders by the estimate, and past them until one fits (the ILP's memory is an estimate)
+        if i >= spec.confirm and (any(mx.get("fits_in_memory") for _, mx in confirmed) or i >= 4 * spec.confirm):
+            break
         doc = scenario_doc(spec, plan)
         try:
             res = simulate(scenario_from_dict(doc, FILE))
