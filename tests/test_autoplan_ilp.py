@@ -8,7 +8,8 @@ import pytest
 
 pytest.importorskip("scipy")
 
-from parsim.autoplan.graph import Graph, Setting, block_graph
+from parsim.autoplan.blocks import block_graph
+from parsim.autoplan.graph import Graph, Setting
 from parsim.autoplan.ilp import Problem, brute_force, evaluate, solve
 from parsim.autoplan.mcmc import search
 from parsim.autoplan.mesh import Mesh

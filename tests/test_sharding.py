@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from parsim.autoplan.graph import Setting, block_graph
+from parsim.autoplan.blocks import block_graph
+from parsim.autoplan.graph import Setting
 from parsim.autoplan.mesh import Layout, Mesh, reshard_steps
 from parsim.autoplan.sharding import breakdown, propagate, stage_mesh
 from parsim.cluster.collectives import collective_time

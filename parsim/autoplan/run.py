@@ -16,7 +16,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from parsim.autoplan.graph import Setting, block_graph, families, serves
+from parsim.autoplan.blocks import block_graph
+from parsim.autoplan.graph import Setting, families, serves
 from parsim.autoplan.ilp import Problem, evaluate, solve
 from parsim.autoplan.interop import Pipeline, StageModel, best_split
 from parsim.autoplan.mesh import Mesh

@@ -20,7 +20,6 @@ from parsim.errors import ConfigError
 
 FILE = "[sharding]"
 WEIGHT_OF = {"qkv": "qkv", "out": "out", "up": "up", "down": "down", "embedding": "embedding", "lm_head": "lm_head"}
-MEGATRON_DIM = {"qkv": 1, "up": 1, "out": 0, "down": 0}
 
 
 def stage_mesh(sc: ShardingConfig, offset: int = 0) -> Mesh:
