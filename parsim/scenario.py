@@ -35,6 +35,7 @@ from parsim.config.scenario import (
     check_batch,
     check_model_parallel,
 )
+from parsim.config.sharding import sharding_from_table, to_parallel_table
 from parsim.errors import ConfigError
 from parsim.model import ModelSpec, model_from_table
 
@@ -45,7 +46,7 @@ __all__ = ["load_scenario", "scenario_from_dict", "apply_overrides", "parse_over
 
 
 TOP_KEYS = {"name", "hardware", "gpus", "model", "training", "parallel", "schedule", "costs", "overlap", "description", "moe",
-            "simulation", "offload", "inference"}
+            "simulation", "offload", "inference", "sharding"}
 
 
 def _check_keys(table: dict, allowed, file: str, prefix: str) -> None:
@@ -132,7 +133,7 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
     return scenario_from_dict(doc, file, base_dir=path.parent)
 
 
-TABLES = ("model", "training", "parallel", "schedule", "costs", "overlap", "moe", "simulation")
+TABLES = ("model", "training", "parallel", "schedule", "costs", "overlap", "moe", "simulation", "sharding")
 
 
 def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Scenario:
@@ -165,7 +166,8 @@ def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Sc
             raise ConfigError(file, "training.attention_kernel",
                               f"{training.attention_kernel!r} has no kernel model on {hardware.device.name} "
                               f"(modelled: fa2 on Ampere and Hopper, fa3 and cudnn on Hopper, fa4 on Blackwell)")
-    parallel = _parallel(doc.get("parallel", {}), file, gpus)
+    sharding, parallel_table = _sharding(doc, file, gpus)
+    parallel = _parallel(parallel_table, file, gpus)
     schedule = _schedule(doc.get("schedule", {}), file)
     overlap = _simple(OverlapConfig, doc.get("overlap", {}), file, "overlap.")
     parallel = _schedule_shape(parallel, schedule, file)
@@ -179,7 +181,7 @@ def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Sc
     check_moe(moe, model, parallel, file)
     simulation = _simulation(doc.get("simulation", {}), file)
     sc = Scenario(name, file, hardware, gpus, model, training, parallel, schedule, overlap, costs, layers, moe,
-                  simulation)
+                  simulation, sharding=sharding)
     if "offload" in doc:  # ZeRO-Offload / ZeRO-Infinity (parsim.config.offload)
         from parsim.config.offload import parse_offload
         sc = replace(sc, offload=parse_offload(doc["offload"], file, parallel.zero))
@@ -195,6 +197,22 @@ def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Sc
         )
         sc = replace(sc, layers_per_stage=balanced_layers(sc))
     return sc
+
+
+def _sharding(doc: dict, file: str, gpus: int):
+    """``[sharding]`` (GSPMD-style annotations, ``parsim.config.sharding``) stands in for
+    ``[parallel]``: the annotations become the parallel table they amount to (merged with
+    ``[parallel]``, where ``--set parallel.KEY`` may still tune what they do not say).
+    Returns (the annotations or None, the parallel table)."""
+    if "sharding" not in doc:
+        return None, doc.get("parallel", {})
+    sh = sharding_from_table(doc["sharding"], file)
+    derived = to_parallel_table(sh, gpus, file)
+    given = doc.get("parallel", {})
+    clash = sorted(k for k in given if k in derived)
+    if clash:
+        raise ConfigError(file, f"parallel.{clash[0]}", "is decided by [sharding]; give the axes in one of them")
+    return sh, {**given, **derived}
 
 
 def _schedule_shape(par: ParallelConfig, schedule: ScheduleConfig, file: str) -> ParallelConfig:

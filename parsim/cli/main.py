@@ -12,8 +12,8 @@ import os
 import sys
 
 from parsim import __version__
-from parsim.cli import (calibrate, collective, compare, estimate_memory, fl, importer, infer, kernel, plan,
-                        validate)
+from parsim.cli import (autoplan, calibrate, collective, compare, estimate_memory, fl, importer, infer, kernel,
+                        plan, validate)
 from parsim.cli.args import HelpParser, finite_positive, positive_int
 from parsim.cli.common import (
     EXIT_BAD_INPUT,
@@ -139,7 +139,7 @@ def build_parser() -> HelpParser:
     s.set_defaults(func=cmd_schedule)
 
     for command in (plan, compare, validate, calibrate, kernel, importer, collective, fl, estimate_memory,
-                    infer):  # each module adds its sub-command
+                    infer, autoplan):  # each module adds its sub-command
         command.register(sub)
     for name, parser in sub.choices.items():  # every --help ends with an example
         if not parser.epilog and name in EXAMPLES:

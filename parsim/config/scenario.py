@@ -7,6 +7,7 @@ from parsim.cluster.hardware import HardwareProfile
 from parsim.cluster.precision import TRAINING_PRECISIONS
 from parsim.config.moe import MoEConfig
 from parsim.config.offload import OffloadConfig
+from parsim.config.sharding import ShardingConfig
 from parsim.config.parallel import ParallelConfig
 from parsim.errors import ConfigError
 from parsim.model import ModelSpec
@@ -162,6 +163,8 @@ class Scenario:
     """The ``[simulation]`` table: engine mode."""
     offload: OffloadConfig = field(default_factory=OffloadConfig)
     """The ``[offload]`` table: model states on the CPU or NVMe (ZeRO-Offload / ZeRO-Infinity)."""
+    sharding: ShardingConfig | None = None
+    """The ``[sharding]`` annotations the parallel axes came from (None: stated as ``[parallel]``)."""
 
     @property
     def n_microbatches(self) -> int:

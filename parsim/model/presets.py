@@ -82,6 +82,9 @@ _LIST: list[ModelSpec] = [
     _gpt("megatron-310b", 96, 16384, 128),
     _gpt("megatron-530b", 105, 20480, 128),
     _gpt("megatron-1t", 128, 25600, 160),
+    # Alpa's quick benchmark GPT (alpa-projects/alpa benchmark/alpa/README.md, GPTModelConfig(seq_len=1024,
+    # hidden_size=2560, num_layers=32, num_heads=32, vocab_size=51200); Alpa reports 2.649B parameters).
+    _gpt("alpa-gpt-2.6b", 32, 2560, 32, max_seq_len=1024),
     # Megatron-LM README H100 weak scaling; published.json megatron-core-h100-weak-*.
     _mcore("mcore-gpt-1.7b", 24, 2048, 16),
     _mcore("mcore-gpt-7.1b", 30, 4096, 32),
