@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from parsim.cluster.hardware import load_profile
+from parsim.config.faults import faults_from_table
 from parsim.config.moe import MoEConfig, check_moe, moe_from_table
 from parsim.config.parallel import (
     AXES,
@@ -43,7 +44,7 @@ __all__ = ["load_scenario", "scenario_from_dict", "apply_overrides", "parse_over
 
 
 TOP_KEYS = {"name", "hardware", "gpus", "model", "training", "parallel", "schedule", "costs", "overlap", "description", "moe",
-            "simulation"}
+            "simulation", "faults"}
 
 
 def _check_keys(table: dict, allowed, file: str, prefix: str) -> None:
@@ -130,7 +131,7 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
     return scenario_from_dict(doc, file, base_dir=path.parent)
 
 
-TABLES = ("model", "training", "parallel", "schedule", "costs", "overlap", "moe", "simulation")
+TABLES = ("model", "training", "parallel", "schedule", "costs", "overlap", "moe", "simulation", "faults")
 
 
 def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Scenario:
@@ -166,8 +167,9 @@ def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Sc
         raise ConfigError(file, "moe", f"model {model.name} has no experts")
     check_moe(moe, model, parallel, file)
     simulation = _simulation(doc.get("simulation", {}), file)
+    faults = faults_from_table(doc["faults"], file) if "faults" in doc else None
     sc = Scenario(name, file, hardware, gpus, model, training, parallel, schedule, overlap, costs, layers, moe,
-                  simulation)
+                  simulation, faults)
     check_batch(sc)
     if schedule.partition == "balanced" and schedule.layers_per_stage is None:
         from parsim.costs.partition import (

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 from parsim.cluster.hardware import HardwareProfile
 from parsim.cluster.precision import TRAINING_PRECISIONS
+from parsim.config.faults import FaultsConfig
 from parsim.config.moe import MoEConfig
 from parsim.config.parallel import ParallelConfig
 from parsim.errors import ConfigError
@@ -151,6 +152,8 @@ class Scenario:
     """The ``[moe]`` table: routing imbalance, expert TP, token dropping (MoE models)."""
     simulation: SimulationConfig = field(default_factory=SimulationConfig)
     """The ``[simulation]`` table: engine mode."""
+    faults: FaultsConfig | None = None
+    """The ``[faults]`` table: failure rates, checkpointing, restarts (``parsim goodput``); None: not given."""
 
     @property
     def n_microbatches(self) -> int:
