@@ -20,7 +20,7 @@ LAYERS = [
     {"costs"},
     {"results", "scenario", "calibrate"},
     {"simulate"},
-    {"parsim", "plan", "report", "frameworks", "goodput"},   # "parsim": the public API in parsim/__init__.py
+    {"parsim", "plan", "report", "frameworks", "goodput", "uncertainty"},   # "parsim": the public API in parsim/__init__.py
     {"validate"},
     {"cli"},
     {"__main__"},
