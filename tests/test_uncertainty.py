@@ -97,3 +97,12 @@ def test_cli_samples_json_and_summary():
     bad = subprocess.run([sys.executable, "-m", "parsim", "simulate", "scenarios/tiny-cpu.toml", "--samples", "0"],
                          cwd=ROOT, env=env, capture_output=True, text=True)
     assert bad.returncode == 2 and "--samples" in bad.stderr
+
+
+def test_band_covers_90_percent_of_steps_drawn_from_the_same_spread():
+    # the well-specified case: "measurements" drawn from the very distribution the band states
+    sc = load_scenario(ROOT / "scenarios" / "tiny-cpu.toml", ["hardware=\"calibrated/cpu-gloo\""])
+    b = band(sc, simulate(sc).metrics, samples=200, seed=0)
+    measured = sample_step_times(sc, 400, seed=1)
+    inside = np.mean((measured >= b["step_time_p5_s"]) & (measured <= b["step_time_p95_s"]))
+    assert inside == pytest.approx(0.90, abs=0.05)

@@ -123,9 +123,10 @@ def format_summary(mx: dict) -> str:
         + "  ".join(f"{k}={fmt_s(v)}" for k, v in mx["exposed_comm_by_axis_s"].items() if v > 0),
     ]
     if "step_time_p50_s" in mx:  # --samples (parsim.uncertainty.band)
-        lines.append(f"  90% band          step time {fmt_s(mx['step_time_p5_s'])} .. {fmt_s(mx['step_time_p95_s'])} "
-                     f"(P50 {fmt_s(mx['step_time_p50_s'])}), {fmt_n(mx['tokens_per_s_p5'])} .. "
-                     f"{fmt_n(mx['tokens_per_s_p95'])} tokens/s over {mx['samples']} samples (seed {mx['seed']})")
+        rel = {k: f"{100 * (mx[f'step_time_{k}_s'] / T - 1):+.2f}%" for k in ("p5", "p50", "p95")}
+        lines.append(f"  90% band          step time P5 {rel['p5']}, P50 {rel['p50']}, P95 {rel['p95']} of the point; "
+                     f"{fmt_n(mx['tokens_per_s_p5'])} .. {fmt_n(mx['tokens_per_s_p95'])} tokens/s "
+                     f"({mx['samples']} samples, seed {mx['seed']})")
     if "time_to_train_s" in mx:
         lines.append(budget_line(mx))
     fit = "fits" if mx["fits_in_memory"] else (
