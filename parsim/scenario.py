@@ -34,6 +34,7 @@ from parsim.config.scenario import (
     check_batch,
     check_model_parallel,
 )
+from parsim.config.stragglers import check_stragglers, stragglers_from_table
 from parsim.errors import ConfigError
 from parsim.model import ModelSpec, model_from_table
 
@@ -44,7 +45,7 @@ __all__ = ["load_scenario", "scenario_from_dict", "apply_overrides", "parse_over
 
 
 TOP_KEYS = {"name", "hardware", "gpus", "model", "training", "parallel", "schedule", "costs", "overlap", "description", "moe",
-            "simulation", "faults"}
+            "simulation", "faults", "stragglers"}
 
 
 def _check_keys(table: dict, allowed, file: str, prefix: str) -> None:
@@ -131,7 +132,7 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
     return scenario_from_dict(doc, file, base_dir=path.parent)
 
 
-TABLES = ("model", "training", "parallel", "schedule", "costs", "overlap", "moe", "simulation", "faults")
+TABLES = ("model", "training", "parallel", "schedule", "costs", "overlap", "moe", "simulation", "faults", "stragglers")
 
 
 def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Scenario:
@@ -168,9 +169,15 @@ def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Sc
     check_moe(moe, model, parallel, file)
     simulation = _simulation(doc.get("simulation", {}), file)
     faults = faults_from_table(doc["faults"], file) if "faults" in doc else None
+    stragglers = stragglers_from_table(doc["stragglers"], file) if "stragglers" in doc else None
+    if stragglers is not None:
+        check_stragglers(stragglers, gpus, hardware.gpus_per_node, hardware.nics_per_node, parallel.pp, file)
     sc = Scenario(name, file, hardware, gpus, model, training, parallel, schedule, overlap, costs, layers, moe,
-                  simulation, faults)
+                  simulation, faults, stragglers)
     check_batch(sc)
+    if stragglers is not None and stragglers.rank_hardware and stragglers.balance and schedule.layers_per_stage is None:
+        from parsim.costs.mixed import speed_balanced_layers  # ranks on other GPUs: layers to each one's speed
+        return replace(sc, layers_per_stage=speed_balanced_layers(sc))
     if schedule.partition == "balanced" and schedule.layers_per_stage is None:
         from parsim.costs.partition import (
             balanced_layers,  # needs the cost model, which needs a Scenario

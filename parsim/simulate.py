@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from parsim.config.scenario import Scenario
+from parsim.costs.mixed import MixedCosts
 from parsim.costs.model_costs import ModelCosts
 from parsim.errors import ScheduleError
 from parsim.results.result import Result
@@ -11,6 +12,8 @@ from parsim.schedule.grid import format_grid
 from parsim.schedule.ir import Schedule
 from parsim.sim import engine, fullsim
 from parsim.sim.engine import simulate_schedule
+from parsim.results.pace import pace_setter
+from parsim.sim.stragglers import fast_stragglers
 
 
 def schedule_for(sc: Scenario, early_recv: bool = False) -> Schedule:
@@ -31,14 +34,20 @@ def simulate(sc: Scenario, costs: ModelCosts | None = None, schedule: Schedule |
     """Simulate one optimizer step of ``sc`` (``schedule``: an already lowered one of it)."""
     sched = schedule if schedule is not None else schedule_for(sc)
     costs = costs or ModelCosts.from_scenario(sc)
+    run = costs  # what the engines run: [stragglers] rank_hardware costs those ranks on their own profile
+    if sc.stragglers is not None and sc.stragglers.rank_hardware:
+        run = MixedCosts(sc, costs)
     if sc.simulation.mode == "full" and sc.costs is None:
         check_runs(sched, fullsim.COVERAGE)  # before anything starts: one line if it cannot
-        raw = fullsim.simulate_full(sc, sched, costs)
+        raw = fullsim.simulate_full(sc, sched, run)
     else:
         check_runs(sched, engine.COVERAGE)
-        raw = simulate_schedule(sched, costs)
+        raw = simulate_schedule(sched, fast_stragglers(sc, sched, run))
     _check_complete(sched, raw)
-    return Result.from_raw(sc, sched, costs.tables(sched.stage_to_rank), raw)
+    res = Result.from_raw(sc, sched, costs.tables(sched.stage_to_rank), raw)
+    if sc.stragglers is not None:
+        res.metrics["pace_setter"] = pace_setter(sc, res.metrics)
+    return res
 
 
 def _check_complete(sched: Schedule, raw) -> None:

@@ -8,6 +8,7 @@ from parsim.cluster.precision import TRAINING_PRECISIONS
 from parsim.config.faults import FaultsConfig
 from parsim.config.moe import MoEConfig
 from parsim.config.parallel import ParallelConfig
+from parsim.config.stragglers import StragglerConfig
 from parsim.errors import ConfigError
 from parsim.model import ModelSpec
 
@@ -154,6 +155,8 @@ class Scenario:
     """The ``[simulation]`` table: engine mode."""
     faults: FaultsConfig | None = None
     """The ``[faults]`` table: failure rates, checkpointing, restarts (``parsim goodput``); None: not given."""
+    stragglers: StragglerConfig | None = None
+    """The ``[stragglers]`` table: slow GPUs/nodes/NICs, failed NICs, pipeline ranks on other GPUs; None: all alike."""
 
     @property
     def n_microbatches(self) -> int:
