@@ -106,3 +106,20 @@ def test_band_covers_90_percent_of_steps_drawn_from_the_same_spread():
     measured = sample_step_times(sc, 400, seed=1)
     inside = np.mean((measured >= b["step_time_p5_s"]) & (measured <= b["step_time_p95_s"]))
     assert inside == pytest.approx(0.90, abs=0.05)
+
+
+def test_run_report_shows_the_band(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run([sys.executable, "-m", "parsim", "simulate", "scenarios/tiny-cpu.toml", "--samples", "20",
+                    "--out", str(tmp_path / "r")], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    assert "step time 90% band (P5 .. P95, P50)" in (tmp_path / "r" / "report.md").read_text()
+    assert "step_time_p95_s" in json.loads((tmp_path / "r" / "result.json").read_text())
+
+
+def test_band_follows_the_stragglers_the_fast_engine_runs():
+    plain = load_scenario(ROOT / "scenarios" / "tiny-cpu.toml")
+    slow = load_scenario(ROOT / "scenarios" / "tiny-cpu.toml", ["stragglers.gpus=[[1, 1.5]]"])
+    point, slow_point = simulate(plain).metrics["step_time_s"], simulate(slow).metrics
+    b = band(slow, slow_point, samples=100, seed=0)
+    assert b["step_time_p50_s"] == pytest.approx(slow_point["step_time_s"], rel=0.01)
+    assert b["step_time_p5_s"] > point  # the band is the straggler's, not the uniform job's

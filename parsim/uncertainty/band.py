@@ -1,5 +1,7 @@
 """``parsim simulate --samples N``: the step simulated N times in the fast engine with drawn
-durations (``parsim.uncertainty.sampled``), seeded, and the P5/P50/P95 of step time and throughput."""
+durations (``parsim.uncertainty.sampled``), seeded, and the P5/P50/P95 of step time and throughput.
+With ``[stragglers]``: what the fast engine runs (ranks on other GPU types, replica 0's slow ranks;
+stragglers in other replicas and NICs are full mode's and not in the band)."""
 from __future__ import annotations
 
 import random
@@ -8,10 +10,12 @@ import numpy as np
 
 from parsim.cluster.spread import Spread, spread_of
 from parsim.config.scenario import Scenario
+from parsim.costs.mixed import MixedCosts
 from parsim.costs.model_costs import ModelCosts
 from parsim.schedule.coverage import check_runs
 from parsim.sim import engine
 from parsim.sim.engine import simulate_schedule
+from parsim.sim.stragglers import gpu_slowdowns, rank_factors, slowed
 from parsim.simulate import schedule_for
 from parsim.uncertainty.sampled import SampledCosts
 
@@ -21,6 +25,12 @@ def sample_step_times(sc: Scenario, samples: int, seed: int = 0, spread: Spread 
     sched = schedule_for(sc)
     check_runs(sched, engine.COVERAGE)
     base = ModelCosts.from_scenario(sc)
+    st = sc.stragglers
+    if st is not None:  # the fast engine's job: mixed GPU types and replica 0's slow ranks
+        if st.rank_hardware:
+            base = MixedCosts(sc, base)
+        factors = rank_factors(sc.parallel, gpu_slowdowns(st, sc.hardware.gpus_per_node))
+        base = slowed(base, sched.stage_to_rank, factors, 0)
     spread = spread or spread_of(sc.hardware)
     rng = random.Random(seed)
     out = np.empty(samples)

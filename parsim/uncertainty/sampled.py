@@ -18,7 +18,6 @@ import random
 from dataclasses import replace
 
 from parsim.cluster.spread import Spread
-from parsim.costs.model_costs import ModelCosts
 from parsim.costs.stage import PIPELINE_OPS
 from parsim.schedule.ir import Op
 from parsim.sim.engine import OpCost
@@ -27,11 +26,12 @@ COLLECTIVE_OPS = frozenset({Op.REDUCE_GRAD, Op.UNSHARD})
 
 
 class SampledCosts:
-    """``base`` with durations drawn from ``spread`` (one object = one sample)."""
+    """``base`` (a ModelCosts, or a wrapper of one that passes ``stage_costs`` through) with
+    durations drawn from ``spread`` (one object = one sample)."""
 
     fresh_per_action = True
 
-    def __init__(self, base: ModelCosts, spread: Spread, rng: random.Random):
+    def __init__(self, base, spread: Spread, rng: random.Random):
         self.base, self.spread, self.rng = base, spread, rng
         self.speed = self._draw(spread.speed)
         self._residual: dict[tuple, float] = {}
