@@ -82,13 +82,14 @@ def _row(case, where, b, measured) -> dict:
             "inside": inside, "steps": len(measured), "spread": b["spread_source"]}
 
 
-def live(samples: int, seed: int, launches: int, steps: int) -> list[dict]:
+def live(samples: int, seed: int, launches: int, steps: int, nice: int = 0) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="parsim-band-") as tmp:
-        subprocess.run([sys.executable, "-m", "parsim", "calibrate", "--backend", "gloo", "--out-dir", tmp],
-                       check=True, cwd=ROOT)
+        subprocess.run([sys.executable, "-m", "parsim", "calibrate", "--backend", "gloo", "--out-dir", tmp,
+                        "--nice", str(nice)], check=True, cwd=ROOT)
         prof = Path(tmp) / "cpu-gloo.toml"
         out = subprocess.run([sys.executable, "-m", "parsim", "validate", "scenarios/tiny-cpu.toml", "--profile",
-                              str(prof), "--repeat", str(launches), "--steps", str(steps), "--json"],
+                              str(prof), "--repeat", str(launches), "--steps", str(steps), "--nice", str(nice),
+                              "--json"],
                              check=True, cwd=ROOT, capture_output=True, text=True)
         measured = json.loads(out.stdout)["measured"]["step_time_all_s"]
         b = case_band("scenarios/tiny-cpu.toml", [], prof, samples, seed)
@@ -119,9 +120,10 @@ def main(argv=None) -> int:
     ap.add_argument("--live", action="store_true", help="calibrate and validate tiny-cpu now instead of the records")
     ap.add_argument("--launches", type=int, default=2)
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--nice", type=int, default=0, help="niceness increment of the ranks (--live; e.g. -10 as root)")
     ap.add_argument("--markdown", metavar="FILE")
     args = ap.parse_args(argv)
-    rows = live(args.samples, args.seed, args.launches, args.steps) if args.live else recorded(args.samples, args.seed)
+    rows = live(args.samples, args.seed, args.launches, args.steps, args.nice) if args.live else recorded(args.samples, args.seed)
     text = markdown(rows)
     if args.markdown:
         Path(args.markdown).write_text(text)
