@@ -123,3 +123,15 @@ def test_band_follows_the_stragglers_the_fast_engine_runs():
     b = band(slow, slow_point, samples=100, seed=0)
     assert b["step_time_p50_s"] == pytest.approx(slow_point["step_time_s"], rel=0.01)
     assert b["step_time_p5_s"] > point  # the band is the straggler's, not the uniform job's
+
+
+def test_plan_samples_adds_each_rows_band():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-m", "parsim", "plan", "--model", "llama3-8b", "--hardware", "dgx-h100",
+                          "--gpus", "16", "--global-batch", "32", "--seq-len", "4096", "--top", "2", "--samples", "20",
+                          "--workers", "1", "--json"], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    rows = json.loads(out.stdout)
+    assert len(rows) == 2
+    for r in rows:
+        assert r["step_time_p5_s"] < r["step_time_p50_s"] < r["step_time_p95_s"]
+        assert r["step_time_p50_s"] == pytest.approx(r["step_time_s"], rel=0.02)

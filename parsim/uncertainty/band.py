@@ -50,3 +50,22 @@ def band(sc: Scenario, metrics: dict, samples: int, seed: int = 0, spread: Sprea
             "tokens_per_s_p5": tok / p95, "tokens_per_s_p50": tok / p50, "tokens_per_s_p95": tok / p5,
             "spread_source": spread.source}
 
+
+
+def plan_bands(rows: list[dict], toml_of, samples: int, seed: int = 0) -> None:
+    """``parsim plan --samples``: add each ranked row's band (its scenario from ``toml_of(row)``)."""
+    import tomllib
+
+    from parsim.scenario import scenario_from_dict
+    for row in rows:
+        sc = scenario_from_dict(tomllib.loads(toml_of(row)), "parsim plan")
+        row.update(band(sc, row, samples, seed))
+
+
+def plan_band_lines(rows: list[dict]) -> list[str]:
+    """The bands under the plan's table: P5 .. P95 of step time per ranked row."""
+    out = ["", f"90% band of step time ({rows[0]['samples']} samples per row, seed {rows[0]['seed']}):"] if rows else []
+    for i, r in enumerate(rows, 1):
+        out.append(f"  #{i}  P5 {r['step_time_p5_s']:.4g} s  P50 {r['step_time_p50_s']:.4g} s  "
+                   f"P95 {r['step_time_p95_s']:.4g} s  (point {r['step_time_s']:.4g} s)")
+    return out
