@@ -4,6 +4,7 @@ Oracles: the critical path of 1F1B with measured costs, worked by hand (below); 
 against fast mode where both see the same job; a DP collective waits for its slowest member;
 routes and capacities of the topology; the speed-balanced split moves layers off slow ranks.
 """
+import math
 import os
 import subprocess
 import sys
@@ -14,8 +15,8 @@ from helpers import TINY_GPT
 
 from parsim.cluster.hardware import load_profile
 from parsim.scenario import scenario_from_dict
-from parsim.simulate import simulate
 from parsim.sim.network import Topology
+from parsim.simulate import simulate
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -147,3 +148,24 @@ def test_bad_stragglers_one_line_exit_2(setting, needle):
     r = subprocess.run([sys.executable, "-m", "parsim", "simulate", "scenarios/gpt3-175b-1f1b.toml", "--set", setting],
                        cwd=ROOT, env=ENV, capture_output=True, text=True)
     assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_drawn_gpu_variability_one_rank_is_its_own_draw():
+    # one GPU, 4 microbatches of F = 1 s, B = 2 s: the step is its drawn factor x 12 s
+    import numpy as np
+    sc = measured(1, 4, 1.0, 2.0, 0.0, {"gpu_sigma": 0.1, "seed": 3})
+    draw = math.exp(0.1 * np.random.default_rng(3).standard_normal(1)[0])
+    assert simulate(sc).metrics["step_time_s"] == pytest.approx(draw * 12.0, rel=1e-12)
+
+
+def test_drawn_gpu_variability_in_full_mode_the_slowest_draw_sets_the_pace():
+    import numpy as np
+    draws = np.exp(0.05 * np.random.default_rng(0).standard_normal(16))
+    res = simulate(job(gpu_sigma=0.05, seed=0)).metrics
+    ps = res["pace_setter"]
+    assert ps["slowdown"] == pytest.approx(max(draws[g] for g in ps["gpus"]))
+    assert res["step_time_s"] > simulate(job()).metrics["step_time_s"]
+    assert simulate(job(gpu_sigma=0.05, seed=0)).metrics["step_time_s"] == res["step_time_s"]  # seeded
+    r = subprocess.run([sys.executable, "-m", "parsim", "simulate", "scenarios/gpt3-175b-1f1b.toml", "--set",
+                        "stragglers.gpu_sigma=0.02"], cwd=ROOT, env=ENV, capture_output=True, text=True)
+    assert r.returncode == 2 and 'mode = "full"' in r.stderr  # draws in every replica: fast mode refuses

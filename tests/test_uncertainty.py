@@ -15,13 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import scenario
 
 from parsim.calibrate.spread import pass_spread, robust_sigma, spread_table
 from parsim.cluster.spread import DEFAULT_SPREAD, Spread, spread_of
 from parsim.scenario import load_scenario
 from parsim.simulate import simulate
 from parsim.uncertainty.band import band, sample_step_times
-from helpers import scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 ZERO = Spread(**{f"{fam}_{kind}": 0.0 for fam in ("compute", "memory", "collective", "p2p")

@@ -31,6 +31,11 @@ class StragglerConfig:
     """(pipeline rank, hardware profile): that rank's GPUs are another type (e.g. A100 stages in an H100 job)."""
     balance: bool = True
     """With ``rank_hardware``: apportion the layers to each rank's speed (False: keep the scenario's split)."""
+    gpu_sigma: float = 0.0
+    """Every GPU's own persistent slowdown drawn lognormal with this sigma (manufacturing and power-management
+    variability: 0.0243 reads Sinha et al. SC22's 8% average variation as a 90% range); 0: none."""
+    seed: int = 0
+    """Seed of the ``gpu_sigma`` draws (the same seed, the same slow GPUs)."""
 
 
 def _pairs(t: dict, key: str, file: str, second) -> tuple:
@@ -49,7 +54,7 @@ def _pairs(t: dict, key: str, file: str, second) -> tuple:
 
 def stragglers_from_table(t: dict, file: str) -> StragglerConfig:
     """Strictly parse ``[stragglers]`` (indices are checked against the job by :func:`check_stragglers`)."""
-    known = {"gpus", "nodes", "nics", "failed_nics", "rank_hardware", "balance"}
+    known = {"gpus", "nodes", "nics", "failed_nics", "rank_hardware", "balance", "gpu_sigma", "seed"}
     for k in t:
         if k not in known:
             raise ConfigError(file, f"stragglers.{k}", f"unknown key (known: {', '.join(sorted(known))})")
@@ -76,9 +81,15 @@ def stragglers_from_table(t: dict, file: str) -> StragglerConfig:
     balance = t.get("balance", True)
     if not isinstance(balance, bool):
         raise ConfigError(file, "stragglers.balance", f"expected true/false, got {balance!r}")
+    sigma = t.get("gpu_sigma", 0.0)
+    if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not 0 <= sigma <= 1:
+        raise ConfigError(file, "stragglers.gpu_sigma", f"expected a lognormal sigma in [0, 1], got {sigma!r}")
+    seed = t.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(file, "stragglers.seed", f"expected a non-negative integer, got {seed!r}")
     return StragglerConfig(_pairs(t, "gpus", file, slowdown), _pairs(t, "nodes", file, slowdown),
                            _pairs(t, "nics", file, fraction), tuple(sorted(set(failed))),
-                           _pairs(t, "rank_hardware", file, profile), balance)
+                           _pairs(t, "rank_hardware", file, profile), balance, float(sigma), seed)
 
 
 def check_stragglers(st: StragglerConfig, gpus: int, gpus_per_node: int, nics_per_node: int, pp: int,

@@ -12,7 +12,7 @@ def pace_setter(sc: Scenario, mx: dict) -> dict:
     rank (replica 0 is the one recorded) x its slowdown relative to replica 0's. Its GPUs, its
     slowdown, its busy time, and how much longer than the median pipeline rank it is busy."""
     par = sc.parallel
-    factors = rank_factors(par, gpu_slowdowns(sc.stragglers, sc.hardware.gpus_per_node))
+    factors = rank_factors(par, gpu_slowdowns(sc.stragglers, sc.hardware.gpus_per_node, sc.gpus))
     busy = {s["rank"]: s["busy_s"] for s in mx["stages"]}
     # replica 0's ranks as recorded, and every slow rank elsewhere scaled from its replica-0 twin
     cands = [(b, 0, r) for r, b in busy.items()]

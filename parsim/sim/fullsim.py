@@ -68,7 +68,7 @@ class _Job:
         self.env = simpy.Environment()
         st = sc.stragglers
         self.topo = Topology(sc.hardware, par.world_size, **nic_changes(st, sc.hardware))
-        self.factors = rank_factors(par, gpu_slowdowns(st, sc.hardware.gpus_per_node)) if st else {}
+        self.factors = rank_factors(par, gpu_slowdowns(st, sc.hardware.gpus_per_node, sc.gpus)) if st else {}
         lump = lump and not (st and (st.nics or st.failed_nics))  # an odd NIC breaks the TP groups' symmetry
         # the TP ranks of a process send identical flows on symmetric links: simulate the
         # first one on the quotient network where it stands for all (Topology.block_capacity)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+
 from parsim.config.parallel import ParallelConfig
 from parsim.config.stragglers import StragglerConfig
 from parsim.schedule.ir import Op
@@ -19,9 +21,14 @@ from parsim.sim.engine import OpCost
 COMPUTE = frozenset({Op.F, Op.B, Op.I, Op.W, Op.STEP})
 
 
-def gpu_slowdowns(st: StragglerConfig, gpus_per_node: int) -> dict[int, float]:
-    """Global GPU -> slowdown (slow GPU x throttled node), for the GPUs that have one."""
+def gpu_slowdowns(st: StragglerConfig, gpus_per_node: int, world: int = 0) -> dict[int, float]:
+    """Global GPU -> slowdown (its own draw x slow GPU x throttled node), for the GPUs that have
+    one; ``world``: the job's GPUs, for the ``gpu_sigma`` draws (seeded)."""
     out = dict(st.gpus)
+    if st.gpu_sigma > 0 and world:
+        draws = np.exp(st.gpu_sigma * np.random.default_rng(st.seed).standard_normal(world))
+        for g, f in enumerate(draws.tolist()):
+            out[g] = out.get(g, 1.0) * f
     for node, f in st.nodes:
         for g in range(node * gpus_per_node, (node + 1) * gpus_per_node):
             out[g] = out.get(g, 1.0) * f
@@ -90,7 +97,7 @@ def fast_stragglers(sc, schedule, costs):
     if st.nics or st.failed_nics:
         raise ConfigError(sc.file, "stragglers.nics" if st.nics else "stragglers.failed_nics",
                           'slow and failed NICs change the network: they need [simulation] mode = "full"')
-    factors = rank_factors(sc.parallel, gpu_slowdowns(st, sc.hardware.gpus_per_node))
+    factors = rank_factors(sc.parallel, gpu_slowdowns(st, sc.hardware.gpus_per_node, sc.gpus))
     elsewhere = sorted(k for k in factors if k[0] != 0)
     if elsewhere:
         rep, rank = elsewhere[0]

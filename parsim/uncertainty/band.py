@@ -29,7 +29,7 @@ def sample_step_times(sc: Scenario, samples: int, seed: int = 0, spread: Spread 
     if st is not None:  # the fast engine's job: mixed GPU types and replica 0's slow ranks
         if st.rank_hardware:
             base = MixedCosts(sc, base)
-        factors = rank_factors(sc.parallel, gpu_slowdowns(st, sc.hardware.gpus_per_node))
+        factors = rank_factors(sc.parallel, gpu_slowdowns(st, sc.hardware.gpus_per_node, sc.gpus))
         base = slowed(base, sched.stage_to_rank, factors, 0)
     spread = spread or spread_of(sc.hardware)
     rng = random.Random(seed)
