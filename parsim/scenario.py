@@ -171,7 +171,8 @@ def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Sc
     faults = faults_from_table(doc["faults"], file) if "faults" in doc else None
     stragglers = stragglers_from_table(doc["stragglers"], file) if "stragglers" in doc else None
     if stragglers is not None:
-        check_stragglers(stragglers, gpus, hardware.gpus_per_node, hardware.nics_per_node, parallel.pp, file)
+        check_stragglers(stragglers, gpus, hardware.gpus_per_node, hardware.nics_per_node, parallel.pp, file,
+                         parallel.dp * parallel.cp)
     sc = Scenario(name, file, hardware, gpus, model, training, parallel, schedule, overlap, costs, layers, moe,
                   simulation, faults, stragglers)
     check_batch(sc)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from parsim.config.scenario import Scenario
-from parsim.costs.mixed import MixedCosts
+from parsim.costs.mixed import MixedCosts, ReplicaCosts
 from parsim.costs.model_costs import ModelCosts
 from parsim.errors import ScheduleError
 from parsim.results.result import Result
@@ -37,6 +37,8 @@ def simulate(sc: Scenario, costs: ModelCosts | None = None, schedule: Schedule |
     run = costs  # what the engines run: [stragglers] rank_hardware costs those ranks on their own profile
     if sc.stragglers is not None and sc.stragglers.rank_hardware:
         run = MixedCosts(sc, costs)
+    if sc.stragglers is not None and sc.stragglers.replica_hardware and sc.simulation.mode == "full":
+        run = ReplicaCosts(sc, run)
     if sc.simulation.mode == "full" and sc.costs is None:
         check_runs(sched, fullsim.COVERAGE)  # before anything starts: one line if it cannot
         raw = fullsim.simulate_full(sc, sched, run)
@@ -46,7 +48,8 @@ def simulate(sc: Scenario, costs: ModelCosts | None = None, schedule: Schedule |
     _check_complete(sched, raw)
     res = Result.from_raw(sc, sched, costs.tables(sched.stage_to_rank), raw)
     if sc.stragglers is not None:
-        res.metrics["pace_setter"] = pace_setter(sc, res.metrics)
+        ratio = run.busy_ratio(sched.stage_to_rank) if isinstance(run, ReplicaCosts) else None
+        res.metrics["pace_setter"] = pace_setter(sc, res.metrics, ratio)
     return res
 
 

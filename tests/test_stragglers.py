@@ -14,6 +14,7 @@ import pytest
 from helpers import TINY_GPT
 
 from parsim.cluster.hardware import load_profile
+from parsim.errors import ConfigError
 from parsim.scenario import scenario_from_dict
 from parsim.sim.network import Topology
 from parsim.simulate import simulate
@@ -169,3 +170,21 @@ def test_drawn_gpu_variability_in_full_mode_the_slowest_draw_sets_the_pace():
     r = subprocess.run([sys.executable, "-m", "parsim", "simulate", "scenarios/gpt3-175b-1f1b.toml", "--set",
                         "stragglers.gpu_sigma=0.02"], cwd=ROOT, env=ENV, capture_output=True, text=True)
     assert r.returncode == 2 and 'mode = "full"' in r.stderr  # draws in every replica: fast mode refuses
+
+
+def test_a_dp_replica_on_a100_sets_the_pace_of_an_h100_job():
+    def dp2(hw="dgx-h100", mode="full", **st):
+        doc = {"name": "t", "hardware": hw, "gpus": 32, "model": {"preset": "llama3-8b"},
+               "training": {"global_batch": 32, "seq_len": 4096}, "parallel": {"pp": 2, "tp": 8, "dp": 2},
+               "schedule": {"name": "1F1B"}, "simulation": {"mode": mode}}
+        if st:
+            doc["stragglers"] = st
+        return scenario_from_dict(doc, "t.toml")
+    h100 = simulate(dp2()).metrics["step_time_s"]
+    a100 = simulate(dp2("dgx-a100-80g")).metrics["step_time_s"]
+    mixed = simulate(dp2(replica_hardware=[[1, "dgx-a100-80g"]])).metrics
+    # the gradient all-reduce waits for the A100 replica: the step is the A100 job's (on the H100 job's network)
+    assert h100 < mixed["step_time_s"] == pytest.approx(a100, rel=0.02)
+    assert mixed["pace_setter"]["replica"] == 1 and mixed["pace_setter"]["slowdown"] > 2
+    with pytest.raises(ConfigError, match="replica_hardware"):  # fast mode simulates replica 0 only
+        simulate(dp2(mode="fast", replica_hardware=[[1, "dgx-a100-80g"]]))

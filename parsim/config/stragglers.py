@@ -4,7 +4,8 @@ Slow GPUs and throttled nodes lengthen every compute action of the GPUs they nam
 rank's TP GPUs run in lockstep: the slowest sets that rank's pace); slow NICs and failed NICs
 change the network (full mode: capacities, and a failed NIC's traffic rerouted through the
 node's next healthy NIC); ``rank_hardware`` runs pipeline ranks on another GPU type (their
-stages costed with that profile, the layers apportioned to speed). Fast mode simulates
+stages costed with that profile, the layers apportioned to speed), ``replica_hardware`` whole
+data-parallel replicas (full mode: the replicas hold the same layers). Fast mode simulates
 replica 0 only: a straggler elsewhere needs ``[simulation] mode = "full"``.
 """
 from __future__ import annotations
@@ -29,6 +30,8 @@ class StragglerConfig:
     """NICs that are down: their GPUs' traffic goes through the node's next healthy NIC (full mode)."""
     rank_hardware: tuple[tuple[int, str], ...] = ()
     """(pipeline rank, hardware profile): that rank's GPUs are another type (e.g. A100 stages in an H100 job)."""
+    replica_hardware: tuple[tuple[int, str], ...] = ()
+    """(DP replica = d * cp + c, hardware profile): every GPU of that replica another type (full mode)."""
     balance: bool = True
     """With ``rank_hardware``: apportion the layers to each rank's speed (False: keep the scenario's split)."""
     gpu_sigma: float = 0.0
@@ -54,7 +57,8 @@ def _pairs(t: dict, key: str, file: str, second) -> tuple:
 
 def stragglers_from_table(t: dict, file: str) -> StragglerConfig:
     """Strictly parse ``[stragglers]`` (indices are checked against the job by :func:`check_stragglers`)."""
-    known = {"gpus", "nodes", "nics", "failed_nics", "rank_hardware", "balance", "gpu_sigma", "seed"}
+    known = {"gpus", "nodes", "nics", "failed_nics", "rank_hardware", "replica_hardware", "balance", "gpu_sigma",
+             "seed"}
     for k in t:
         if k not in known:
             raise ConfigError(file, f"stragglers.{k}", f"unknown key (known: {', '.join(sorted(known))})")
@@ -89,15 +93,16 @@ def stragglers_from_table(t: dict, file: str) -> StragglerConfig:
         raise ConfigError(file, "stragglers.seed", f"expected a non-negative integer, got {seed!r}")
     return StragglerConfig(_pairs(t, "gpus", file, slowdown), _pairs(t, "nodes", file, slowdown),
                            _pairs(t, "nics", file, fraction), tuple(sorted(set(failed))),
-                           _pairs(t, "rank_hardware", file, profile), balance, float(sigma), seed)
+                           _pairs(t, "rank_hardware", file, profile), _pairs(t, "replica_hardware", file, profile),
+                           balance, float(sigma), seed)
 
 
 def check_stragglers(st: StragglerConfig, gpus: int, gpus_per_node: int, nics_per_node: int, pp: int,
-                     file: str) -> None:
+                     file: str, replicas: int = 1) -> None:
     """Indices inside the job; a node keeps at least one healthy NIC."""
     nodes = -(-gpus // gpus_per_node)
     for key, pairs, n in (("gpus", st.gpus, gpus), ("nodes", st.nodes, nodes), ("nics", st.nics, nodes * nics_per_node),
-                          ("rank_hardware", st.rank_hardware, pp)):
+                          ("rank_hardware", st.rank_hardware, pp), ("replica_hardware", st.replica_hardware, replicas)):
         for i, _ in pairs:
             if i >= n:
                 raise ConfigError(file, f"stragglers.{key}", f"index {i} is outside the job (0..{n - 1})")

@@ -21,15 +21,15 @@ from parsim.model import is_moe_layer
 from parsim.schedule.ir import Op
 
 
-def rank_profiles(sc: Scenario) -> dict[int, HardwareProfile]:
-    """Pipeline rank -> its profile, for the ranks ``rank_hardware`` names."""
+def rank_profiles(sc: Scenario, key: str = "rank_hardware") -> dict[int, HardwareProfile]:
+    """Pipeline rank (or, ``key = "replica_hardware"``, DP replica) -> its profile, for those named."""
     base = Path(sc.file).parent if sc.file else None
     out = {}
-    for rank, name in sc.stragglers.rank_hardware:
+    for i, name in getattr(sc.stragglers, key):
         try:
-            out[rank] = load_profile(name, base_dir=base)
+            out[i] = load_profile(name, base_dir=base)
         except ConfigError as e:
-            raise ConfigError(sc.file, "stragglers.rank_hardware", e.problem) from None
+            raise ConfigError(sc.file, f"stragglers.{key}", e.problem) from None
     return out
 
 
@@ -118,3 +118,45 @@ def speed_balanced_layers(sc: Scenario) -> tuple[int, ...]:
         out.append(j - cut[s][j])
         j = cut[s][j]
     return tuple(reversed(out))
+
+
+class ReplicaCosts:
+    """The job's cost table (``run``: replica 0's) and, for each DP replica on another GPU type
+    (``[stragglers] replica_hardware``, full mode), the cost model on that replica's profile."""
+
+    def __init__(self, sc: Scenario, run):
+        self.run = run
+        self.replicas = {rep: ModelCosts(cost_inputs(replace(sc, hardware=hw)))
+                         for rep, hw in rank_profiles(sc, "replica_hardware").items()}
+
+    def for_replica(self, rep: int):
+        return self.replicas.get(rep, self.run)
+
+    def busy_ratio(self, stage_to_rank: tuple[int, ...]) -> dict[tuple[int, int], float]:
+        """(replica, pipeline rank) -> that rank's F + B time over replica 0's, for the other replicas."""
+        out = {}
+        for rep, table in self.replicas.items():
+            for rank in sorted(set(stage_to_rank)):
+                stages = [s for s, r in enumerate(stage_to_rank) if r == rank]
+                mine = sum(table.op_cost(s, op).duration_s for s in stages for op in (Op.F, Op.B))
+                base = sum(self.run.op_cost(s, op).duration_s for s in stages for op in (Op.F, Op.B))
+                if base > 0:
+                    out[(rep, rank)] = mine / base
+        return out
+
+    def op_cost(self, stage: int, op: Op):
+        return self.run.op_cost(stage, op)
+
+    def overlap_cost(self, f_stage: int, b_stage: int, b_op: Op) -> float:
+        return self.run.overlap_cost(f_stage, b_stage, b_op)
+
+    def p2p_bytes(self, stage: int, op: Op) -> float:
+        return self.run.p2p_bytes(stage, op)
+
+    def link_spec(self, src: int, dst: int):
+        return self.run.link_spec(src, dst)
+
+    def __getattr__(self, name: str):
+        if name in ("run", "replicas"):
+            raise AttributeError(name)
+        return getattr(self.run, name)

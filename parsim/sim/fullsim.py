@@ -233,7 +233,8 @@ def _n_layers(costs, stage: int) -> int:
 
 def _rank(job: _Job, rep: int, rank: int, actions):
     env, sc = job.env, job.sc
-    costs = slowed(job.costs, job.sched.stage_to_rank, job.factors, rep)  # [stragglers]: this replica's slow ranks
+    own = getattr(job.costs, "for_replica", None)  # [stragglers] replica_hardware: this replica's GPU type
+    costs = slowed(own(rep) if own else job.costs, job.sched.stage_to_rank, job.factors, rep)  # and its slow ranks
     rec = rep == 0
     spans, mem = job.out.spans, job.out.mem_events
     keep, keep_mem = (spans.append, mem.append) if rec else (_drop, _drop)

@@ -97,6 +97,9 @@ def fast_stragglers(sc, schedule, costs):
     if st.nics or st.failed_nics:
         raise ConfigError(sc.file, "stragglers.nics" if st.nics else "stragglers.failed_nics",
                           'slow and failed NICs change the network: they need [simulation] mode = "full"')
+    if st.replica_hardware:
+        raise ConfigError(sc.file, "stragglers.replica_hardware", 'replicas on other GPUs need [simulation] mode = "full" '
+                                                                  "(fast mode simulates replica 0 only)")
     factors = rank_factors(sc.parallel, gpu_slowdowns(st, sc.hardware.gpus_per_node, sc.gpus))
     elsewhere = sorted(k for k in factors if k[0] != 0)
     if elsewhere:
