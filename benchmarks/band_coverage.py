@@ -82,10 +82,10 @@ def _row(case, where, b, measured) -> dict:
             "inside": inside, "steps": len(measured), "spread": b["spread_source"]}
 
 
-def live(samples: int, seed: int, launches: int, steps: int, nice: int = 0) -> list[dict]:
+def live(samples: int, seed: int, launches: int, steps: int, nice: int = 0, passes: int = 0) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="parsim-band-") as tmp:
         subprocess.run([sys.executable, "-m", "parsim", "calibrate", "--backend", "gloo", "--out-dir", tmp,
-                        "--nice", str(nice)], check=True, cwd=ROOT)
+                        "--nice", str(nice), "--passes", str(passes)], check=True, cwd=ROOT)
         prof = Path(tmp) / "cpu-gloo.toml"
         out = subprocess.run([sys.executable, "-m", "parsim", "validate", "scenarios/tiny-cpu.toml", "--profile",
                               str(prof), "--repeat", str(launches), "--steps", str(steps), "--nice", str(nice),
@@ -121,9 +121,10 @@ def main(argv=None) -> int:
     ap.add_argument("--launches", type=int, default=2)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--nice", type=int, default=0, help="niceness increment of the ranks (--live; e.g. -10 as root)")
+    ap.add_argument("--passes", type=int, default=0, help="calibration timing passes (--live; 0: calibrate's default)")
     ap.add_argument("--markdown", metavar="FILE")
     args = ap.parse_args(argv)
-    rows = live(args.samples, args.seed, args.launches, args.steps, args.nice) if args.live else recorded(args.samples, args.seed)
+    rows = live(args.samples, args.seed, args.launches, args.steps, args.nice, args.passes) if args.live else recorded(args.samples, args.seed)
     text = markdown(rows)
     if args.markdown:
         Path(args.markdown).write_text(text)
