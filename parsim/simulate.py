@@ -30,16 +30,28 @@ def schedule_for(sc: Scenario, early_recv: bool = False) -> Schedule:
                  grad_per_microbatch=par.dp > 1 and par.grad_per_microbatch)
 
 
+def full_mode(sc: Scenario) -> bool:
+    """Whether ``sc`` runs in the full engine (``[simulation] mode = "full"``, no measured ``[costs]``)."""
+    return sc.simulation.mode == "full" and sc.costs is None
+
+
+def engine_costs(sc: Scenario, costs: ModelCosts):
+    """What the engines run: ``costs``, with ``[stragglers]`` ranks and replicas on other GPU types
+    costed on their own profiles."""
+    run = costs
+    if sc.stragglers is not None and sc.stragglers.rank_hardware:
+        run = MixedCosts(sc, costs)
+    if sc.stragglers is not None and sc.stragglers.replica_hardware and full_mode(sc):
+        run = ReplicaCosts(sc, run)
+    return run
+
+
 def simulate(sc: Scenario, costs: ModelCosts | None = None, schedule: Schedule | None = None) -> Result:
     """Simulate one optimizer step of ``sc`` (``schedule``: an already lowered one of it)."""
     sched = schedule if schedule is not None else schedule_for(sc)
     costs = costs or ModelCosts.from_scenario(sc)
-    run = costs  # what the engines run: [stragglers] rank_hardware costs those ranks on their own profile
-    if sc.stragglers is not None and sc.stragglers.rank_hardware:
-        run = MixedCosts(sc, costs)
-    if sc.stragglers is not None and sc.stragglers.replica_hardware and sc.simulation.mode == "full":
-        run = ReplicaCosts(sc, run)
-    if sc.simulation.mode == "full" and sc.costs is None:
+    run = engine_costs(sc, costs)
+    if full_mode(sc):
         check_runs(sched, fullsim.COVERAGE)  # before anything starts: one line if it cannot
         raw = fullsim.simulate_full(sc, sched, run)
     else:

@@ -135,3 +135,18 @@ def test_plan_samples_adds_each_rows_band():
     for r in rows:
         assert r["step_time_p5_s"] < r["step_time_p50_s"] < r["step_time_p95_s"]
         assert r["step_time_p50_s"] == pytest.approx(r["step_time_s"], rel=0.02)
+
+
+def test_full_mode_band_samples_every_replica_and_its_stragglers():
+    from helpers import TINY_GPT
+
+    from parsim.scenario import scenario_from_dict
+    doc = {"name": "t", "hardware": "dgx-a100-80g", "gpus": 16, "model": {**TINY_GPT, "n_layers": 8},
+           "training": {"global_batch": 16, "seq_len": 512}, "parallel": {"pp": 2, "dp": 8},
+           "schedule": {"name": "1F1B"}, "simulation": {"mode": "full"}, "stragglers": {"gpus": [[9, 1.5]]}}
+    sc = scenario_from_dict(doc, "t.toml")
+    mx = simulate(sc).metrics
+    b = band(sc, mx, samples=40, seed=0)
+    assert b["step_time_p5_s"] < b["step_time_p50_s"] < b["step_time_p95_s"]
+    assert b["step_time_p50_s"] == pytest.approx(mx["step_time_s"], rel=0.01)  # the straggler in replica 4 included
+    assert list(sample_step_times(sc, 2, seed=0, spread=ZERO)) == [mx["step_time_s"]] * 2

@@ -1,7 +1,6 @@
 """``parsim simulate --samples N``: the step simulated N times in the fast engine with drawn
 durations (``parsim.uncertainty.sampled``), seeded, and the P5/P50/P95 of step time and throughput.
-With ``[stragglers]``: what the fast engine runs (ranks on other GPU types, replica 0's slow ranks;
-stragglers in other replicas and NICs are full mode's and not in the band)."""
+A full-mode scenario is sampled in full mode (its stragglers, replicas and network included)."""
 from __future__ import annotations
 
 import random
@@ -10,32 +9,32 @@ import numpy as np
 
 from parsim.cluster.spread import Spread, spread_of
 from parsim.config.scenario import Scenario
-from parsim.costs.mixed import MixedCosts
 from parsim.costs.model_costs import ModelCosts
 from parsim.schedule.coverage import check_runs
-from parsim.sim import engine
+from parsim.sim import engine, fullsim
 from parsim.sim.engine import simulate_schedule
 from parsim.sim.stragglers import gpu_slowdowns, rank_factors, slowed
-from parsim.simulate import schedule_for
+from parsim.simulate import engine_costs, full_mode, schedule_for
 from parsim.uncertainty.sampled import SampledCosts
 
 
 def sample_step_times(sc: Scenario, samples: int, seed: int = 0, spread: Spread | None = None) -> np.ndarray:
-    """``samples`` step times (makespans) of ``sc`` with drawn durations; the same seed, the same numbers."""
+    """``samples`` step times (makespans) of ``sc`` with drawn durations, in the engine ``sc`` runs
+    in (full mode: every replica, its stragglers and network; each replica draws its own noise);
+    the same seed, the same numbers."""
     sched = schedule_for(sc)
-    check_runs(sched, engine.COVERAGE)
-    base = ModelCosts.from_scenario(sc)
-    st = sc.stragglers
-    if st is not None:  # the fast engine's job: mixed GPU types and replica 0's slow ranks
-        if st.rank_hardware:
-            base = MixedCosts(sc, base)
-        factors = rank_factors(sc.parallel, gpu_slowdowns(st, sc.hardware.gpus_per_node, sc.gpus))
-        base = slowed(base, sched.stage_to_rank, factors, 0)
+    full = full_mode(sc)
+    check_runs(sched, fullsim.COVERAGE if full else engine.COVERAGE)
+    run = engine_costs(sc, ModelCosts.from_scenario(sc))
+    if not full and sc.stragglers is not None:  # the fast engine's job: replica 0's slow ranks
+        factors = rank_factors(sc.parallel, gpu_slowdowns(sc.stragglers, sc.hardware.gpus_per_node, sc.gpus))
+        run = slowed(run, sched.stage_to_rank, factors, 0)
     spread = spread or spread_of(sc.hardware)
     rng = random.Random(seed)
     out = np.empty(samples)
     for i in range(samples):
-        raw = simulate_schedule(sched, SampledCosts(base, spread, rng))
+        drawn = SampledCosts(run, spread, rng)
+        raw = fullsim.simulate_full(sc, sched, drawn) if full else simulate_schedule(sched, drawn)
         out[i] = max(row[6] for row in raw.spans)
     return out
 

@@ -35,6 +35,7 @@ class SampledCosts:
         self.base, self.spread, self.rng = base, spread, rng
         self.speed = self._draw(spread.speed)
         self._residual: dict[tuple, float] = {}
+        self._children: dict[int, SampledCosts] = {}
 
     def _draw(self, sigma: float) -> float:
         return math.exp(sigma * self.rng.gauss(0.0, 1.0)) if sigma > 0 else 1.0
@@ -72,6 +73,22 @@ class SampledCosts:
 
     def p2p_bytes(self, stage: int, op: Op) -> float:
         return self.base.p2p_bytes(stage, op)
+
+    def for_replica(self, rep: int):
+        """Full mode with replicas on other GPU types: that replica's table, drawn alike (same sample)."""
+        fn = getattr(self.base, "for_replica", None)
+        if fn is None:
+            return self
+        child = self._children.get(rep)
+        if child is None:
+            child = self._children[rep] = SampledCosts(fn(rep), self.spread, self.rng)
+            child.speed, child._residual = self.speed, self._residual
+        return child
+
+    def __getattr__(self, name: str):  # stages, stage_costs ...: the base's (full mode reads them)
+        if name in ("base", "spread", "rng", "speed", "_residual", "_children"):
+            raise AttributeError(name)
+        return getattr(self.base, name)
 
     def link_spec(self, src: int, dst: int) -> tuple[str, float, float]:
         name, bw, lat = self.base.link_spec(src, dst)
