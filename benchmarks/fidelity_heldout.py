@@ -347,6 +347,28 @@ def precision_for(row: dict) -> tuple[str, list[str]]:
 
 
 # --------------------------------------------------------------------------- recompute
+HOPPER_PROFILES = ("dgx-h100", "dgx-h200", "dgx-h800")
+
+
+def attention_for(row: dict, fam: str, profile: str) -> tuple[str | None, list[str]]:
+    """The fused-attention implementation the row's framework calls (``training.attention_kernel``).
+
+    Only on Hopper does the choice matter here (Ampere has FA2 only; Blackwell rows keep the
+    device's FA4): Megatron-family stacks call Transformer Engine's DotProductAttention, whose
+    FusedAttention (cuDNN) backend is the one TE picks on sm90 -> ``cudnn``; llm-foundry's
+    ``attn_impl: flash`` is the flash-attn 2 package and torchtitan's SDPA dispatches to
+    PyTorch's built-in FlashAttention-2 kernels -> ``fa2``. Other stacks keep the device's FA3.
+    """
+    if profile not in HOPPER_PROFILES:
+        return None, []
+    fw = row["framework"]["name"].lower()
+    if fam == "megatron":
+        return "cudnn", ["attention: TE FusedAttention (cuDNN)"]
+    if "llm-foundry" in fw or "composer" in fw or "torchtitan" in fw:
+        return "fa2", ["attention: FlashAttention-2 (flash-attn / SDPA)"]
+    return None, []
+
+
 def recompute_for(row: dict, fam: str) -> tuple[str, list[str]]:
     r = row["training"].get("recompute")
     if r is None:
@@ -544,6 +566,8 @@ def convert(row: dict) -> tuple[dict | Skip, list[str]]:
     notes += n
     zero, n = zero_for(row, fam)
     notes += n
+    attention, n = attention_for(row, fam, profile)
+    notes += n
     if "lamb" in str(t.get("optimizer") or "").lower():
         notes.append("LAMB counted as Adam (same optimizer state)")
     sp = tp > 1 and (fam == "megatron" or bool(p.get("sequence_parallel")))
@@ -561,7 +585,8 @@ def convert(row: dict) -> tuple[dict | Skip, list[str]]:
         "gpus": gpus,
         "model": model,
         "training": {"global_batch": gbs, "microbatch_size": mbs, "seq_len": seq, "precision": precision,
-                     "optimizer": "adam", "recompute": recompute},
+                     "optimizer": "adam", "recompute": recompute,
+                     **({"attention_kernel": attention} if attention else {})},
         "parallel": {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "ep": ep, "vpp": vpp, "zero": zero,
                      "sequence_parallel": sp, "order": order},
         "schedule": {"name": "Interleaved1F1B" if vpp > 1 else "1F1B", **split},

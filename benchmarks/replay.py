@@ -25,7 +25,8 @@ PLAN = ["plan", "--model", "llama3-8b", "--hardware", "dgx-h100", "--gpus", "64"
 def commands() -> dict[str, list[str]]:
     cmds: dict[str, list[str]] = {}
     for sc in sorted((ROOT / "scenarios").glob("*.toml")):
-        cmds[f"simulate-{sc.stem}"] = ["simulate", str(sc), "--json"]
+        fl = sc.name.startswith("fl-")  # federated scenarios run with `parsim fl`
+        cmds[f"{'fl' if fl else 'simulate'}-{sc.stem}"] = ["fl" if fl else "simulate", str(sc), "--json"]
     for name in SCHEDULES:
         vpp = ["--set", "parallel.vpp=2"] if name == "Interleaved1F1B" else []
         cmds[f"tiny-{name}"] = ["simulate", str(ROOT / "scenarios/tiny-cpu.toml"), "--json",

@@ -11,6 +11,8 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
+from parsim.cluster.attention_kernels import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
+from parsim.cluster.attention_kernels import resolve as resolve_attention
 from parsim.cluster.hardware import load_profile
 from parsim.config.faults import faults_from_table
 from parsim.config.moe import MoEConfig, check_moe, moe_from_table
@@ -45,7 +47,7 @@ __all__ = ["load_scenario", "scenario_from_dict", "apply_overrides", "parse_over
 
 
 TOP_KEYS = {"name", "hardware", "gpus", "model", "training", "parallel", "schedule", "costs", "overlap", "description", "moe",
-            "simulation", "faults", "stragglers"}
+            "simulation", "offload", "inference", "faults", "stragglers"}
 
 
 def _check_keys(table: dict, allowed, file: str, prefix: str) -> None:
@@ -136,6 +138,8 @@ TABLES = ("model", "training", "parallel", "schedule", "costs", "overlap", "moe"
 
 
 def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Scenario:
+    if "federated" in doc:
+        raise ConfigError(file, "federated", "a federated-learning scenario: run it with `parsim fl`")
     _check_keys(doc, TOP_KEYS, file, "")
     for key in TABLES:  # a scalar or an array of tables ([[parallel]], --set parallel=5) where a table goes
         if key in doc and not isinstance(doc[key], dict):
@@ -150,11 +154,19 @@ def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Sc
     if "model" not in doc or not isinstance(doc["model"], dict):
         raise ConfigError(file, "model", "missing [model] table (preset = \"...\" or explicit fields)")
     model = model_from_table(doc["model"], file)
+    if "inference" in doc and "training" not in doc:
+        raise ConfigError(file, "training", "missing: an [inference] scenario runs with `parsim infer`")
     training = _training(doc.get("training", {}), file)
     try:  # a device without this precision's tensor cores (V100: no bf16) cannot run it; bf16 is the default
         hardware.device.peak(training.precision)
     except ValueError as e:
         raise ConfigError(file, "training.precision", f"{training.precision!r} on {hw_name}: {e}") from None
+    if training.attention_kernel is not None:
+        kf = hardware.device.kernels
+        if kf is None or resolve_attention(training.attention_kernel, kf.mma_style) is None:
+            raise ConfigError(file, "training.attention_kernel",
+                              f"{training.attention_kernel!r} has no kernel model on {hardware.device.name} "
+                              f"(modelled: fa2 on Ampere and Hopper, fa3 and cudnn on Hopper, fa4 on Blackwell)")
     parallel = _parallel(doc.get("parallel", {}), file, gpus)
     schedule = _schedule(doc.get("schedule", {}), file)
     overlap = _simple(OverlapConfig, doc.get("overlap", {}), file, "overlap.")
@@ -174,7 +186,15 @@ def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Sc
         check_stragglers(stragglers, gpus, hardware.gpus_per_node, hardware.nics_per_node, parallel.pp, file,
                          parallel.dp * parallel.cp)
     sc = Scenario(name, file, hardware, gpus, model, training, parallel, schedule, overlap, costs, layers, moe,
-                  simulation, faults, stragglers)
+                  simulation, faults=faults, stragglers=stragglers)
+    if "offload" in doc:  # ZeRO-Offload / ZeRO-Infinity (parsim.config.offload)
+        from parsim.config.offload import parse_offload
+        sc = replace(sc, offload=parse_offload(doc["offload"], file, parallel.zero))
+        if sc.offload.active and hardware.host is None:
+            raise ConfigError(file, "offload", f"hardware profile {hardware.name} has no [host] table (host "
+                                               "memory, CPU, NVMe): offload cannot be costed on it")
+        if sc.offload.active and simulation.mode == "full":
+            raise ConfigError(file, "offload", "offload runs in the fast engine only (simulation.mode = \"fast\")")
     check_batch(sc)
     if stragglers is not None and stragglers.rank_hardware and stragglers.balance and schedule.layers_per_stage is None:
         from parsim.costs.mixed import speed_balanced_layers  # ranks on other GPUs: layers to each one's speed
@@ -269,6 +289,10 @@ def _training(t: dict, file: str) -> TrainingConfig:
         grad_accumulation_fusion=_typed(t, "grad_accumulation_fusion", bool, file, p, True),
         dropout=_typed(t, "dropout", bool, file, p, None),
         fused_kernels=_typed(t, "fused_kernels", bool, file, p, True),
+        cross_entropy_fusion=_typed(t, "cross_entropy_fusion", bool, file, p, False),
+        attention_kernel=(None if t.get("attention_kernel") is None else
+                          _choice(_typed(t, "attention_kernel", str, file, p, None), ATTENTION_IMPLEMENTATIONS,
+                                  file, p + "attention_kernel")),
         fp8_recipe=(None if t.get("fp8_recipe") is None else
                     _choice(_typed(t, "fp8_recipe", str, file, p, None), FP8_RECIPES, file, p + "fp8_recipe")),
     )

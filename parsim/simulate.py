@@ -4,15 +4,17 @@ from __future__ import annotations
 from parsim.config.scenario import Scenario
 from parsim.costs.mixed import MixedCosts, ReplicaCosts
 from parsim.costs.model_costs import ModelCosts
+from parsim.costs.offload_ops import tier_bytes_per_node
 from parsim.errors import ScheduleError
+from parsim.results.pace import pace_setter
 from parsim.results.result import Result
+from parsim.results.tiers import tier_metrics
 from parsim.schedule import build, lower
 from parsim.schedule.coverage import check_runs
 from parsim.schedule.grid import format_grid
 from parsim.schedule.ir import Schedule
 from parsim.sim import engine, fullsim
 from parsim.sim.engine import simulate_schedule
-from parsim.results.pace import pace_setter
 from parsim.sim.stragglers import fast_stragglers
 
 
@@ -59,6 +61,12 @@ def simulate(sc: Scenario, costs: ModelCosts | None = None, schedule: Schedule |
         raw = simulate_schedule(sched, fast_stragglers(sc, sched, run))
     _check_complete(sched, raw)
     res = Result.from_raw(sc, sched, costs.tables(sched.stage_to_rank), raw)
+    host, nvme = (tier_bytes_per_node(costs, sched.stage_to_rank)
+                  if sc.offload.active and sc.costs is None else (0.0, 0.0))
+    tiers = tier_metrics(sc, res.timeline, host, nvme)  # [offload]: host/NVMe bytes, per-tier time
+    res.metrics.update(tiers)
+    if not tiers["host_fits"]:
+        res.metrics["fits_in_memory"] = False
     if sc.stragglers is not None:
         ratio = run.busy_ratio(sched.stage_to_rank) if isinstance(run, ReplicaCosts) else None
         res.metrics["pace_setter"] = pace_setter(sc, res.metrics, ratio)

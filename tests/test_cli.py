@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SCENARIOS = sorted((ROOT / "scenarios").glob("*.toml"))
+SCENARIOS = sorted(p for p in (ROOT / "scenarios").glob("*.toml") if not p.name.startswith("fl-"))  # fl-*: parsim fl
 
 
 def run(*args, cwd=ROOT):

@@ -28,7 +28,8 @@ def test_megatron_bridge_llama3_70b_fp8_row():
         "name": "mb-25.11-h100-llama370b-fp8cs", "hardware": "dgx-h100", "gpus": 64,
         "model": {"preset": "llama3-70b"},
         "training": {"global_batch": 128, "microbatch_size": 1, "seq_len": 8192, "precision": "fp8",
-                     "optimizer": "adam", "recompute": "none"},
+                     "optimizer": "adam", "recompute": "none",
+                     "attention_kernel": "cudnn"},  # Transformer Engine's FusedAttention on Hopper
         # dp = 64 / (4*8*1) = 2; distributed optimizer (zero 1); SP because tp > 1 in Megatron
         "parallel": {"dp": 2, "tp": 4, "pp": 8, "cp": 1, "ep": 1, "vpp": 5, "zero": 1,
                      "sequence_parallel": True, "order": MEGATRON_ORDER},
@@ -55,7 +56,8 @@ def test_llm_foundry_mpt70b_row():
                   "vocab_size": 50368, "d_ff": 32768, "ffn": "gelu", "norm": "layernorm", "bias": True,
                   "tied_embeddings": True, "position": "learned", "max_seq_len": 2048},
         "training": {"global_batch": 1024, "microbatch_size": 8, "seq_len": 2048, "precision": "bf16",
-                     "optimizer": "adam", "recompute": "full"},  # "activation checkpointing ON"
+                     "optimizer": "adam", "recompute": "full",  # "activation checkpointing ON"
+                     "attention_kernel": "fa2"},  # llm-foundry's attn_impl: flash (flash-attn 2)
         "parallel": {"dp": 128, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "vpp": 1, "zero": 3,  # FULL_SHARD
                      "sequence_parallel": False, "order": MEGATRON_ORDER},
         "schedule": {"name": "1F1B"},

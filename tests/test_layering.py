@@ -19,8 +19,8 @@ LAYERS = [
     {"sim"},
     {"costs"},
     {"results", "scenario", "calibrate"},
-    {"simulate"},
-    {"parsim", "plan", "report", "frameworks", "goodput", "uncertainty"},   # "parsim": the public API in parsim/__init__.py
+    {"simulate", "federated"},
+    {"parsim", "plan", "report", "frameworks", "infer", "goodput", "uncertainty"},   # "parsim": the public API in parsim/__init__.py
     {"validate"},
     {"cli"},
     {"__main__"},

@@ -98,15 +98,25 @@ def test_all_to_all_time_is_the_collective_on_the_ep_group():
     assert tables.op(0, "I").parts.ep_comm == pytest.approx(4 * 2 * one)
 
 
-def test_hot_expert_with_twice_the_load_doubles_the_expert_phase():
+def test_hot_expert_with_twice_the_load_doubles_the_expert_phase(tmp_path):
     hist = [2.0] + [6.0 / 7.0] * 7  # expert 0 gets twice the mean (8 experts, mean 1)
-    base = run(moe={"routing": "balanced", "drop_tokens": False})["moe"]
-    hot = run(moe={"routing": "histogram", "histogram": hist, "drop_tokens": False})["moe"]
-    assert hot["routed_tokens_per_rank"][0] == pytest.approx(2 * SEQ * 2)
-    for part in ("forward", "backward_input", "backward_weight"):
-        ratio = hot["layer_expert_compute_s"][part] / base["layer_expert_compute_s"][part]
-        assert 1.9 < ratio < 2.1, (part, ratio)
-    assert hot["imbalance"] == pytest.approx(2.0)
+    # the work doubles; the kernels' fixed launch-to-drain time (gemm_latency_us) does not, so
+    # the doubling is checked on the H100 without it, and with it the ratio stays below 2
+    prof = (ROOT / "parsim" / "cluster" / "profiles" / "dgx-h100.toml").read_text()
+    no_latency = tmp_path / "h100-no-latency.toml"
+    no_latency.write_text(prof.replace("gemm_latency_us = 4.0", "gemm_latency_us = 0.0"))
+    for hw, lo, hi in ((str(no_latency), 1.9, 2.1), ("dgx-h100", 1.5, 2.0)):
+        def go(moe):
+            doc = moe_doc(moe=moe)
+            doc["hardware"] = hw
+            return simulate(scenario_from_dict(doc, "moe-test.toml")).metrics["moe"]
+        base = go({"routing": "balanced", "drop_tokens": False})
+        hot = go({"routing": "histogram", "histogram": hist, "drop_tokens": False})
+        assert hot["routed_tokens_per_rank"][0] == pytest.approx(2 * SEQ * 2)
+        for part in ("forward", "backward_input", "backward_weight"):
+            ratio = hot["layer_expert_compute_s"][part] / base["layer_expert_compute_s"][part]
+            assert lo < ratio < hi, (hw, part, ratio)
+        assert hot["imbalance"] == pytest.approx(2.0)
 
 
 def test_capacity_drops_overflow_by_hand():

@@ -18,7 +18,7 @@ from parsim.schedule import BUILDERS
 from parsim.simulate import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
-SCENARIOS = sorted((ROOT / "scenarios").glob("*.toml"))
+SCENARIOS = sorted(p for p in (ROOT / "scenarios").glob("*.toml") if not p.name.startswith("fl-"))  # fl-*: parsim fl
 
 
 def partial_overlaps(slices: list[tuple[int, int]]) -> int:

@@ -12,7 +12,8 @@ import os
 import sys
 
 from parsim import __version__
-from parsim.cli import calibrate, collective, compare, goodput, importer, kernel, plan, validate
+from parsim.cli import (calibrate, collective, compare, estimate_memory, fl, goodput, importer, infer, kernel,
+                        plan, validate)
 from parsim.cli.args import HelpParser, finite_positive, positive_int
 from parsim.cli.common import (
     EXIT_BAD_INPUT,
@@ -144,7 +145,8 @@ def build_parser() -> HelpParser:
     s.add_argument("--lower", action="store_true", help="show the lowered schedule (SEND/RECV, REDUCE_GRAD, STEP)")
     s.set_defaults(func=cmd_schedule)
 
-    for command in (plan, compare, validate, calibrate, kernel, importer, collective, goodput):  # each module adds its sub-command
+    for command in (plan, compare, validate, calibrate, kernel, importer, collective, fl, estimate_memory,
+                    infer, goodput):  # each module adds its sub-command
         command.register(sub)
     for name, parser in sub.choices.items():  # every --help ends with an example
         if not parser.epilog and name in EXAMPLES:

@@ -137,7 +137,47 @@ KERNELS: dict[str, AttentionKernel] = {
         fwd_tiles=((128, 256, 128, 128), (256, 128, 128, 128)),
         bwd_tiles=((128, 128, 128), (256, 64, 128)),
     ),
+    "fa2-hopper": AttentionKernel(
+        name="FlashAttention-2 on Hopper",
+        source="Shah et al. 2024, arXiv:2407.08608: Fig. 5 and 6, the FlashAttention-2 bars on H100 80GB SXM5 "
+               "(FA2's Ampere mma.sync kernels, no wgmma or TMA)",
+        # benchmarks/fit_attention_kernels.py fa2: least squares over the 18 forward bars at head
+        # dims 64 and 128 (causal and not) and the 9 backward bars: max error 7.6%, mean 1.7%;
+        # head dim 256 held out (12 bars): mean error 15.8%, max 27%
+        forward=PassModel(mma_fraction=0.418, softmax_cost=0.540, cta_io=0.348, diag_extra=0.836),
+        backward=PassModel(mma_fraction=0.378, softmax_cost=1.394, cta_io=1.035, diag_extra=0.836),
+        fwd_tiles=((64, 128, 128, 128), (128, 128, 64, 64), (256, 128, 64, 64)),
+        bwd_tiles=((64, 128, 128), (128, 64, 128), (256, 64, 64)),
+    ),
+    "cudnn-hopper": AttentionKernel(
+        name="cuDNN fused attention on Hopper",
+        source="Shah et al. 2024, arXiv:2407.08608: Fig. 5 and 6, the cuDNN bars on H100 80GB SXM5 (the kernel "
+               "Transformer Engine's FusedAttention backend runs: NeMo, Megatron-Core)",
+        # benchmarks/fit_attention_kernels.py cudnn (FA3's tiles; the matmul rate capped at the
+        # 1.98/1.83 boost ratio): 27 bars at head dims 64 and 128, max error 9.6%, mean 3.2%;
+        # head dim 256 held out: mean error 28%, max 46% (its tiles there are not known)
+        forward=PassModel(mma_fraction=1.082, softmax_cost=1.397, cta_io=0.105, diag_extra=1.083),
+        backward=PassModel(mma_fraction=0.693, softmax_cost=1.583, cta_io=0.741, diag_extra=1.083),
+        fwd_tiles=((64, 192, 128, 128), (128, 128, 176, 128), (256, 128, 80, 80)),
+        bwd_tiles=((64, 128, 128), (128, 64, 128), (256, 64, 80)),
+    ),
 }
+
+IMPLEMENTATIONS = ("fa2", "fa3", "fa4", "cudnn")
+"""What ``training.attention_kernel`` may name: the implementation a framework calls."""
+VARIANTS: dict[tuple[str, str], str] = {
+    ("fa2", "warp"): "fa2", ("fa2", "warpgroup"): "fa2-hopper",
+    ("fa3", "warpgroup"): "fa3", ("fa4", "tile"): "fa4", ("cudnn", "warpgroup"): "cudnn-hopper",
+}
+"""(implementation, the device's MMA style) -> the fitted kernel; missing pairs are not modelled
+(FA3 runs on Hopper only, FA4 on Blackwell; FA2 and cuDNN have published bars on Ampere/Hopper only)."""
+
+
+def resolve(implementation: str, mma_style: str) -> str | None:
+    """The KERNELS entry for ``implementation`` on a device of ``mma_style``; None if not modelled."""
+    if implementation in KERNELS and (implementation, mma_style) not in VARIANTS and "-" in implementation:
+        return implementation  # an explicit variant name
+    return VARIANTS.get((implementation, mma_style))
 
 
 # ------------------------------------------------------------------ scheduling

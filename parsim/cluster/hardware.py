@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from parsim.cluster import attention_kernels, kernels
+from parsim.cluster.host import HostTier, parse_host
 from parsim.cluster.kernels import KernelFacts, parse_shape, parse_tile
 from parsim.cluster.precision import GEMM_PRECISIONS, PRECISION_TABLE
 from parsim.cluster.precision import precision as precision_row
@@ -176,12 +177,18 @@ class Device:
 
     def attention_kernel_time(self, batch: int, seq_q: int, seq_k: int, heads: int, kv_heads: int,
                               head_dim: int, causal: bool = False, backward: bool = False,
-                              precision: str = "bf16") -> float:
+                              precision: str = "bf16", implementation: str | None = None) -> float:
         """Seconds of one fused-attention pass (forward, or backward with ``backward=True``) by
-        this device's attention kernel (:mod:`parsim.cluster.attention_kernels`)."""
-        self._kernel_facts("fused attention")
+        this device's attention kernel (:mod:`parsim.cluster.attention_kernels`), or by the
+        named ``implementation`` (fa2 | fa3 | fa4 | cudnn) as fitted for this architecture."""
+        kf = self._kernel_facts("fused attention")
+        kernel = None
+        if implementation is not None:
+            kernel = attention_kernels.resolve(implementation, kf.mma_style)
+            if kernel is None:
+                raise ValueError(f"attention kernel {implementation!r} has no model on {self.name}")
         return attention_kernels.attention_time(self, batch, seq_q, seq_k, heads, kv_heads, head_dim,
-                                                causal, backward, canonical_precision(precision))
+                                                causal, backward, canonical_precision(precision), kernel)
 
     def memory_time(self, nbytes: float) -> float:
         """Seconds for a memory-bound kernel that reads + writes ``nbytes`` in total."""
@@ -262,6 +269,8 @@ class HardwareProfile:
     ``collective_<kind>_<n>`` = [[max bytes, latency us, GB/s], ...]): (kind, group size, max
     bytes, per-step latency s, link bandwidth B/s) in the ring formulas' terms. A group inside
     one node with a fit for its kind and size is priced by it (``parsim.cluster.collectives``)."""
+    host: HostTier | None = None
+    """Host memory, CPU, NVMe and C2C per node (optional ``[host]`` table; None: not given)."""
 
     @property
     def node_nic_bandwidth(self) -> float:
@@ -307,6 +316,7 @@ _SCHEMA: dict[str, dict[str, tuple[str, bool]]] = {
         "sm_count": ("int", _OPT), "tensor_flop_per_clock_per_sm": ("pos", _OPT),
         "sfu_op_per_clock_per_sm": ("pos", _OPT), "smem_byte_per_clock_per_sm": ("pos", _OPT),
         "gemm_tiles": ("tiles", _OPT), "mma_style": ("mma_style", _OPT), "gemm_stream_k": ("bool", _OPT),
+        "gemm_latency_us": ("nonneg", _OPT),
         "attention_kernel": ("attention_kernel", _OPT), "gemm_model": ("gemm_model", _OPT),
         **{f"mamf_{p}_{what}": (kind, _OPT) for p in GEMM_PRECISIONS
            for what, kind in (("tflops", "pos"), ("shape", "shape"))},
@@ -325,8 +335,9 @@ _SCHEMA: dict[str, dict[str, tuple[str, bool]]] = {
         "switch_latency_us": ("nonneg", _REQ),
     },
     "calibration": {},  # optional, free-form provenance written by `parsim calibrate`
+    "host": {},  # optional: host memory, CPU, NVMe, C2C (parsim.cluster.host checks its keys)
 }
-_OPTIONAL_TABLES = {"calibration"}
+_OPTIONAL_TABLES = {"calibration", "host"}
 _TOP_TABLES = [t for t in _SCHEMA if t]
 
 
@@ -455,6 +466,7 @@ def parse_profile(data: Mapping[str, Any], file: str = "<profile>") -> HardwareP
         source_path="" if file.startswith("<") else file,
         nvls_bandwidth=to_si("nvls_gbyte_per_s", nd["nvls_gbyte_per_s"]) if "nvls_gbyte_per_s" in nd else 0.0,
         collective_fits=_collective_fits(data.get("calibration", {}), file),
+        host=parse_host(data.get("host"), file),
     )
 
 

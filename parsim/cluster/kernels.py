@@ -28,6 +28,7 @@ measured at (``mamf_<precision>_shape``); other shapes then follow from the tile
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -82,6 +83,11 @@ class KernelFacts:
     """Measured maximum achievable matmul by precision: (FLOP/s, (m, n, k) it was measured at)."""
     attention_kernel: str | None = None
     """Fused attention kernel of this architecture (``fa2``, ``fa3``, ``fa4``; see attention_kernels)."""
+    gemm_latency_s: float = 0.0
+    """Fixed device time of one GEMM kernel beyond its tiles' work: the launch reaching the SMs,
+    the prologue (TMA descriptors, the first operands in flight) and the drain of the last
+    stores -- what a tiny GEMM costs. Fitted per device to measured GEMM tables (profile key
+    ``gemm_latency_us``; tests/test_gemm_tables.py holds the fit and its held-out error)."""
 
 
 def parse_tile(text: str) -> tuple[int, int, int]:
@@ -121,6 +127,7 @@ class _Machine:
     tiles: tuple[tuple[int, int, int], ...]
     mma_style: str
     stream_k: bool
+    latency: float = 0.0       # fixed seconds per kernel (KernelFacts.gemm_latency_s)
 
 
 def _machine(dev: Any, precision: str) -> _Machine:
@@ -129,7 +136,7 @@ def _machine(dev: Any, precision: str) -> _Machine:
     ratio = dev.peak(precision) / dev.peak_flops[base]  # same clock: per-clock rates scale as peaks
     return _Machine(kf.sm_count, kf.tensor_flop_per_clock_per_sm * ratio, kf.smem_byte_per_clock_per_sm,
                     dev.effective_memory_bandwidth, INPUT_BYTES[precision], OUTPUT_BYTES[precision],
-                    kf.gemm_tiles, kf.mma_style, kf.stream_k)
+                    kf.gemm_tiles, kf.mma_style, kf.stream_k, kf.gemm_latency_s)
 
 
 MMA_STYLES = ("warp", "warpgroup", "tile")
@@ -179,13 +186,14 @@ def _plan_time(mc: _Machine, rate: float, m: int, n: int, k: int, tile: tuple[in
         # workspace: out of one SM and into another, at shared-memory speed on each side (a
         # constant, so the plan stays monotone; with whole waves the data-parallel plan wins)
         fixup = 2.0 * tm * tn / sms * PARTIAL_BYTES / mc.smem_per_clock / clock
-        return per_slot * block_time + (1 if hidden else math.ceil(tiles / slots)) * epilogue + fill + fixup
+        return (per_slot * block_time + (1 if hidden else math.ceil(tiles / slots)) * epilogue + fill + fixup
+                + mc.latency)
     waves = math.ceil(tiles * split / slots)
     k_cta = math.ceil(math.ceil(k / split) / k_block) * k_block
     reduce = 0.0
     if split > 1:  # partials written, read back and the result written once, through HBM
         reduce = (split * m * n * PARTIAL_BYTES + m * n * mc.out_bytes) / mc.bandwidth
-    return waves * k_cta // k_block * block_time + (1 if hidden else waves) * epilogue + fill + reduce
+    return waves * k_cta // k_block * block_time + (1 if hidden else waves) * epilogue + fill + reduce + mc.latency
 
 
 def _best_time(mc: _Machine, rate: float, m: int, n: int, k: int) -> tuple[float, tuple[int, int, int], int]:
@@ -220,6 +228,9 @@ def _mainloop_rate(machine: _Machine, peak: float, mamf: float, shape: tuple[int
     """
     if shape is None:
         return min(mamf, peak)
+    # MAMF times long runs of back-to-back launches, where one kernel's launch and prologue
+    # hide under the previous one's tail: the main loop is calibrated without the fixed latency
+    machine = dataclasses.replace(machine, latency=0.0)
     m, n, k = shape
     flops = 2.0 * m * n * k
     lo, hi = mamf * 0.5, peak * 1.5
@@ -258,18 +269,21 @@ def gemm_plan(dev: Any, m: int, n: int, k: int, precision: str) -> dict[str, Any
     t, tile, split = _best_time(mc, rate, m, n, k)
     floor = gemm_bytes(m, n, k, precision) / mc.bandwidth
     tiles = math.ceil(m / tile[0]) * math.ceil(n / tile[1])
-    return {"time_s": max(t, floor), "tile": format_tile(tile), "split_k": split,
+    return {"time_s": max(t, floor + mc.latency), "tile": format_tile(tile), "split_k": split,
             "stream_k": split == 0, "waves": math.ceil(tiles * max(split, 1) / (mc.sm // tile[2])),
             "memory_bound": floor > t, "mainloop_flops": rate}
 
 
 def gemm_time(dev: Any, m: int, n: int, k: int, precision: str = "bf16", count: int = 1) -> float:
-    """Seconds for ``count`` GEMMs ``(m x k) @ (k x n)`` on ``dev`` by the kernel model."""
+    """Seconds for ``count`` GEMMs ``(m x k) @ (k x n)`` on ``dev`` by the kernel model, issued
+    as one batched launch (cuBLAS strided-batched: the attention core's per-head products): the
+    work ``count`` times, the kernel's fixed latency once."""
     if min(m, n, k, count) < 0:
         raise ValueError(f"gemm: m={m}, n={n}, k={k}, count={count} must be >= 0")
     if m == 0 or n == 0 or k == 0 or count == 0:
         return 0.0
-    return count * gemm_plan(dev, m, n, k, precision)["time_s"]
+    lat = dev.kernels.gemm_latency_s
+    return count * (gemm_plan(dev, m, n, k, precision)["time_s"] - lat) + lat
 
 
 # ------------------------------------------------------------------ profile keys
@@ -289,7 +303,7 @@ def facts_from_table(d: Mapping[str, Any], peaks: Mapping[str, float], precision
             raise ConfigError(file, f"device.mamf_{p}_tflops", f"needs device.{p}_tflops (the peak) beside it")
     if not any(k in d for k in KERNEL_FACT_KEYS):
         for k, v in d.items():
-            if (k.startswith("mamf_") or k in ("attention_kernel", "mma_style", "gemm_stream_k")
+            if (k.startswith("mamf_") or k in ("attention_kernel", "mma_style", "gemm_stream_k", "gemm_latency_us")
                     or (k == "gemm_model" and v == "kernel")):
                 raise ConfigError(file, f"device.{k}",
                                   f"needs the kernel facts ({', '.join('device.' + x for x in KERNEL_FACT_KEYS)})")
@@ -309,7 +323,8 @@ def facts_from_table(d: Mapping[str, Any], peaks: Mapping[str, float], precision
                        sfu_op_per_clock_per_sm=d["sfu_op_per_clock_per_sm"],
                        smem_byte_per_clock_per_sm=d["smem_byte_per_clock_per_sm"],
                        gemm_tiles=d["gemm_tiles"], mma_style=d.get("mma_style", "warp"),
-                       stream_k=d.get("gemm_stream_k", False), mamf=mamf, attention_kernel=d.get("attention_kernel"))
+                       stream_k=d.get("gemm_stream_k", False), mamf=mamf, attention_kernel=d.get("attention_kernel"),
+                       gemm_latency_s=to_si("gemm_latency_us", d.get("gemm_latency_us", 0.0)))
 
 
 def facts_to_table(kf: KernelFacts | None) -> dict[str, Any]:
@@ -324,6 +339,8 @@ def facts_to_table(kf: KernelFacts | None) -> dict[str, Any]:
         out["gemm_stream_k"] = True
     if kf.attention_kernel:
         out["attention_kernel"] = kf.attention_kernel
+    if kf.gemm_latency_s:
+        out["gemm_latency_us"] = kf.gemm_latency_s * 1e6
     for p, (flops, shape) in kf.mamf.items():
         out[f"mamf_{p}_tflops"] = flops / 1e12
         if shape is not None:
@@ -395,11 +412,11 @@ def grouped_gemm_plan(dev: Any, problems: tuple[tuple[int, int, int], ...], prec
         block_time = 2.0 * tm * tn / sms * k_block / (rate / mc.sm * feed_fraction(mc, tm, tn, sms))
         epilogue = 2.0 * tm * tn / sms * mc.out_bytes / mc.smem_per_clock / clock
         fill = (tm + tn) / sms * k_block * mc.in_bytes / per_sm_bw
-        t = blocks * block_time + (1 if hidden else tiles) * epilogue + fill
+        t = blocks * block_time + (1 if hidden else tiles) * epilogue + fill + mc.latency
         if t < best[0]:
             best = (t, tile, tiles)
     floor = grouped_gemm_bytes(probs, precision) / mc.bandwidth
-    return {"time_s": max(best[0], floor), "tile": format_tile(best[1]), "waves": best[2],
+    return {"time_s": max(best[0], floor + mc.latency), "tile": format_tile(best[1]), "waves": best[2],
             "memory_bound": floor > best[0], "mainloop_flops": rate}
 
 

@@ -7,6 +7,7 @@ from parsim.cluster.hardware import HardwareProfile
 from parsim.cluster.precision import TRAINING_PRECISIONS
 from parsim.config.faults import FaultsConfig
 from parsim.config.moe import MoEConfig
+from parsim.config.offload import OffloadConfig
 from parsim.config.parallel import ParallelConfig
 from parsim.config.stragglers import StragglerConfig
 from parsim.errors import ConfigError
@@ -51,6 +52,14 @@ class TrainingConfig:
     fp8_recipe: str | None = None
     """FP8 scaling recipe (``precision = "fp8"``): delayed | current | mxfp8 | blockwise; None: the
     device's default (mxfp8 where it has block-scaled FP8 GEMMs, i.e. Blackwell; current otherwise)."""
+    attention_kernel: str | None = None
+    """The fused-attention implementation the framework calls: fa2 | fa3 | fa4 | cudnn (each fitted
+    per GPU architecture to published bars, ``parsim.cluster.attention_kernels``); None: the
+    device's own (FA2 on Ampere, FA3 on Hopper, FA4 on Blackwell)."""
+    cross_entropy_fusion: bool = False
+    """The loss runs as one fused kernel per pass (Megatron's ``--cross-entropy-loss-fusion``, Liger,
+    a compiled loss); false (Megatron-Core's default): the vocabulary-parallel cross-entropy op by op
+    over fp32 logits (``parsim.costs.memory_ops.loss_work``)."""
 
 
 @dataclass(frozen=True)
@@ -153,6 +162,8 @@ class Scenario:
     """The ``[moe]`` table: routing imbalance, expert TP, token dropping (MoE models)."""
     simulation: SimulationConfig = field(default_factory=SimulationConfig)
     """The ``[simulation]`` table: engine mode."""
+    offload: OffloadConfig = field(default_factory=OffloadConfig)
+    """The ``[offload]`` table: model states on the CPU or NVMe (ZeRO-Offload / ZeRO-Infinity)."""
     faults: FaultsConfig | None = None
     """The ``[faults]`` table: failure rates, checkpointing, restarts (``parsim goodput``); None: not given."""
     stragglers: StragglerConfig | None = None

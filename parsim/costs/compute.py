@@ -106,7 +106,8 @@ def fused_attention_times(inp: LayerInputs) -> tuple[float, float]:
     full = s * (s + 1) // 2
     out = [0.0, 0.0]
     for back in (False, True):
-        t_full = dev.attention_kernel_time(sh.microbatch_size, s, s, heads, kv, hd, True, back, prec)
+        t_full = dev.attention_kernel_time(sh.microbatch_size, s, s, heads, kv, hd, True, back, prec,
+                                           inp.options.attention_kernel)
         shares = [causal_pairs(m, s, li) / full if attention_kind(m, li) != "full" else 1.0
                   for li in _distinct_layers(m)]
         out[back] = t_full * sum(shares) / len(shares) / sh.cp

@@ -207,7 +207,8 @@ def _block_s(inp: LayerInputs, blocks: Sequence[Block], heads: int, kv_heads: in
     """Kernel seconds of one ring step's blocks on this rank."""
     dev, b, d = inp.hardware.device, inp.shard.microbatch_size, kernel_head_dim(inp)
     prec = attention_precision(inp.options.precision)
-    return sum(dev.attention_kernel_time(b, x.seq_q, x.seq_k, heads, kv_heads, d, x.causal, backward, prec)
+    impl = inp.options.attention_kernel
+    return sum(dev.attention_kernel_time(b, x.seq_q, x.seq_k, heads, kv_heads, d, x.causal, backward, prec, impl)
                for x in blocks)
 
 

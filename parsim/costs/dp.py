@@ -6,6 +6,7 @@ on the backward's length (the collectives, the update, ZeRO's gathers) is cached
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -78,8 +79,10 @@ class DPOps:
 
 def dp_ops(inp: DPInputs) -> DPOps:
     """The stage's data-parallel and optimizer ops."""
+    par0, ov = inp.setting.parallel, inp.setting.overlap
+    needs_forward = par0.zero == 3 or (par0.zero in (1, 2) and ov.param_gather)
     reduce_s, grad_bytes, rest = _stage_dp(inp.setting, inp.params, inp.expert_params, inp.n_layers,
-                                           inp.forward_s if inp.setting.parallel.zero == 3 else 0.0, inp.moe_layers)
+                                           inp.forward_s if needs_forward else 0.0, inp.moe_layers)
     if reduce_s is None:
         return rest
     t = reduce_s
@@ -159,8 +162,9 @@ def _stage_dp(st: DPSetting, params: float, expert_params: float,
         # = the all-reduce's bytes); overlapped with the next step's forward when asked
         then_bytes = params * w
         sent[PARAM_GATHER] = bytes_sent_per_rank("all_gather", then_bytes, n_s)
-        if not st.overlap.param_gather:
-            then = cached_collective_time(hw, "all_gather", then_bytes, shard_group)
+        then = cached_collective_time(hw, "all_gather", then_bytes, shard_group)
+        if st.overlap.param_gather:
+            then = param_gather_exposed(then, then_bytes, bucket_bytes(st), forward_s)
     update_s = hw.profile.device.memory_time(step_bytes) + newton_schulz_s(st, n_layers, moe_layers)
     ops[Op.STEP] = OpCost(update_s, then_comm_s=then, then_comm_bytes=then_bytes)
     if par.zero == 3 and par.dp > 1 and n_s > 1:
@@ -172,6 +176,21 @@ def _stage_dp(st: DPSetting, params: float, expert_params: float,
         ops[Op.RESHARD] = OpCost(0.0, free_bytes=window, mem_kind=UNIT_KIND)
         sent["UNSHARD"] = bytes_sent_per_rank("all_gather", gathered, n_s)
     return t, params * g, DPOps(ops, sent)
+
+
+def param_gather_exposed(gather_s: float, nbytes: float, bucket: float, forward_s: float) -> float:
+    """Seconds of ZeRO-1/2's overlapped parameter all-gather the next step's first forward waits for.
+
+    Megatron's distributed optimizer (``--overlap-param-gather``) launches the gathers bucket by
+    bucket when the next forward starts and waits for each in the pre-hook of the first module
+    that uses it: bucket i+1 gathers under bucket i's share of the first microbatch's forward, so
+    the wait is the first bucket, then whatever of each later bucket its predecessor's compute
+    does not cover (``unit_buffers``' rule with buckets as units). With no forward to hide under
+    (``forward_s = 0``) the whole gather waits.
+    """
+    n = max(1, math.ceil(nbytes / bucket)) if bucket > 0 else 1
+    g, c = gather_s / n, forward_s / n
+    return min(gather_s, g + (n - 1) * max(0.0, g - c))
 
 
 def bucket_bytes(st: DPSetting) -> float:

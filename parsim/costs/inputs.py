@@ -14,6 +14,7 @@ from functools import lru_cache
 
 from parsim.cluster.hardware import HardwareProfile
 from parsim.config.moe import MoEConfig
+from parsim.config.offload import OffloadConfig
 from parsim.config.parallel import ParallelConfig
 from parsim.config.scenario import (
     MeasuredCosts,
@@ -90,6 +91,8 @@ class CostInputs:
     """Dropout masks kept (resolved from the training table and the model's FFN)."""
     measured: MeasuredCosts | None = None
     """A ``[costs]`` table: measured per-microbatch times replacing the modelled ones."""
+    offload: OffloadConfig = OffloadConfig()
+    """The ``[offload]`` table (``parsim.costs.offload``)."""
 
     @property
     def hardware(self) -> HardwareProfile:
@@ -99,7 +102,7 @@ class CostInputs:
 def cost_inputs(sc: Scenario) -> CostInputs:
     """The cost model's view of a scenario."""
     return CostInputs(sc.model, cluster_of(sc.hardware), sc.training, sc.parallel, sc.overlap, sc.moe, sc.schedule.name,
-                      sc.n_microbatches, tuple(sc.layers_per_stage), sc.dropout, sc.costs)
+                      sc.n_microbatches, tuple(sc.layers_per_stage), sc.dropout, sc.costs, offload=sc.offload)
 
 
 @dataclass(frozen=True)
@@ -159,6 +162,10 @@ class TrainOptions:
     """Memory-bound ops as fused kernels (Megatron/TE) or eager PyTorch op by op."""
     fp8_recipe: str | None = None
     """FP8 scaling recipe (None: the device's default)."""
+    cross_entropy_fusion: bool = False
+    """The loss as fused kernels (else Megatron's op-by-op vocabulary-parallel cross-entropy)."""
+    attention_kernel: str | None = None
+    """The fused-attention implementation (None: the device's own)."""
 
 
 @dataclass(frozen=True)
@@ -224,7 +231,8 @@ def layer_inputs(ci: CostInputs) -> LayerInputs:
     shard = Shard(tr.microbatch_size, tr.seq_len, par.tp, par.cp, par.ep, par.sequence_parallel, groups.tp, groups.cp,
                   ep_group, etp, par.cp_comm)
     opts = TrainOptions(tr.precision, tr.flash_attention, ci.dropout, tr.recompute, _remat(ci.schedule),
-                        tr.grad_accumulation_fusion, tr.optimizer, ci.overlap, tr.fused_kernels, tr.fp8_recipe)
+                        tr.grad_accumulation_fusion, tr.optimizer, ci.overlap, tr.fused_kernels, tr.fp8_recipe,
+                        tr.cross_entropy_fusion, tr.attention_kernel)
     return LayerInputs(m, ci.cluster, shard, opts, ci.moe if has_moe else None)
 
 

@@ -146,3 +146,31 @@ def default_fp8_recipe(peak_flops: dict) -> str:
 def fp8_gemm_precision(recipe: str, peak_flops: dict) -> str:
     """Precision the linear GEMMs run at under ``recipe`` (MXFP8 on the block-scaled path)."""
     return "mxfp8" if recipe == "mxfp8" and "mxfp8" in peak_flops else "fp8"
+
+
+def loss_work(logits: float, activation_bytes: float, fused_kernels: bool,
+              cross_entropy_fusion: bool) -> tuple[MemoryWork, MemoryWork]:
+    """(forward, backward) memory-bound work of the cross-entropy over ``logits`` elements (this
+    GPU's vocabulary shard of every token), the LM head's output in ``activation_bytes``.
+
+    * Megatron-Core's vocabulary-parallel cross-entropy (``fused_kernels``, no loss fusion; its
+      ``_VocabParallelCrossEntropy``): forward casts the logits to fp32 (read a, write 4), takes
+      the row max (read 4), subtracts it in place (8), exponentiates in place (8), sums (4) and
+      divides in place to keep the softmax for the backward (8): a + 32 bytes, 6 kernels;
+      backward scales the saved softmax by the loss gradient in place (8) and the cast's
+      backward writes it back at a (4 + a): 12 + a bytes, 2 kernels.
+    * Eager PyTorch (``fused_kernels = false``: ``CrossEntropyLoss(logits.float())``): the cast
+      (a + 4), ``log_softmax`` (reads the row twice for max and sum, writes it: 12), NLL:
+      a + 16 bytes, 3 kernels; backward: the NLL gradient (zeros + scatter: 4),
+      ``log_softmax_backward`` (gradient and output read, input gradient written: 12), the
+      cast's backward (4 + a): 20 + a bytes, 4 kernels.
+    * Fused (``cross_entropy_fusion``: one kernel per pass, online softmax): forward reads the
+      logits once (a); backward recomputes the softmax from the saved row max and sum and writes
+      the gradient (2a).
+    """
+    a = activation_bytes
+    if cross_entropy_fusion:
+        return MemoryWork(logits * a, 1), MemoryWork(logits * 2 * a, 1)
+    if fused_kernels:
+        return MemoryWork(logits * (a + 32), 6), MemoryWork(logits * (12 + a), 2)
+    return MemoryWork(logits * (a + 16), 3), MemoryWork(logits * (20 + a), 4)

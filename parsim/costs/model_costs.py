@@ -18,6 +18,7 @@ import parsim.costs.compute as _compute
 import parsim.costs.dp as _dp
 import parsim.costs.inputs as _inputs
 import parsim.costs.layer as _layer
+import parsim.costs.offload_ops as _offload_ops
 import parsim.costs.stage as _stage
 from parsim.cluster.precision import PRECISION_TABLE
 from parsim.config.scenario import Scenario
@@ -112,7 +113,10 @@ class ModelCosts:
         ops = self._ops.get(stage)
         if ops is None:
             dp = self.dp_ops[stage]
-            ops = self._ops[stage] = {**self.stage_costs[stage].ops, **(dp.ops if dp is not None else {})}
+            ops = {**self.stage_costs[stage].ops, **(dp.ops if dp is not None else {})}
+            if self.inputs.offload.active and self.inputs.measured is None:  # [offload]: parsim.costs.offload_ops
+                ops = _offload_ops.stage_ops(self, stage, ops)
+            self._ops[stage] = ops
         return ops
 
     def op_cost(self, stage: int, op: Op) -> OpCost:
@@ -175,9 +179,10 @@ class ModelCosts:
             buffers["comm_buffers"] = nccl_buffer_bytes(comms)
             if tr.precision == "fp8" and par.framework != "fsdp":
                 buffers["fp8_weights"] = FP8_WEIGHT_COPIES * n  # Transformer Engine's FP8 weight + transpose
-        return {"params": ms["params"] + me["params"] + stash, "grads": ms["grads"] + me["grads"],
-                "optimizer": ms["optimizer"] + me["optimizer"],
-                "buffers": tuple((k, v) for k, v in buffers.items() if v)}
+        out = {"params": ms["params"] + me["params"] + stash, "grads": ms["grads"] + me["grads"],
+               "optimizer": ms["optimizer"] + me["optimizer"],
+               "buffers": tuple((k, v) for k, v in buffers.items() if v)}
+        return _offload_ops.model_states(self, stages, out) if self.inputs.offload.active else out
 
     def weight_versions(self, rank: int) -> int:
         """Weight versions a pipeline rank holds (1 unless PipeDream / PipeDream-2BW)."""

@@ -22,6 +22,7 @@ from parsim.costs.layer import (
     tp_allreduce_time,
 )
 from parsim.costs.memory import logits_bytes, state_bytes_per_param
+from parsim.costs.memory_ops import loss_work
 from parsim.costs.parts import AxisBytes, Parts
 from parsim.model import (
     ModelSpec,
@@ -238,12 +239,18 @@ def head_cost(inp: LayerInputs) -> EndCost:
     prec = "bf16" if prec == "fp8" else prec  # Transformer Engine recipes keep the output layer in BF16
     tokens, b, seq = sh.tokens, sh.microbatch_size, sh.seq_len // sh.cp
     g = head_gemm(m, tokens, sh.tp)
-    loss = dev.memory_time(3 * logits_bytes(m, seq, b, sh.tp))  # softmax + loss + its gradient
+    # the loss over this rank's vocabulary shard (parsim.costs.memory_ops.loss_work): bytes at
+    # HBM bandwidth, and the launches when the host would be slower than they run
+    o = inp.options
+    lf, lb = loss_work(logits_bytes(m, seq, b, sh.tp) / 4.0, PRECISION_TABLE[prec].activation_bytes,
+                       o.fused_kernels, o.cross_entropy_fusion)
+    loss_f = max(dev.memory_time(lf.bytes), lf.kernels * dev.kernel_launch_s)
+    loss_b = max(dev.memory_time(lb.bytes), lb.kernels * dev.kernel_launch_s)
     # fp32 logits for the loss, plus the final norm's input and the LM head's input
     # (two d_model activations per token; replicated over tp unless sequence parallel)
     head_inputs = 2 * tokens * m.d_model * activation_options(inp).bytes_per_element
-    return EndCost(Parts(compute=dev.gemm_time(g.m, g.n, g.k, prec) + loss / 3),
-                   Parts(compute=dev.gemm_time(g.m, g.k, g.n, prec) + 2 * loss / 3),
+    return EndCost(Parts(compute=dev.gemm_time(g.m, g.n, g.k, prec) + loss_f),
+                   Parts(compute=dev.gemm_time(g.m, g.k, g.n, prec) + loss_b),
                    Parts(compute=dev.gemm_time(g.k, g.n, g.m, prec)), g.flops, AxisBytes(),
                    logits_bytes(m, seq, b, sh.tp) + head_inputs / (sh.tp if sh.sequence_parallel else 1))
 

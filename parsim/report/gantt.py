@@ -6,6 +6,10 @@ import pandas as pd
 OP_COLORS = {"F": "#4C72B0", "B": "#DD8452", "I": "#C44E52", "W": "#8172B3", "STEP": "#55A868",
              "SEND_F": "#64B5CD", "SEND_B": "#CCB974", "REDUCE_GRAD": "#937860", "UNSHARD": "#DA8BC3",
              "PARAM_GATHER": "#8C8C8C"}
+# [offload] tiers (parsim.costs.offload): a thin row above each rank's compute
+TIER_COLORS = {"D2H_GRADS": "#E377C2", "H2D_PARAMS": "#17BECF", "CPU_ADAM": "#2CA02C", "NVME_READ": "#BCBD22",
+               "NVME_WRITE": "#7F7F7F", "D2H_ACTS": "#FF9896", "H2D_ACTS": "#98DF8A"}
+TIER_STREAMS = ("pcie", "c2c", "cpu", "nvme")
 
 
 def gantt(timeline: pd.DataFrame, ax, title: str = "", show_labels: bool | None = None) -> None:
@@ -13,6 +17,7 @@ def gantt(timeline: pd.DataFrame, ax, title: str = "", show_labels: bool | None 
     ranks = sorted(timeline["rank"].unique())
     comp = timeline[timeline["stream"] == "compute"]
     dp = timeline[timeline["stream"] == "dp"]
+    tiers = timeline[timeline["stream"].isin(TIER_STREAMS)]
     if show_labels is None:
         show_labels = len(comp) <= 400
     for r in ranks:
@@ -24,6 +29,10 @@ def gantt(timeline: pd.DataFrame, ax, title: str = "", show_labels: bool | None 
         for op, grp in rd.groupby("op", observed=True):
             ax.broken_barh(list(zip(grp["start_s"], grp["end_s"] - grp["start_s"])), (r + 0.18, 0.2),
                            facecolors=OP_COLORS.get(op, "#999999"))
+        rt = tiers[tiers["rank"] == r]
+        for op, grp in rt.groupby("op", observed=True):
+            ax.broken_barh(list(zip(grp["start_s"], grp["end_s"] - grp["start_s"])), (r - 0.6, 0.16),
+                           facecolors=TIER_COLORS.get(op, "#999999"))
         if show_labels:
             for row in rc.itertuples(index=False):
                 if row.op in ("F", "B", "I", "W") and not pd.isna(row.microbatch):
@@ -40,7 +49,9 @@ def gantt(timeline: pd.DataFrame, ax, title: str = "", show_labels: bool | None 
     shown = pd.concat([comp, dp])
     shown = shown[shown["end_s"] > shown["start_s"]]
     present = [op for op in OP_COLORS if op in set(shown["op"].astype(str))]
-    ax.legend(handles=[Patch(color=OP_COLORS[o], label=o) for o in present], loc="upper right",
+    colors = {**OP_COLORS, **TIER_COLORS}
+    present += [op for op in TIER_COLORS if op in set(tiers["op"].astype(str))]
+    ax.legend(handles=[Patch(color=colors[o], label=o) for o in present], loc="upper right",
               bbox_to_anchor=(1.0, -0.08), fontsize=7, ncol=max(1, len(present)), frameon=False,
               title="compute (tall) / data-parallel stream (thin); white = idle", title_fontsize=7)
 

@@ -137,6 +137,10 @@ def format_summary(mx: dict) -> str:
     fit = "fits" if mx["fits_in_memory"] else (
         f"DOES NOT FIT: rank {mx['oom']['rank']} over by {fmt_b(mx['oom']['over_by_bytes'])}")
     lines.append(f"  peak memory       {fmt_b(mx['peak_memory_bytes'])} of {fmt_b(mx['memory_capacity_bytes'])} usable: {fit}")
+    if mx.get("tier_time_s"):  # [offload]: what the host and NVMe tiers hold and how long they work
+        busy = ", ".join(f"{k} {fmt_s(v)}" for k, v in mx["tier_time_s"].items())
+        lines.append(f"  offload tiers     host {fmt_b(mx['host_memory_bytes_per_node'])}/node, "
+                     f"NVMe {fmt_b(mx['nvme_bytes_per_node'])}/node; busy: {busy}")
     lines += ["", "  step time breakdown (mean pipeline rank):"]
     rows = [[k, fmt_s(v), pct(v / T)] for k, v in mx["breakdown_s"].items() if v > 0]
     lines += ["    " + ln for ln in table(rows, ["part", "time", "share"]).splitlines()]

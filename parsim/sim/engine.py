@@ -72,6 +72,9 @@ class OpCost:
     wait_s: float | None = None
     """UNSHARD: the part of ``duration_s`` its stage's compute waits for (ZeRO-3/FSDP's
     prefetched per-unit gathers hide the rest under that compute); None: all of it."""
+    phases: tuple = ()
+    """Compute ops: work on other streams this op drives (offload transfers, CPU-Adam), as
+    (stream, name, offset from the op's start in s, duration s, bytes); recorded as spans."""
 
 
 @dataclass
@@ -289,6 +292,9 @@ def _rank_process(rank, actions, costs, link_of, box, out, nbr, s2r):
         if c.stash_bytes or c.transient_bytes:
             mem_append((rank, start, c.stash_bytes + c.transient_bytes, c.mem_kind))
         spans_append((rank, "compute", name, stage, -1 if mb is None else mb, start, end, c.bytes))
+        for stream, pname, offset, dur, nb in c.phases:  # offload: pcie / cpu / nvme spans
+            p0 = max(0.0, start + offset)
+            spans_append((rank, stream, pname, stage, -1 if mb is None else mb, p0, max(p0, start + offset + dur), nb))
         released = c.free_bytes + c.transient_bytes
         if released:
             mem_append((rank, end, -released, c.mem_kind))

@@ -30,8 +30,12 @@ engine's (``parsim.sim.engine``); only where the time of communication comes fro
   B that is exactly fast mode's max(t - B(n-1)/n, t/n); with a split backward the pieces
   hide under the last W only (a layer's gradient is final after its last W), where fast
   mode's closed form lets them hide under a whole B;
-* ``overlap.param_gather``: the ZeRO-1/2 gather runs under the next step's forward: a
-  zero-length span carrying its bytes, as in fast mode; otherwise it runs after STEP.
+* two model copies (DualPipe, Chimera): after its dp reduction each stage's gradients (its
+  shard, when sharded) are all-reduced with its twin's -- the same layers on pipeline rank
+  p-1-r of the replica -- as flows between the two ranks (fast mode's twin all-reduce);
+* ``overlap.param_gather``: the ZeRO-1/2 gather runs under the next step's forward: a span
+  of what the cost model found exposed (``parsim.costs.dp.param_gather_exposed``) carrying
+  its bytes, as in fast mode; otherwise it runs after STEP.
 * ``[stragglers]`` (``parsim.sim.stragglers``): each replica's slow pipeline ranks run their
   compute stretched (a DP collective waits for its slowest member: a straggler anywhere sets
   the pace); slow NICs have less capacity, a failed NIC's GPUs send through the node's next
@@ -132,6 +136,31 @@ class _Job:
             self.env.process(self._run(kind, nbytes, scale, rank, reps, done))
         return done
 
+    def join_twin(self, key: tuple, rep: int, rank: int, twin: int, nbytes: float, scale: float) -> simpy.Event:
+        """Join the gradient all-reduce of a two-chain schedule's stage with its twin (the same
+        layers on pipeline rank ``twin`` of the same replica: DeepSeek's DualPipe sums each
+        stage's gradients across ranks r and p-1-r); the event fires when both have run it."""
+        k = key + (rep, min(rank, twin))
+        members, done = self.barriers.setdefault(k, ([], self.env.event()))
+        members.append(rank)
+        if len(members) == 2:
+            del self.barriers[k]
+            self.env.process(self._run_pair(nbytes, scale, rep, (rank, twin), done))
+        return done
+
+    def _run_pair(self, nbytes, scale, rep, ranks, done):
+        hw = self.sc.hardware
+        plans = [plan_collective(hw, "all_reduce", nbytes, [self.gpus(rep, r)[i] for r in ranks],
+                                 self._buckets("all_reduce", nbytes)) for i in range(self.lanes)]
+        for k in range(len(plans[0].phases)):
+            phases = [p.phases[k] for p in plans]
+            ev, _ = self.flows([f for ph in phases for f in ph.flows], scale)
+            yield ev
+            lat = max(ph.latency_s for ph in phases) * scale
+            if lat > 0:
+                yield self.env.timeout(lat)
+        done.succeed()
+
     def _buckets(self, kind: str, nbytes: float) -> int:
         """Gradient reductions (the only all-reduces and reduce-scatters here) run in fast mode's buckets."""
         if kind not in ("all_reduce", "reduce_scatter"):
@@ -226,6 +255,20 @@ def _dp_parts(job: _Job, stage: int, op: Op, nbytes: float) -> list[tuple[str, s
     return [p for p in parts if p[2] > 0 and len(job.replicas(p[0], 0)) > 1]
 
 
+def _twin_bytes(job: _Job, stage: int, nbytes: float) -> float:
+    """Bytes of a two-chain stage's all-reduce with its twin, as the cost model sends them:
+    after a sharded dp reduction each rank holds its shard (ZeRO >= 1, dp > 1), else the whole."""
+    par = job.par
+    if job.sched.n_chains != 2 or nbytes <= 0:
+        return 0.0
+    if par.zero < 1 or par.dp <= 1:
+        return nbytes
+    st = job.costs.stages[stage] if hasattr(job.costs, "stages") else None
+    expert = nbytes * st.expert_params / st.params if st is not None and st.params > 0 else 0.0
+    n_s = par.shard_degree
+    return (nbytes - expert) / n_s + expert / max(1, len(job.replicas("edp" if par.ep > 1 else "dp", 0)))
+
+
 def _n_layers(costs, stage: int) -> int:
     """Gradient buckets of a stage (one per block), as fast mode counts them."""
     return max(1, len(costs.stages[stage].layers)) if hasattr(costs, "stages") else 1
@@ -252,12 +295,14 @@ def _rank(job: _Job, rep: int, rank: int, actions):
     bucketed = sc.overlap.grad_reduce
     under: dict[int, bool] = {}  # stage -> its reduction was launched under its last backward
 
-    def dp_op(op_name, stage, op, nbytes, window=None, run=True, mb=None, wait_s=None):
-        """Queue a DP collective on the dp stream (``run=False``: a zero-length span with
-        its bytes); ``window`` = (start, duration) of the backward its buckets hide under."""
+    def dp_op(op_name, stage, op, nbytes, window=None, run=True, mb=None, wait_s=None, fixed_s=0.0):
+        """Queue a DP collective on the dp stream (``run=False``: a span of ``fixed_s`` -- the
+        part the cost model found exposed -- with its bytes); ``window`` = (start, duration) of
+        the backward its buckets hide under."""
         k = (stage, op_name)
         seq[k] = seq.get(k, 0) + 1
         parts = _dp_parts(job, stage, op, nbytes) if run else []
+        twin_bytes = _twin_bytes(job, stage, nbytes) if run and op is Op.REDUCE_GRAD else 0.0
         n = _n_layers(costs, stage) if window is not None else 1
         prev, ev = dp_tail[0], env.event()
         dp_tail[0] = ev
@@ -276,6 +321,12 @@ def _rank(job: _Job, rep: int, rank: int, actions):
                 start = env.now if start is None else start
                 for i, part in enumerate(parts):
                     yield job.join((rank, stage, op_name, seq[k], b, i), rep, rank, part, 1 / n)
+                if twin_bytes > 0:
+                    chain_len = job.sched.n_stages // 2
+                    yield job.join_twin(("TWIN", stage % chain_len, seq[k], b), rep, rank,
+                                        len(job.sched.actions) - 1 - rank, twin_bytes, 1 / n)
+            if fixed_s > 0:
+                yield env.timeout(fixed_s)
             keep((rank, "dp", op_name, stage, -1 if mb is None else mb, start, env.now, nbytes))
             ev.succeed()
         env.process(go())
@@ -352,8 +403,10 @@ def _rank(job: _Job, rep: int, rank: int, actions):
         if c.then_comm_bytes > 0 or c.then_comm_s > 0:
             # ZeRO-1/2 gather of the updated shards: under the next step's forward with
             # overlap.param_gather (a zero-length span with its bytes, as fast mode), else now
+            overlapped = sc.overlap.param_gather
             pending[(a.stage, "PARAM_GATHER")] = dp_op("PARAM_GATHER", a.stage, Op.UNSHARD, c.then_comm_bytes,
-                                                       run=not sc.overlap.param_gather)
+                                                       run=not overlapped,
+                                                       fixed_s=c.then_comm_s if overlapped else 0.0)
     for ev in list(pending.values()):
         yield ev
 

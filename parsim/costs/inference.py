@@ -1,0 +1,153 @@
+"""Inference costs: one forward pass of one pipeline stage on one GPU, for the prefill (the
+prompt's tokens at once) and for one decode step (one new token per sequence, attending to
+the KV cache), from the same kernel models as training.
+
+Per transformer block on one tensor-parallel rank:
+
+* GEMMs (``parsim.model.shapes.layer_gemms``) with ``tokens`` rows: the device's GEMM model
+  at 16-bit weights; with ``weight_bits`` 8 or 4 (weight-only quantisation, dequantised in
+  the kernel) a roofline of the same FLOPs and the smaller weight bytes. A decode step has
+  a few rows per GEMM, so it is bound by reading the weights from HBM;
+* attention: prefill is FlashAttention over the prompt (causal); a decode step reads the
+  cached K and V of every earlier token (``2 · context · kv_heads · head_dim`` elements per
+  sequence) at streaming bandwidth;
+* tensor parallelism: two all-reduces of the block's activations (Megatron's row/column
+  split), on the topology's collective model;
+* kernel launches: the device's launch overhead per kernel (decode at small batch is
+  launch- and latency-bound).
+
+The embedding lookup is free; the LM head runs for one position per sequence (the next
+token's logits), on the last stage. KV cache per GPU: ``2 · layers_on_stage · kv_heads/tp ·
+head_dim · context · batch`` elements.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from parsim.cluster.collectives import select_algorithm
+from parsim.cluster.hardware import HardwareProfile
+from parsim.model import ModelSpec
+from parsim.model.shapes import (
+    attention_core_flops,
+    embedding_params,
+    head_gemm,
+    head_params,
+    layer_gemms,
+    layer_params,
+)
+
+KERNELS_PER_LAYER = 12
+"""Kernels one block launches at inference: norms, QKV, attention, out-projection, residual
+adds, two or three FFN GEMMs, activation (documented estimate for fused inference engines)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PassCost:
+    """One forward pass of one stage on one GPU."""
+
+    layer_s: tuple[float, ...]
+    """Seconds per block of the stage (compute, attention, TP communication, launches)."""
+    head_s: float
+    """The LM head's seconds (last stage only, else 0)."""
+    tp_comm_s: float
+    """Of the total, tensor-parallel all-reduces."""
+    weight_bytes: tuple[float, ...]
+    """Weight bytes per block on this GPU (what streaming from CPU/NVMe must move)."""
+    embedding_bytes: float
+    """The embedding's weight bytes (first stage; what streaming fetches before the first block)."""
+    head_bytes: float
+    """The LM head's weight bytes (last stage; tied to the embedding or not, streaming fetches it
+    again for the head: ZeRO-3 gathers a module's parameters for each module that uses them)."""
+    resident_head_bytes: float
+    """Embedding and head bytes this GPU keeps when the weights are resident (a tied pair once)."""
+
+    @property
+    def total_s(self) -> float:
+        return sum(self.layer_s) + self.head_s
+
+
+def act_bytes(precision: str) -> int:
+    return 4 if precision == "fp32" else (1 if precision == "fp8" else 2)
+
+
+def _gemm_s(hw: HardwareProfile, m: int, n: int, k: int, count: int, precision: str, weight_bits: int) -> float:
+    dev = hw.device
+    gp = "fp16" if precision in ("fp8", "fp32") and "fp16" in dev.peak_flops else precision
+    if "bf16" not in dev.peak_flops and gp == "bf16":
+        gp = "fp16"
+    if weight_bits == 16:
+        return dev.gemm_time(m, n, k, gp, count)
+    flops = 2.0 * m * n * k * count
+    nbytes = count * (k * n * weight_bits / 8 + (m * k + m * n) * 2)
+    return max(flops / (dev.peak(gp) * dev.gemm_efficiency), nbytes / dev.effective_memory_bandwidth)
+
+
+def tp_allreduce_s(hw: HardwareProfile, nbytes: float, tp: int) -> float:
+    """One all-reduce of ``nbytes`` over the first ``tp`` GPUs of a node."""
+    if tp <= 1 or nbytes <= 0:
+        return 0.0
+    return select_algorithm(hw, "all_reduce", nbytes, list(range(tp)), concurrent=1)[1]
+
+
+def pass_cost(*, hw: HardwareProfile, model: ModelSpec, layers: tuple[int, ...], last_stage: bool,
+              first_stage: bool, batch: int, new_tokens: int, context: int, tp: int, precision: str,
+              weight_bits: int, kv_on_host: bool = False) -> PassCost:
+    """A forward pass over ``layers`` for ``batch`` sequences of ``new_tokens`` new tokens each,
+    attending to ``context`` tokens (prefill: new_tokens = context = the prompt; decode: 1 new
+    token over the cache so far)."""
+    dev = hw.device
+    a = act_bytes(precision)
+    tokens = batch * new_tokens
+    out, wb = [], []
+    tp_total = 0.0
+    kv_elems = 2 * max(1, model.n_kv_heads // tp) * model.head_dim_
+    for li in layers:
+        g = sum(_gemm_s(hw, x.m, x.n, x.k, x.count, precision, weight_bits) for x in layer_gemms(model, tokens, tp, li))
+        if new_tokens > 1:  # prefill: fused causal attention over the prompt (half the s x s pairs)
+            att = dev.attention_time(attention_core_flops(model, batch, new_tokens, tp, li) / 2, _fp(hw, precision))
+        else:  # decode: read every cached K and V once
+            kv = batch * context * kv_elems * a
+            att = kv / (hw.pcie.effective_bandwidth if kv_on_host else dev.effective_memory_bandwidth)
+            flops = 4.0 * batch * context * (model.n_heads / tp) * model.head_dim_  # QK^T and PV
+            att += flops / (dev.peak(_fp(hw, precision)) * dev.attention_efficiency)
+        comm = 2 * tp_allreduce_s(hw, tokens * model.d_model * a, tp)
+        tp_total += comm
+        out.append(g + att + comm + KERNELS_PER_LAYER * dev.kernel_launch_s)
+        wb.append(layer_params(model, li) / tp * weight_bits / 8)
+    head = 0.0
+    if last_stage:
+        h = head_gemm(model, batch, tp)  # the next token's logits only
+        head = _gemm_s(hw, h.m, h.n, h.k, h.count, precision, weight_bits) + 2 * dev.kernel_launch_s
+    wbytes = weight_bits / 8 / tp
+    emb = embedding_params(model) * wbytes  # token (+ position) table
+    matrix = model.vocab_size * model.d_model * wbytes
+    head_own = head_params(model) * wbytes  # final norm (+ the head matrix when untied)
+    head_use = head_own + (matrix if model.tied_embeddings else 0.0)  # what the head gathers to run
+    resident = (emb if first_stage else 0.0) + (head_own if last_stage else 0.0)
+    if last_stage and not first_stage and model.tied_embeddings:
+        resident += matrix  # the last stage keeps its own copy of the tied matrix
+    return PassCost(layer_s=tuple(out), head_s=head, tp_comm_s=tp_total, weight_bytes=tuple(wb),
+                    embedding_bytes=emb if first_stage else 0.0, head_bytes=head_use if last_stage else 0.0,
+                    resident_head_bytes=resident)
+
+
+def _fp(hw: HardwareProfile, precision: str) -> str:
+    if precision == "bf16" and "bf16" in hw.device.peak_flops:
+        return "bf16"
+    return "fp16" if "fp16" in hw.device.peak_flops else "bf16"
+
+
+def kv_bytes_per_sequence(model: ModelSpec, layers: int, tp: int, context: int, precision: str) -> float:
+    """KV-cache bytes one sequence of ``context`` tokens keeps on one GPU holding ``layers`` blocks."""
+    kv_heads = max(1, model.n_kv_heads // tp)
+    return 2.0 * layers * kv_heads * model.head_dim_ * context * act_bytes(precision)
+
+
+def workspace_bytes(model: ModelSpec, tp: int, batch: int, prompt: int, precision: str) -> float:
+    """Transient activations of the prefill on one GPU: one block's widest tensors (the FFN's
+    hidden, Q/K/V and the residual stream) for the prompt's tokens, plus the next-token logits
+    (fp32)."""
+    a = act_bytes(precision)
+    tokens = batch * prompt
+    block = tokens * (model.d_ff // tp + 3 * model.n_heads * model.head_dim_ // tp + 2 * model.d_model) * a
+    return block + batch * model.vocab_size / tp * 4

@@ -1,0 +1,223 @@
+"""`parsim infer`: generation (prefill, then one decode step per new token) of a scenario's
+``[inference]`` table over its model, hardware and parallel tables.
+
+Each model replica (``parallel.dp`` of them) generates ``batch`` sequences; its ``tp x pp``
+GPUs run every pass stage after stage (one batch in flight: decode is a chain). Per pass and
+stage the cost model (:mod:`parsim.costs.inference`) gives each block's seconds; the timeline
+has one span per block and pass on the ``compute`` stream (op ``PREFILL`` or ``DECODE``,
+microbatch = the token's index), the stage-to-stage activations on ``p2p``.
+
+Weights offloaded (``[offload] params = "cpu"|"nvme"``, ZeRO-Inference): no weights live on
+the GPU; every pass streams each block's weights in over the host link, each of the node's
+replicas fetching ``1/n`` of the block over its own PCIe link, then an all-gather over NVLink
+assembles it (``pcie``/``nvme`` and ``dp`` streams: ``FETCH``, ``ALL_GATHER``). With
+``prefetch`` block i+1 is fetched while block i computes (two block buffers); without it the
+fetch waits for the compute. From NVMe without GPUDirect Storage the bytes bounce through a
+pinned host buffer: the two hops pipeline with prefetch (the slower sets the pace) and add up
+without it. The embedding and LM head stream at the start and end of each pass.
+"""
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from parsim.cluster.collectives import select_algorithm
+from parsim.config.offload import InferenceConfig, OffloadConfig, parse_inference, parse_offload_inference
+from parsim.config.scenario import Scenario
+from parsim.costs.inference import act_bytes, kv_bytes_per_sequence, pass_cost, workspace_bytes
+from parsim.costs.offload import tiers
+from parsim.errors import ConfigError
+from parsim.model import total_params
+from parsim.scenario import apply_overrides, scenario_from_dict
+
+SPAN_COLUMNS = ("rank", "stream", "op", "stage", "microbatch", "start_s", "end_s", "bytes")
+
+
+@dataclass(frozen=True, kw_only=True)
+class InferJob:
+    """A scenario read for inference."""
+
+    scenario: Scenario
+    """Model, hardware and parallel tables (its training table synthesised from [inference])."""
+    inference: InferenceConfig
+    """The ``[inference]`` table."""
+    offload: OffloadConfig
+    """Where the weights live (``params``); the optimizer keys do not apply."""
+
+
+def load_inference(path: str | Path, overrides: list[str] | None = None) -> InferJob:
+    """Read an inference scenario: ``[inference]`` required, ``[training]`` optional (ignored)."""
+    file = str(path)
+    try:
+        doc = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(file, None, "no such scenario file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(file, None, f"cannot read: {e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(file, None, f"not valid TOML: {' '.join(str(e).split())}") from None
+    doc = apply_overrides(doc, overrides or [])
+    if "inference" not in doc:
+        raise ConfigError(file, "inference", "missing [inference] table (batch, prompt_tokens, generate_tokens)")
+    inf = parse_inference(doc.pop("inference"), file)
+    off = parse_offload_inference(doc.pop("offload", {}), file)
+    par = doc.get("parallel", {})
+    dp = par.get("dp", 1) if isinstance(par, dict) else 1
+    doc["training"] = {"global_batch": inf.batch * (dp if isinstance(dp, int) and dp > 0 else 1),
+                       "microbatch_size": inf.batch, "seq_len": inf.context,
+                       "precision": inf.precision if inf.precision in ("fp16", "bf16", "fp32") else "fp16"}
+    sc = scenario_from_dict(doc, file, base_dir=Path(path).parent)
+    if off.params != "none" and sc.hardware.host is None:
+        raise ConfigError(file, "offload.params", f"hardware profile {sc.hardware.name} has no [host] table")
+    if off.params == "nvme" and sc.hardware.host.nvme_bytes <= 0:
+        raise ConfigError(file, "offload.params", f"hardware profile {sc.hardware.name} has no NVMe")
+    if inf.kv_cache == "cpu" and sc.hardware.host is None:
+        raise ConfigError(file, "inference.kv_cache", f"hardware profile {sc.hardware.name} has no [host] table")
+    return InferJob(scenario=sc, inference=inf, offload=off)
+
+
+@dataclass
+class _Clock:
+    compute: float = 0.0
+    fetch: float = 0.0
+    gather: float = 0.0
+
+
+def _fetch_s(job: InferJob, nbytes: float) -> tuple[float, str, float]:
+    """(seconds, stream, all-gather seconds) to bring ``nbytes`` of weights to every replica's GPU."""
+    sc, off = job.scenario, job.offload
+    par = sc.parallel
+    n = min(par.dp, sc.hardware.gpus_per_node)  # replicas on a node fetch a share each
+    t = tiers(sc.hardware, n)
+    share = nbytes / n
+    if off.params == "cpu":
+        s, stream = share / t.host_link, t.host_link_name
+    elif t.gpudirect or job.inference.prefetch:
+        s, stream = share / min(t.nvme_read, t.host_link), "nvme"
+    else:
+        s, stream = share / t.nvme_read + share / t.host_link, "nvme"
+    gather = select_algorithm(sc.hardware, "all_gather", nbytes, list(range(n)), concurrent=1)[1] if n > 1 else 0.0
+    return s, stream, gather
+
+
+def _run_pass(job: InferJob, clocks: list[_Clock], spans: list, op: str, token: int, new: int, context: int,
+              start: float) -> float:
+    """One forward pass through every stage from ``start``; returns its end."""
+    sc, inf = job.scenario, job.inference
+    par, hw = sc.parallel, sc.hardware
+    streamed = job.offload.params != "none"
+    t = start
+    for stage in range(par.pp):
+        layers = tuple(range(sum(sc.layers_per_stage[:stage]), sum(sc.layers_per_stage[:stage + 1])))
+        pc = pass_cost(hw=hw, model=sc.model, layers=layers, first_stage=stage == 0, last_stage=stage == par.pp - 1,
+                       batch=inf.batch, new_tokens=new, context=context, tp=par.tp, precision=inf.precision,
+                       weight_bits=inf.weight_bits, kv_on_host=inf.kv_cache == "cpu")
+        c = clocks[stage]
+        if stage > 0:  # the activations arrive from the previous stage
+            nb = inf.batch * new * sc.model.d_model * act_bytes(inf.precision)
+            link = hw.link_between(0, par.tp)
+            arrive = t + link.transfer_time(nb)
+            spans.append((stage - 1, "p2p", "SEND_F", stage - 1, token, t, arrive, nb))
+            t = arrive
+        c.compute = max(c.compute, t)
+        blocks = ([(0.0, pc.embedding_bytes)] if pc.embedding_bytes else []) + list(zip(pc.layer_s, pc.weight_bytes))
+        if stage == par.pp - 1:
+            blocks.append((pc.head_s, pc.head_bytes))
+        ready_prev2 = c.compute  # when the buffer two blocks back is free (prefetch depth 1)
+        prev_end = c.compute
+        for i, (secs, wbytes) in enumerate(blocks):
+            begin = c.compute
+            if streamed and wbytes:
+                f, stream, g = _fetch_s(job, wbytes)
+                issue = max(c.fetch, ready_prev2 if inf.prefetch else c.compute)
+                issue = max(issue, start if i == 0 and stage == 0 else 0.0)
+                c.fetch = issue + f
+                spans.append((stage, stream, "FETCH", stage, token, issue, c.fetch, wbytes / max(1, min(
+                    par.dp, hw.gpus_per_node))))
+                gathered = c.fetch + g
+                if g:
+                    spans.append((stage, "dp", "ALL_GATHER", stage, token, c.fetch, gathered, wbytes))
+                begin = max(begin, gathered)
+            end = begin + secs
+            spans.append((stage, "compute", op, stage, token, begin, end, 0.0))
+            ready_prev2, prev_end = prev_end, end
+            c.compute = end
+        t = c.compute
+    return t
+
+
+def run_inference(job: InferJob) -> tuple[dict, pd.DataFrame]:
+    """The metrics (``--json`` object) and the span table of one generation request."""
+    sc, inf, off = job.scenario, job.inference, job.offload
+    par, hw, m = sc.parallel, sc.hardware, sc.model
+    clocks = [_Clock() for _ in range(par.pp)]
+    spans: list = []
+    prefill_end = _run_pass(job, clocks, spans, "PREFILL", 0, inf.prompt_tokens, inf.prompt_tokens, 0.0)
+    t = prefill_end
+    for tok in range(1, inf.generate_tokens):
+        t = _run_pass(job, clocks, spans, "DECODE", tok, 1, inf.prompt_tokens + tok, t)
+    total = t
+    decode = (total - prefill_end) / (inf.generate_tokens - 1) if inf.generate_tokens > 1 else 0.0
+    tokens = par.dp * inf.batch * inf.generate_tokens
+    mem = memory(job)
+    tl = pd.DataFrame(spans, columns=SPAN_COLUMNS)
+    busy = {s: float((g["end_s"] - g["start_s"]).sum()) / par.pp
+            for s, g in tl.groupby("stream") if s != "compute"}
+    out = {
+        "name": sc.name, "hardware": hw.name, "model": m.name, "params": total_params(m),
+        "world_size": par.world_size,
+        "parallel": {"dp": par.dp, "tp": par.tp, "pp": par.pp},
+        "batch": inf.batch, "prompt_tokens": inf.prompt_tokens, "generate_tokens": inf.generate_tokens,
+        "precision": inf.precision, "weight_bits": inf.weight_bits, "kv_cache": inf.kv_cache,
+        "weights": off.params if off.params != "none" else "gpu", "prefetch": inf.prefetch,
+        "prefill_s": prefill_end, "decode_s_per_token": decode, "total_s": total,
+        "generate_tokens_per_s": tokens / total if total > 0 else 0.0,
+        "generate_tokens_per_s_per_gpu": tokens / total / par.world_size if total > 0 else 0.0,
+        "ms_per_token_per_sequence": 1e3 * total / (inf.batch * inf.generate_tokens),
+        **mem,
+        "stream_busy_s": busy,
+    }
+    return out, tl
+
+
+def memory(job: InferJob) -> dict:
+    """Per-GPU memory of the worst stage: weights, KV cache, prefill workspace; the largest batch."""
+    sc, inf, off = job.scenario, job.inference, job.offload
+    par, hw, m = sc.parallel, sc.hardware, sc.model
+    cap = hw.device.usable_memory_bytes
+    worst = None
+    for stage in range(par.pp):
+        layers = tuple(range(sum(sc.layers_per_stage[:stage]), sum(sc.layers_per_stage[:stage + 1])))
+        pc = pass_cost(hw=hw, model=m, layers=layers[:1] or (0,), first_stage=stage == 0,
+                       last_stage=stage == par.pp - 1, batch=1, new_tokens=1, context=1, tp=par.tp,
+                       precision=inf.precision, weight_bits=inf.weight_bits)
+        per_layer = pc.weight_bytes[0] if pc.weight_bytes else 0.0
+        weights = per_layer * len(layers) + pc.resident_head_bytes
+        if off.params != "none":  # the block computing and the one prefetched, gathered whole
+            weights = 2 * max(per_layer, pc.head_bytes, pc.embedding_bytes)
+        kv_seq = kv_bytes_per_sequence(m, len(layers), par.tp, inf.context, inf.precision)
+        ws_seq = workspace_bytes(m, par.tp, 1, inf.prompt_tokens, inf.precision)
+        kv_gpu = kv_seq if inf.kv_cache == "gpu" else 0.0
+        per_seq = kv_gpu + ws_seq
+        max_batch = max(0, int((cap - weights) // per_seq)) if per_seq > 0 else 0
+        used = weights + inf.batch * per_seq
+        row = (used, weights, kv_seq * inf.batch, max_batch)
+        if worst is None or row[0] > worst[0]:
+            worst = row
+    used, weights, kv, max_batch = worst
+    host_need = 0.0
+    if off.params == "cpu":
+        host_need = total_params(m) * inf.weight_bits / 8
+    if inf.kv_cache == "cpu":
+        host_need += kv * par.world_size
+    nvme_need = total_params(m) * inf.weight_bits / 8 if off.params == "nvme" else 0.0
+    host = hw.host
+    host_ok = host_need == 0 or host is not None and host_need <= host.pinned_memory_bytes
+    nvme_ok = nvme_need == 0 or host is not None and nvme_need <= host.nvme_bytes
+    return {"weight_bytes_per_gpu": weights, "kv_cache_bytes": kv, "peak_memory_bytes": used,
+            "memory_capacity_bytes": cap, "max_batch": max_batch,
+            "fits_in_memory": bool(used <= cap and host_ok and nvme_ok),
+            "host_memory_bytes_per_node": host_need, "nvme_bytes_per_node": nvme_need}

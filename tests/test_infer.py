@@ -1,0 +1,211 @@
+"""`parsim infer`: prefill and decode of an [inference] scenario. Closed forms (KV-cache bytes,
+the weight-read floor of a decode step, the largest batch), the behaviour of weight streaming
+(prefetch, parallel fetch, NVMe bounce), and the published figures in
+tests/data/inference_published.json (ZeRO-Inference blog tables 3 and 4; BLOOM-176B on 8 A100).
+
+Published figures parsim does not reach within the tolerance are strict xfails whose reason
+states the error measured when they were written: they document the gap and fail loudly
+(XPASS) if a change closes it. Nothing is loosened."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from parsim.infer import load_inference, run_inference
+from parsim.model import total_params
+
+DATA = json.loads((ROOT / "tests" / "data" / "inference_published.json").read_text())
+ZI = DATA["zero-inference-2022"]
+BLOOM = DATA["bloom-176b-8xa100-ds-inference"]
+OPT = str(ROOT / "scenarios" / "inference" / "opt-30b-zero-inference-v100.toml")
+BLOOM_TOML = str(ROOT / "scenarios" / "inference" / "bloom-176b-a100-inference.toml")
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def infer(path, *overrides):
+    job = load_inference(path, list(overrides))
+    mx, tl = run_inference(job)
+    return job, mx, tl
+
+
+def zero_inference(model, batch, offload, gpus, prefetch):
+    return infer(OPT, f'model.preset="{model}"', f"inference.batch={batch}", f'offload.params="{offload}"',
+                 f"gpus={gpus}", f"parallel.dp={gpus}", f"inference.prefetch={'true' if prefetch else 'false'}")[1]
+
+
+# ---------------------------------------------------------------- closed forms
+def test_kv_cache_bytes_closed_form():
+    job, mx, _ = infer(BLOOM_TOML, "inference.batch=16")
+    m = job.scenario.model
+    ctx = BLOOM["prompt_tokens"] + BLOOM["generate_tokens"]
+    # K and V, every layer, this GPU's heads (112 / 8), head dim 128, 2 bytes
+    assert mx["kv_cache_bytes"] == pytest.approx(2 * m.n_layers * (m.n_kv_heads // 8) * m.head_dim_ * ctx * 16 * 2)
+
+
+def test_decode_step_is_at_least_the_weight_read():
+    job, mx, _ = infer(BLOOM_TOML, "inference.batch=1")
+    dev = job.scenario.hardware.device
+    weights_per_gpu = total_params(job.scenario.model) * 2 / 8
+    floor = weights_per_gpu / dev.effective_memory_bandwidth
+    assert floor <= mx["decode_s_per_token"] <= 1.5 * floor  # batch 1: bound by HBM, not FLOPs
+
+
+def test_four_bit_weights_cut_the_weight_read():
+    _, m16, _ = infer(BLOOM_TOML, "inference.batch=1")
+    _, m4, _ = infer(BLOOM_TOML, "inference.batch=1", "inference.weight_bits=4")
+    assert m4["weight_bytes_per_gpu"] == pytest.approx(m16["weight_bytes_per_gpu"] / 4)
+    assert m4["decode_s_per_token"] < 0.5 * m16["decode_s_per_token"]
+    assert m4["max_batch"] > m16["max_batch"]
+
+
+def test_max_batch_is_the_largest_that_fits():
+    _, mx, _ = infer(BLOOM_TOML, "inference.batch=1")
+    b = mx["max_batch"]
+    assert infer(BLOOM_TOML, f"inference.batch={b}")[1]["fits_in_memory"]
+    assert not infer(BLOOM_TOML, f"inference.batch={b + 1}")[1]["fits_in_memory"]
+
+
+def test_pipeline_stages_run_one_after_another():
+    _, tp8, _ = infer(BLOOM_TOML, "inference.batch=8")
+    _, pp2, tl = infer(BLOOM_TOML, "inference.batch=8", "parallel.tp=4", "parallel.pp=2")
+    assert set(tl["rank"]) == {0, 1} and (tl["op"] == "SEND_F").any()
+    assert pp2["kv_cache_bytes"] == pytest.approx(tp8["kv_cache_bytes"])  # half the layers, twice the heads
+
+
+def test_streamed_pass_moves_every_weight_over_the_host_link():
+    job, mx, tl = infer(OPT, "inference.prefetch=false")
+    hw = job.scenario.hardware
+    fetched = tl[tl["op"] == "FETCH"]
+    m = job.scenario.model
+    per_pass = fetched[fetched["microbatch"] == 0]["bytes"].sum()
+    # every weight, plus the tied embedding matrix again (the embedding and the head each gather it)
+    assert per_pass == pytest.approx(total_params(m) * 2 + m.vocab_size * m.d_model * 2, rel=1e-9)
+    assert mx["prefill_s"] >= per_pass / hw.pcie.effective_bandwidth
+    assert mx["weight_bytes_per_gpu"] < 0.05 * total_params(m) * 2  # two blocks, not the model
+
+
+def test_prefetch_parallel_fetch_and_nvme_bounce_behave():
+    cpu1 = zero_inference("opt-30b", 256, "cpu", 1, True)
+    cpu1_np = zero_inference("opt-30b", 256, "cpu", 1, False)
+    nvme_np = zero_inference("opt-30b", 256, "nvme", 1, False)
+    nvme = zero_inference("opt-30b", 256, "nvme", 1, True)
+    cpu2 = zero_inference("opt-30b", 256, "cpu", 2, True)
+    assert cpu1["generate_tokens_per_s"] >= cpu1_np["generate_tokens_per_s"]
+    assert nvme_np["generate_tokens_per_s"] < cpu1_np["generate_tokens_per_s"]  # two serial hops
+    assert nvme["generate_tokens_per_s"] > nvme_np["generate_tokens_per_s"]  # prefetch pipelines them
+    assert cpu2["generate_tokens_per_s_per_gpu"] > cpu1["generate_tokens_per_s_per_gpu"]  # super-linear
+
+
+# ---------------------------------------------------------------- published figures
+# measured when written (parsim minus published, relative): the gaps beyond the tolerance
+ZI_GAPS = {
+    ("opt-30b", "cpu", "prefetch", 1): "+25.5%", ("opt-30b", "nvme", "prefetch", 1): "+58.8%",
+    ("opt-175b", "nvme", "prefetch", 1): "+46.1%", ("bloom-176b", "nvme", "prefetch", 1): "+33.9%",
+    ("opt-30b", "cpu", "prefetch", 2): "+40.0%", ("opt-30b", "cpu", "prefetch", 4): "+78.9%",
+    ("opt-30b", "nvme", "prefetch", 2): "+90.2%", ("opt-30b", "nvme", "prefetch", 4): "+34.7%",
+    ("opt-175b", "cpu", "prefetch", 2): "+29.8%", ("opt-175b", "cpu", "prefetch", 4): "+50.6%",
+    ("opt-175b", "nvme", "prefetch", 2): "+75.2%", ("opt-175b", "nvme", "prefetch", 4): "+27.4%",
+    ("bloom-176b", "cpu", "prefetch", 2): "+29.8%", ("bloom-176b", "cpu", "prefetch", 4): "+55.9%",
+    ("bloom-176b", "nvme", "prefetch", 2): "+57.3%",
+}
+WHY = ("parsim's parallel fetch scales each GPU's PCIe link and the NVMe prefetch pipelines the two hops fully; "
+       "the blog's runs gained far less (host-side contention and DeepSpeed's swap buffers are not modelled)")
+
+
+def _zi_cases():
+    seen = set()
+    for r in ZI["table3_single_gpu"]:
+        for pf in ("no_prefetch", "prefetch"):
+            seen.add((r["model"], r["offload"], pf, 1))
+            yield r["model"], r["batch"], r["offload"], pf, 1, r[pf]
+    for r in ZI["table4_multi_gpu_prefetch"]:
+        for g, v in r["gpus"].items():
+            if (r["model"], r["offload"], "prefetch", int(g)) not in seen:
+                yield r["model"], r["batch"], r["offload"], "prefetch", int(g), v
+
+
+def _marks(key):
+    gap = ZI_GAPS.get(key)
+    return [pytest.mark.xfail(strict=True, reason=f"measured {gap} vs the blog: {WHY}")] if gap else []
+
+
+@pytest.mark.parametrize("model, batch, offload, prefetch, gpus, published", [
+    pytest.param(*c, id=f"{c[0]}-{c[2]}-{c[3]}-{c[4]}gpu", marks=_marks((c[0], c[2], c[3], c[4]))) for c in _zi_cases()])
+def test_zero_inference_tokens_per_s_per_gpu(model, batch, offload, prefetch, gpus, published):
+    mx = zero_inference(model, batch, offload, gpus, prefetch == "prefetch")
+    err = mx["generate_tokens_per_s_per_gpu"] / published - 1
+    assert abs(err) <= ZI["tolerance"], f"{mx['generate_tokens_per_s_per_gpu']:.2f} vs {published}: {err:+.1%}"
+
+
+BLOOM_GAPS = {1: "-26.0%", 8: "-27.7%", 16: "-30.6%", 32: "-35.6%", 64: "-42.4%", 128: "-48.5%"}
+
+
+@pytest.mark.parametrize("batch", [pytest.param(int(b), marks=[pytest.mark.xfail(
+    strict=True, reason=f"measured {BLOOM_GAPS[int(b)]}: parsim's decode runs at the HBM roofline and its GEMM "
+                        "model; DeepSpeed-Inference's 2022 BLOOM kernels and the generate loop were slower, "
+                        "more so as the batch grows")] if int(b) in BLOOM_GAPS else [])
+    for b in BLOOM["ms_per_token"]])
+def test_bloom_176b_on_8_a100_ms_per_token(batch):
+    _, mx, _ = infer(BLOOM_TOML, f"inference.batch={batch}")
+    want = BLOOM["ms_per_token"][str(batch)]
+    err = mx["ms_per_token_per_sequence"] / want - 1
+    assert abs(err) <= BLOOM["tolerance"], f"{mx['ms_per_token_per_sequence']:.2f} ms vs {want}: {err:+.1%}"
+
+
+@pytest.mark.xfail(strict=True, reason="measured: parsim fits 739 sequences (weights 41 GiB + KV 0.5 MiB per token); "
+                                       "DeepSpeed-Inference ran out of memory at 256 (its workspace is not modelled)")
+def test_bloom_176b_on_8_a100_runs_out_of_memory_at_the_published_batch():
+    _, mx, _ = infer(BLOOM_TOML, f"inference.batch={BLOOM['first_oom_batch']}")
+    assert not mx["fits_in_memory"]
+    assert infer(BLOOM_TOML, "inference.batch=128")[1]["fits_in_memory"]
+
+
+# ---------------------------------------------------------------- command line
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "parsim", "infer", *args], capture_output=True, text=True, env=ENV,
+                          cwd=ROOT)
+
+
+def test_cli_json_has_the_named_fields():
+    p = _cli(OPT, "--json")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    for k in ("prefill_s", "decode_s_per_token", "generate_tokens_per_s", "kv_cache_bytes", "max_batch",
+              "fits_in_memory"):
+        assert k in out
+    p = _cli(OPT)
+    assert p.returncode == 0 and "tokens/s" in p.stdout and "prefill" in p.stdout
+
+
+@pytest.mark.parametrize("override, key", [
+    ("inference.weight_bits=3", "inference.weight_bits"),
+    ("inference.kv_cache=\"disk\"", "inference.kv_cache"),
+    ("inference.batch=0", "inference.batch"),
+    ("inference.beam=4", "inference.beam"),
+    ("inference.precision=\"int4\"", "inference.precision"),
+    ("offload.params=\"tape\"", "offload.params"),
+    ("offload.optimizer=\"cpu\"", "offload.optimizer"),
+])
+def test_bad_inference_values_are_one_line(override, key):
+    p = _cli(OPT, "--set", override)
+    assert p.returncode == 2
+    assert len(p.stderr.strip().splitlines()) == 1 and key in p.stderr, p.stderr
+
+
+def test_a_scenario_without_inference_is_refused(tmp_path):
+    p = _cli(str(ROOT / "scenarios" / "tiny-cpu.toml"))
+    assert p.returncode == 2 and "[inference]" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_kv_cache_on_the_host_frees_the_gpu_and_costs_pcie():
+    _, gpu, _ = infer(BLOOM_TOML, "inference.batch=64")
+    job, cpu, _ = infer(BLOOM_TOML, "inference.batch=64", 'inference.kv_cache="cpu"')
+    assert cpu["peak_memory_bytes"] == pytest.approx(gpu["peak_memory_bytes"] - gpu["kv_cache_bytes"])
+    assert cpu["max_batch"] > gpu["max_batch"]
+    assert cpu["decode_s_per_token"] > gpu["decode_s_per_token"]
+    assert cpu["host_memory_bytes_per_node"] == pytest.approx(gpu["kv_cache_bytes"] * 8)
