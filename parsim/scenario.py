@@ -14,6 +14,7 @@ from typing import Any
 from parsim.cluster.attention_kernels import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
 from parsim.cluster.attention_kernels import resolve as resolve_attention
 from parsim.cluster.hardware import load_profile
+from parsim.config.faults import faults_from_table
 from parsim.config.moe import MoEConfig, check_moe, moe_from_table
 from parsim.config.parallel import (
     AXES,
@@ -36,6 +37,7 @@ from parsim.config.scenario import (
     check_model_parallel,
 )
 from parsim.config.sharding import sharding_from_table, to_parallel_table
+from parsim.config.stragglers import check_stragglers, stragglers_from_table
 from parsim.errors import ConfigError
 from parsim.model import ModelSpec, model_from_table
 
@@ -46,7 +48,7 @@ __all__ = ["load_scenario", "scenario_from_dict", "apply_overrides", "parse_over
 
 
 TOP_KEYS = {"name", "hardware", "gpus", "model", "training", "parallel", "schedule", "costs", "overlap", "description", "moe",
-            "simulation", "offload", "inference", "sharding"}
+            "simulation", "offload", "inference", "sharding", "faults", "stragglers"}
 
 
 def _check_keys(table: dict, allowed, file: str, prefix: str) -> None:
@@ -133,7 +135,8 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
     return scenario_from_dict(doc, file, base_dir=path.parent)
 
 
-TABLES = ("model", "training", "parallel", "schedule", "costs", "overlap", "moe", "simulation", "sharding")
+TABLES = ("model", "training", "parallel", "schedule", "costs", "overlap", "moe", "simulation", "sharding", "faults",
+          "stragglers")
 
 
 def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Scenario:
@@ -180,8 +183,13 @@ def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Sc
         raise ConfigError(file, "moe", f"model {model.name} has no experts")
     check_moe(moe, model, parallel, file)
     simulation = _simulation(doc.get("simulation", {}), file)
+    faults = faults_from_table(doc["faults"], file) if "faults" in doc else None
+    stragglers = stragglers_from_table(doc["stragglers"], file) if "stragglers" in doc else None
+    if stragglers is not None:
+        check_stragglers(stragglers, gpus, hardware.gpus_per_node, hardware.nics_per_node, parallel.pp, file,
+                         parallel.dp * parallel.cp)
     sc = Scenario(name, file, hardware, gpus, model, training, parallel, schedule, overlap, costs, layers, moe,
-                  simulation, sharding=sharding)
+                  simulation, sharding=sharding, faults=faults, stragglers=stragglers)
     if "offload" in doc:  # ZeRO-Offload / ZeRO-Infinity (parsim.config.offload)
         from parsim.config.offload import parse_offload
         sc = replace(sc, offload=parse_offload(doc["offload"], file, parallel.zero))
@@ -191,6 +199,9 @@ def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Sc
         if sc.offload.active and simulation.mode == "full":
             raise ConfigError(file, "offload", "offload runs in the fast engine only (simulation.mode = \"fast\")")
     check_batch(sc)
+    if stragglers is not None and stragglers.rank_hardware and stragglers.balance and schedule.layers_per_stage is None:
+        from parsim.costs.mixed import speed_balanced_layers  # ranks on other GPUs: layers to each one's speed
+        return replace(sc, layers_per_stage=speed_balanced_layers(sc))
     if schedule.partition == "balanced" and schedule.layers_per_stage is None:
         from parsim.costs.partition import (
             balanced_layers,  # needs the cost model, which needs a Scenario

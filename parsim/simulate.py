@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 from parsim.config.scenario import Scenario
+from parsim.costs.mixed import MixedCosts, ReplicaCosts
 from parsim.costs.model_costs import ModelCosts
 from parsim.costs.offload_ops import tier_bytes_per_node
 from parsim.errors import ScheduleError
+from parsim.results.pace import pace_setter
 from parsim.results.result import Result
 from parsim.results.tiers import tier_metrics
 from parsim.schedule import build, lower
@@ -13,6 +15,7 @@ from parsim.schedule.grid import format_grid
 from parsim.schedule.ir import Schedule
 from parsim.sim import engine, fullsim
 from parsim.sim.engine import simulate_schedule
+from parsim.sim.stragglers import fast_stragglers
 
 
 def schedule_for(sc: Scenario, early_recv: bool = False) -> Schedule:
@@ -29,16 +32,33 @@ def schedule_for(sc: Scenario, early_recv: bool = False) -> Schedule:
                  grad_per_microbatch=par.dp > 1 and par.grad_per_microbatch)
 
 
+def full_mode(sc: Scenario) -> bool:
+    """Whether ``sc`` runs in the full engine (``[simulation] mode = "full"``, no measured ``[costs]``)."""
+    return sc.simulation.mode == "full" and sc.costs is None
+
+
+def engine_costs(sc: Scenario, costs: ModelCosts):
+    """What the engines run: ``costs``, with ``[stragglers]`` ranks and replicas on other GPU types
+    costed on their own profiles."""
+    run = costs
+    if sc.stragglers is not None and sc.stragglers.rank_hardware:
+        run = MixedCosts(sc, costs)
+    if sc.stragglers is not None and sc.stragglers.replica_hardware and full_mode(sc):
+        run = ReplicaCosts(sc, run)
+    return run
+
+
 def simulate(sc: Scenario, costs: ModelCosts | None = None, schedule: Schedule | None = None) -> Result:
     """Simulate one optimizer step of ``sc`` (``schedule``: an already lowered one of it)."""
     sched = schedule if schedule is not None else schedule_for(sc)
     costs = costs or ModelCosts.from_scenario(sc)
-    if sc.simulation.mode == "full" and sc.costs is None:
+    run = engine_costs(sc, costs)
+    if full_mode(sc):
         check_runs(sched, fullsim.COVERAGE)  # before anything starts: one line if it cannot
-        raw = fullsim.simulate_full(sc, sched, costs)
+        raw = fullsim.simulate_full(sc, sched, run)
     else:
         check_runs(sched, engine.COVERAGE)
-        raw = simulate_schedule(sched, costs)
+        raw = simulate_schedule(sched, fast_stragglers(sc, sched, run))
     _check_complete(sched, raw)
     res = Result.from_raw(sc, sched, costs.tables(sched.stage_to_rank), raw)
     host, nvme = (tier_bytes_per_node(costs, sched.stage_to_rank)
@@ -47,6 +67,9 @@ def simulate(sc: Scenario, costs: ModelCosts | None = None, schedule: Schedule |
     res.metrics.update(tiers)
     if not tiers["host_fits"]:
         res.metrics["fits_in_memory"] = False
+    if sc.stragglers is not None:
+        ratio = run.busy_ratio(sched.stage_to_rank) if isinstance(run, ReplicaCosts) else None
+        res.metrics["pace_setter"] = pace_setter(sc, res.metrics, ratio)
     return res
 
 

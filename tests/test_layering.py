@@ -20,7 +20,7 @@ LAYERS = [
     {"costs"},
     {"results", "scenario", "calibrate"},
     {"simulate", "federated"},
-    {"parsim", "plan", "report", "frameworks", "infer", "autoplan"},   # "parsim": the public API in parsim/__init__.py
+    {"parsim", "plan", "report", "frameworks", "infer", "autoplan", "goodput", "uncertainty"},   # "parsim": the public API in parsim/__init__.py
     {"validate"},
     {"cli"},
     {"__main__"},

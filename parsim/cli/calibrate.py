@@ -42,6 +42,7 @@ def cmd_calibrate(args) -> int:
     import pandas as pd
 
     from parsim.calibrate.fit import fit_profile
+    from parsim.calibrate.spread import spread_table
     from parsim.validate.launch import launch
 
     base = load_profile(args.base or ("cpu-gloo" if args.backend == "gloo" else "dgx-h100"))
@@ -61,7 +62,7 @@ def cmd_calibrate(args) -> int:
             "passes": args.passes or "default",
             "base_profile": base.source_path or base.name, "data": f"{name}.csv",
             "load_average_1min_before": round(load_before, 2), "load_average_1min_after": round(os.getloadavg()[0], 2),
-            **quality, **fit.calibration_table()}
+            **quality, **spread_table(fit.predictions), **fit.calibration_table()}
     (out / f"{name}.toml").write_text(dumps_profile(fit.profile, fit.sources, meta))
     fit.predictions.to_csv(out / f"{name}.csv", index=False)
     d, lk = fit.profile.device, fit.profile.nvlink

@@ -12,8 +12,8 @@ import os
 import sys
 
 from parsim import __version__
-from parsim.cli import (autoplan, calibrate, collective, compare, estimate_memory, fl, importer, infer, kernel,
-                        plan, validate)
+from parsim.cli import (autoplan, calibrate, collective, compare, estimate_memory, fl, goodput, importer, infer,
+                        kernel, plan, validate)
 from parsim.cli.args import HelpParser, finite_positive, positive_int
 from parsim.cli.common import (
     EXIT_BAD_INPUT,
@@ -47,6 +47,9 @@ def cmd_simulate(args) -> int:
     mx = res.metrics
     if args.train_tokens is not None:
         mx.update(training_budget(mx, args.train_tokens, args.gpu_hour_price))
+    if args.samples:
+        from parsim.uncertainty.band import band
+        mx.update(band(sc, mx, args.samples, args.seed))
     # a stream on stdout keeps it clean: the summary goes to stderr then
     human = sys.stderr if STDOUT in outputs else sys.stdout
     if args.json:
@@ -116,6 +119,10 @@ def build_parser() -> HelpParser:
                    help="token budget (e.g. 300e9): adds time_to_train_s and gpu_hours")
     s.add_argument("--gpu-hour-price", type=finite_positive("--gpu-hour-price"), metavar="PRICE",
                    help="price of one GPU-hour (with --train-tokens): adds cost")
+    s.add_argument("--samples", type=positive_int("--samples"), metavar="N",
+                   help="Monte Carlo over per-op duration draws from the profile's spread: adds the P5/P50/P95 of "
+                        "step time and throughput (step_time_p5_s, step_time_p50_s, step_time_p95_s)")
+    s.add_argument("--seed", type=positive_int("--seed", 0), default=0, help="random seed of --samples")
     s.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace with memory counters ('-': stdout)")
     s.add_argument("--timeline", metavar="FILE", help="write the span rows as CSV ('-': stdout)")
     s.add_argument("--memory-timeline", metavar="FILE",
@@ -139,7 +146,7 @@ def build_parser() -> HelpParser:
     s.set_defaults(func=cmd_schedule)
 
     for command in (plan, compare, validate, calibrate, kernel, importer, collective, fl, estimate_memory,
-                    infer, autoplan):  # each module adds its sub-command
+                    infer, autoplan, goodput):  # each module adds its sub-command
         command.register(sub)
     for name, parser in sub.choices.items():  # every --help ends with an example
         if not parser.epilog and name in EXAMPLES:

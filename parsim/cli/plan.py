@@ -43,6 +43,9 @@ def register(sub) -> None:
     p.add_argument("--gpu-hour-price", type=finite_positive("--gpu-hour-price"), metavar="PRICE",
                    help="price of one GPU-hour (with --train-tokens): adds cost")
     p.add_argument("--top", type=positive_int("--top"), default=10, help="rows to print")
+    p.add_argument("--samples", type=positive_int("--samples"), metavar="N",
+                   help="add each ranked row's P5/P50/P95 step time (N Monte Carlo draws per row, as simulate --samples)")
+    p.add_argument("--seed", type=positive_int("--seed", 0), default=0, help="random seed of --samples")
     p.add_argument("--confirm", type=positive_int("--confirm"),
                    help="pre-screen leaders confirmed by simulation (default max(2*top, 8))")
     p.add_argument("--format", choices=FORMATS, default="table", help="what to print")
@@ -151,6 +154,9 @@ def cmd_plan(args) -> int:
     res = run_plan(spec, args.objective, args.top, args.confirm, executor=args.executor, workers=args.workers,
                    scheduler=args.scheduler, results=args.results, connect_timeout=args.connect_timeout,
                    train_tokens=args.train_tokens, gpu_hour_price=args.gpu_hour_price)
+    if args.samples:  # the band of each ranked row (parsim.uncertainty.band): N more simulations per row
+        from parsim.uncertainty.band import plan_bands
+        plan_bands(res.rows, lambda row: scenario_toml(spec, row), args.samples, args.seed)
     fmt = "json" if args.json else args.format
     command = "parsim " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["plan"] else None
     context = [f"parsim {__version__}.", uncertainty_line()]
@@ -162,6 +168,9 @@ def cmd_plan(args) -> int:
         sys.stdout.write(to_markdown(res, command, context))
     else:
         print(to_table(res))
+        if args.samples:
+            from parsim.uncertainty.band import plan_band_lines
+            print("\n".join(plan_band_lines(res.rows)))
     if out is not None:
         write_text(out / "plan.md", to_markdown(res, command, context))
         write_text(out / "plan.csv", to_csv(res))

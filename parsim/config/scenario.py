@@ -5,10 +5,12 @@ from dataclasses import dataclass, field
 
 from parsim.cluster.hardware import HardwareProfile
 from parsim.cluster.precision import TRAINING_PRECISIONS
+from parsim.config.faults import FaultsConfig
 from parsim.config.moe import MoEConfig
 from parsim.config.offload import OffloadConfig
 from parsim.config.sharding import ShardingConfig
 from parsim.config.parallel import ParallelConfig
+from parsim.config.stragglers import StragglerConfig
 from parsim.errors import ConfigError
 from parsim.model import ModelSpec
 
@@ -165,6 +167,10 @@ class Scenario:
     """The ``[offload]`` table: model states on the CPU or NVMe (ZeRO-Offload / ZeRO-Infinity)."""
     sharding: ShardingConfig | None = None
     """The ``[sharding]`` annotations the parallel axes came from (None: stated as ``[parallel]``)."""
+    faults: FaultsConfig | None = None
+    """The ``[faults]`` table: failure rates, checkpointing, restarts (``parsim goodput``); None: not given."""
+    stragglers: StragglerConfig | None = None
+    """The ``[stragglers]`` table: slow GPUs/nodes/NICs, failed NICs, pipeline ranks on other GPUs; None: all alike."""
 
     @property
     def n_microbatches(self) -> int:

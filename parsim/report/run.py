@@ -45,6 +45,12 @@ def run_report_markdown(res: Result, version: str | None = None) -> str:
         ["peak memory (worst rank)", f"{fmt_b(mx['peak_memory_bytes'])} of {fmt_b(mx['memory_capacity_bytes'])} usable"],
         ["fits in memory", fit],
     ]
+    if "step_time_p50_s" in mx:  # --samples: the 90% band (parsim.uncertainty.band)
+        rows.insert(1, ["step time 90% band (P5 .. P95, P50)", f"{fmt_s(mx['step_time_p5_s'])} .. "
+                        f"{fmt_s(mx['step_time_p95_s'])}, {fmt_s(mx['step_time_p50_s'])} ({mx['samples']} samples)"])
+    if "pace_setter" in mx:  # [stragglers]
+        ps = mx["pace_setter"]
+        rows.append(["pace set by", f"pipeline rank {ps['rank']} of replica {ps['replica']} (slowdown {sig3(ps['slowdown'])})"])
     if "time_to_train_s" in mx:
         rows.append(["time to train", budget_line(mx).split("time to train", 1)[1].strip()])
     return f"""# parsim prediction: {sc.name}

@@ -122,6 +122,16 @@ def format_summary(mx: dict) -> str:
         f"  exposed comm      {fmt_s(mx['exposed_comm_s'])}  "
         + "  ".join(f"{k}={fmt_s(v)}" for k, v in mx["exposed_comm_by_axis_s"].items() if v > 0),
     ]
+    if "step_time_p50_s" in mx:  # --samples (parsim.uncertainty.band)
+        rel = {k: f"{100 * (mx[f'step_time_{k}_s'] / T - 1):+.2f}%" for k in ("p5", "p50", "p95")}
+        lines.append(f"  90% band          step time P5 {rel['p5']}, P50 {rel['p50']}, P95 {rel['p95']} of the point; "
+                     f"{fmt_n(mx['tokens_per_s_p5'])} .. {fmt_n(mx['tokens_per_s_p95'])} tokens/s "
+                     f"({mx['samples']} samples, seed {mx['seed']})")
+    if "pace_setter" in mx:  # [stragglers] (parsim.results.pace)
+        ps = mx["pace_setter"]
+        lines.append(f"  pace set by       pipeline rank {ps['rank']} of replica {ps['replica']} (GPUs "
+                     f"{', '.join(map(str, ps['gpus']))}; slowdown {sig3(ps['slowdown'])}): busy {fmt_s(ps['busy_s'])}, "
+                     f"{sig3(ps['busy_over_median'])}x the median rank")
     if "time_to_train_s" in mx:
         lines.append(budget_line(mx))
     fit = "fits" if mx["fits_in_memory"] else (

@@ -24,6 +24,8 @@ Semantics (the same the torch runtime implements):
   its B) splitting that duration in proportion to their own costs.
 * chains (``schedule.n_chains > 1``): a stage's producer/consumer is
   ``schedule.prev_stage``/``next_stage``, not s -/+ 1.
+* a cost table with ``fresh_per_action = True`` (``parsim.uncertainty.sampled``: durations
+  drawn per action) is asked for every action's cost; otherwise once per (stage, op) and rank.
 """
 from __future__ import annotations
 
@@ -206,6 +208,7 @@ def _rank_process(rank, actions, costs, link_of, box, out, nbr, s2r):
     send_info: dict[tuple, tuple] = {}
     compute_info: dict[tuple, tuple] = {}
     RECV_F, RECV_B, SEND_F, SEND_B = Op.RECV_F, Op.RECV_B, Op.SEND_F, Op.SEND_B
+    fresh = getattr(costs, "fresh_per_action", False)  # a drawing cost table: asked once per action
     for a in actions:
         op = a.op
         if op is RECV_F or op is RECV_B:
@@ -245,7 +248,7 @@ def _rank_process(rank, actions, costs, link_of, box, out, nbr, s2r):
                     start = pending
             t = _run_overlap(rank, a, start, costs, spans_append, mem_append)[1]
             continue
-        info = compute_info.get((stage, op))
+        info = None if fresh else compute_info.get((stage, op))
         if info is None:
             info = compute_info[(stage, op)] = (op_cost(stage, op), _need_tag(stage, op, nbr, s2r, rank), op.value)
         c, tag, name = info

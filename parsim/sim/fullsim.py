@@ -36,6 +36,10 @@ engine's (``parsim.sim.engine``); only where the time of communication comes fro
 * ``overlap.param_gather``: the ZeRO-1/2 gather runs under the next step's forward: a span
   of what the cost model found exposed (``parsim.costs.dp.param_gather_exposed``) carrying
   its bytes, as in fast mode; otherwise it runs after STEP.
+* ``[stragglers]`` (``parsim.sim.stragglers``): each replica's slow pipeline ranks run their
+  compute stretched (a DP collective waits for its slowest member: a straggler anywhere sets
+  the pace); slow NICs have less capacity, a failed NIC's GPUs send through the node's next
+  healthy NIC (sharing it); with either, the TP lanes are not lumped (no longer symmetric).
 
 Only replica 0's spans are recorded (the Result reads one pipeline); the step still
 ends when every replica's last collective is done, since replica 0 waits on them.
@@ -55,6 +59,7 @@ from parsim.schedule.passes import last_backward, last_backward_per_microbatch
 from parsim.sim.collective_flows import plan_collective, plan_parameter_server
 from parsim.sim.engine import RawTimeline, _needs, _run_overlap
 from parsim.sim.network import FlowNetwork, NetworkStats, Topology
+from parsim.sim.stragglers import gpu_slowdowns, nic_changes, rank_factors, slowed
 
 COVERAGE = Coverage("full engine")
 """Every op, every schedule trait (weights and memory semantics come from the cost table)."""
@@ -65,7 +70,10 @@ class _Job:
         self.sc, self.sched, self.costs = sc, schedule, costs
         self.par = par = sc.parallel
         self.env = simpy.Environment()
-        self.topo = Topology(sc.hardware, par.world_size)
+        st = sc.stragglers
+        self.topo = Topology(sc.hardware, par.world_size, **nic_changes(st, sc.hardware))
+        self.factors = rank_factors(par, gpu_slowdowns(st, sc.hardware.gpus_per_node, sc.gpus)) if st else {}
+        lump = lump and not (st and (st.nics or st.failed_nics))  # an odd NIC breaks the TP groups' symmetry
         # the TP ranks of a process send identical flows on symmetric links: simulate the
         # first one on the quotient network where it stands for all (Topology.block_capacity)
         cap = self.topo.block_capacity(par.tp) if lump and par.stride("tp") == 1 else None
@@ -267,7 +275,9 @@ def _n_layers(costs, stage: int) -> int:
 
 
 def _rank(job: _Job, rep: int, rank: int, actions):
-    env, costs, sc = job.env, job.costs, job.sc
+    env, sc = job.env, job.sc
+    own = getattr(job.costs, "for_replica", None)  # [stragglers] replica_hardware: this replica's GPU type
+    costs = slowed(own(rep) if own else job.costs, job.sched.stage_to_rank, job.factors, rep)  # and its slow ranks
     rec = rep == 0
     spans, mem = job.out.spans, job.out.mem_events
     keep, keep_mem = (spans.append, mem.append) if rec else (_drop, _drop)

@@ -53,6 +53,10 @@ class Topology:
     """Bytes/s of each link (index = link id)."""
     names: _LinkNames | None = None
     """``names[link]``: the link as ``kind[index]``, e.g. ``nic_up[3]``."""
+    nic_scale: dict[int, float] = field(default_factory=dict)
+    """NIC -> fraction of its bandwidth it has (a degraded NIC; ``[stragglers] nics``)."""
+    nic_reroute: dict[int, int] = field(default_factory=dict)
+    """Failed NIC -> the NIC its GPUs' traffic goes through instead (``[stragglers] failed_nics``)."""
 
     def __post_init__(self) -> None:
         hw, n = self.hw, self.n_gpus
@@ -68,6 +72,9 @@ class Topology:
         spine_bw = nics_per_leaf * hw.nic.effective_bandwidth / max(1.0, hw.spine_oversubscription)
         self.capacity = ([hw.nvlink.effective_bandwidth] * (2 * n) + [hw.nic.effective_bandwidth] * (2 * self.n_nics)
                          + [spine_bw] * (2 * self.n_leaves))
+        for nic, f in self.nic_scale.items():  # both directions of a degraded NIC
+            for k in (0, 1):
+                self.capacity[self._first[2] + 2 * nic + k] *= f
         self.names = _LinkNames(self._first, len(self.capacity))
 
     def link(self, kind: str, index: int) -> int:
@@ -84,7 +91,8 @@ class Topology:
     def nic_of(self, gpu: int) -> int:
         hw = self.hw
         local = gpu % hw.gpus_per_node
-        return hw.node_of(gpu) * hw.nics_per_node + local * hw.nics_per_node // hw.gpus_per_node
+        nic = hw.node_of(gpu) * hw.nics_per_node + local * hw.nics_per_node // hw.gpus_per_node
+        return self.nic_reroute.get(nic, nic) if self.nic_reroute else nic
 
     def route(self, src: int, dst: int) -> tuple[list[int], float]:
         """(link ids, latency in seconds) of the path src -> dst (memoised: a job reuses a

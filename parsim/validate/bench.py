@@ -45,6 +45,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from parsim.calibrate.spread import pass_spread, robust_sigma
 from parsim.validate.compare import PROBE
 from parsim.validate.timing import join_group, start_worker
 
@@ -78,6 +79,11 @@ def _time(fn, sync, target_s: float = 0.03, repeats: int = 7, calls: int | None 
 
 def _time_after(fn, pre, sync, repeats: int, calls: int) -> float:
     """Median over ``repeats`` of the mean seconds of ``fn`` alone, each call right after ``pre``."""
+    return statistics.median(_times_after(fn, pre, sync, repeats, calls))
+
+
+def _times_after(fn, pre, sync, repeats: int, calls: int) -> list[float]:
+    """Per repeat, the mean seconds of ``fn`` alone, each call right after ``pre``."""
     fn(); sync()
     out = []
     for _ in range(repeats):
@@ -88,7 +94,7 @@ def _time_after(fn, pre, sync, repeats: int, calls: int) -> float:
             fn(); sync()
             total += time.perf_counter() - t
         out.append(total / calls)
-    return statistics.median(out)
+    return out
 
 
 def rotating(shapes, dtype, device):
@@ -149,8 +155,9 @@ class Bench:
             for i, (_, _, fn, _) in enumerate(cases):
                 dist.barrier()
                 times[i].append(_time(fn, self.sync, repeats=1))
-        for (kind, name, _, fields), ts in zip(cases, times):
-            self.add(kind, name, statistics.median(ts), **fields)
+        repeat, speed = pass_spread(times)  # kept in the profile: what --samples draws from
+        for (kind, name, _, fields), ts, r in zip(cases, times, repeat):
+            self.add(kind, name, statistics.median(ts), repeat_sigma=r, speed_sigma=speed, **fields)
 
     def gemms(self):
         cases = []
@@ -271,8 +278,9 @@ class Bench:
                     times.append(time.perf_counter() - t0)
             if self.rank == 1:
                 kept = sorted(times)[:-1]
-                self.add("p2p", "send_busy_sender", sum(kept) / len(kept), bytes=float(buf.numel() * 4),
-                         group=2, peers="0-1")
+                mean = sum(kept) / len(kept)
+                self.add("p2p", "send_busy_sender", mean, bytes=float(buf.numel() * 4), group=2, peers="0-1",
+                         repeat_sigma=robust_sigma([math.log(t / mean) for t in kept]))
 
     def collectives(self, sizes):
         """The collectives the runtime runs, called as it calls them (``parsim.validate.comm``):
@@ -300,9 +308,11 @@ class Bench:
                 for name, fn in cases.items():
                     dist.barrier()
                     if self.rank < n:
-                        t = _time_after(fn, lambda: a @ w, self.sync, repeats=5, calls=_comm_calls(nbytes))
+                        ts = _times_after(fn, lambda: a @ w, self.sync, repeats=5, calls=_comm_calls(nbytes))
+                        t = statistics.median(ts)
                         if self.rank == 0:
-                            self.add("collective", name, t, bytes=float(el * 4), group=n)
+                            self.add("collective", name, t, bytes=float(el * 4), group=n,
+                                     repeat_sigma=robust_sigma([math.log(x / t) for x in ts]))
 
 
 def main(job_file: str) -> int:

@@ -1,0 +1,136 @@
+"""Coverage of the 90% band of ``parsim simulate --samples``: how many measured gloo steps fall
+inside the P5..P95 the profile's spread predicts.
+
+    python benchmarks/band_coverage.py [--samples 200] [--markdown reports/validation/band-coverage.md]
+    python benchmarks/band_coverage.py --live [--launches 2] [--steps 6]
+
+Recorded: every ``reports/validation/**/comparison.json`` (the gloo validation repeats on
+record: 12 measured steps per case), each case's scenario from the validation scripts' case
+lists, the profile it was predicted with (``hardware_file``) and that profile's spread as the
+calibration keeps it (``parsim.calibrate.spread.spread_table`` of the data CSV beside it; repeat
+noise and speed drift take the defaults where the calibration did not record them).
+``--live``: a fresh ``parsim calibrate`` (which records repeat noise and the pass-wide speed
+drift) and ``parsim validate`` launches of tiny-cpu with it, then the same count.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from parsim.calibrate.spread import spread_table  # noqa: E402
+from parsim.cluster.spread import spread_from_table, spread_of  # noqa: E402
+from parsim.scenario import load_scenario  # noqa: E402
+from parsim.simulate import simulate  # noqa: E402
+from parsim.uncertainty.band import band  # noqa: E402
+
+
+def cases() -> dict[str, tuple[str, list[str]]]:
+    """case -> (scenario, overrides), from benchmarks/validate_gloo.py and reports/validation/coverage.py."""
+    import importlib.util
+
+    import validate_gloo
+    spec = importlib.util.spec_from_file_location("coverage_cases", ROOT / "reports" / "validation" / "coverage.py")
+    cov = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cov)
+    return {name: (scn, list(ov)) for name, scn, ov in [*validate_gloo.CASES, *cov.CASES]}
+
+
+def case_band(scn: str, overrides: list[str], profile: Path, samples: int, seed: int, spread=None) -> dict:
+    sc = load_scenario(ROOT / scn, [*overrides, f'hardware="{profile.resolve()}"'])
+    if spread is None:
+        csv = profile.with_suffix(".csv")
+        spread = spread_of(sc.hardware)
+        if csv.is_file() and "calibrated" not in spread.source:  # a record: its spread from its data
+            spread = spread_from_table(spread_table(pd.read_csv(csv)), _shown(profile))
+    return band(sc, simulate(sc).metrics, samples, seed, spread)
+
+
+def _shown(p: Path) -> str:
+    try:
+        return str(p.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(p)
+
+
+def recorded(samples: int, seed: int) -> list[dict]:
+    known = cases()
+    rows = []
+    for cmp in sorted((ROOT / "reports" / "validation").rglob("comparison.json")):
+        d = json.loads(cmp.read_text())
+        if d["scenario"] not in known or d.get("world", 2) > 2:  # oversubscribed cases: reported only elsewhere
+            continue
+        scn, ov = known[d["scenario"]]
+        b = case_band(scn, ov, ROOT / d["hardware_file"], samples, seed)
+        rows.append(_row(d["scenario"], str(cmp.parent.relative_to(ROOT)), b, d["measured"]["step_time_all_s"]))
+    return rows
+
+
+def _row(case, where, b, measured) -> dict:
+    inside = sum(b["step_time_p5_s"] <= x <= b["step_time_p95_s"] for x in measured)
+    return {"case": case, "record": where, "p5_s": b["step_time_p5_s"], "p50_s": b["step_time_p50_s"],
+            "p95_s": b["step_time_p95_s"], "measured_min_s": min(measured), "measured_max_s": max(measured),
+            "inside": inside, "steps": len(measured), "spread": b["spread_source"]}
+
+
+def live(samples: int, seed: int, launches: int, steps: int, nice: int = 0, passes: int = 0) -> list[dict]:
+    with tempfile.TemporaryDirectory(prefix="parsim-band-") as tmp:
+        subprocess.run([sys.executable, "-m", "parsim", "calibrate", "--backend", "gloo", "--out-dir", tmp,
+                        "--nice", str(nice), "--passes", str(passes)], check=True, cwd=ROOT)
+        prof = Path(tmp) / "cpu-gloo.toml"
+        out = subprocess.run([sys.executable, "-m", "parsim", "validate", "scenarios/tiny-cpu.toml", "--profile",
+                              str(prof), "--repeat", str(launches), "--steps", str(steps), "--nice", str(nice),
+                              "--json"],
+                             check=True, cwd=ROOT, capture_output=True, text=True)
+        measured = json.loads(out.stdout)["measured"]["step_time_all_s"]
+        b = case_band("scenarios/tiny-cpu.toml", [], prof, samples, seed)
+        return [_row("tiny-cpu", "live", b, measured)]
+
+
+def markdown(rows: list[dict]) -> str:
+    inside, total = sum(r["inside"] for r in rows), sum(r["steps"] for r in rows)
+    lines = ["# Coverage of the 90% band (`parsim simulate --samples`) on the gloo validation repeats", "",
+             "`python benchmarks/band_coverage.py --markdown reports/validation/band-coverage.md`: each recorded case's "
+             "band (200 samples, seed 0) from the profile it was predicted with and that profile's spread, against "
+             "its 12 measured steps.", "",
+             f"**{inside} of {total} measured steps ({inside / total:.0%}) fall inside the stated 90% band.**", "",
+             "| case | record | P5 ms | P50 ms | P95 ms | measured ms (min..max) | inside |",
+             "|---|---|---:|---:|---:|---|---:|"]
+    for r in rows:
+        lines.append(f"| {r['case']} | {r['record']} | {r['p5_s'] * 1e3:.1f} | {r['p50_s'] * 1e3:.1f} | "
+                     f"{r['p95_s'] * 1e3:.1f} | {r['measured_min_s'] * 1e3:.1f}..{r['measured_max_s'] * 1e3:.1f} | "
+                     f"{r['inside']}/{r['steps']} |")
+    lines += ["", f"Spread of the records: {rows[0]['spread']}" if rows else ""]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--samples", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--live", action="store_true", help="calibrate and validate tiny-cpu now instead of the records")
+    ap.add_argument("--launches", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--nice", type=int, default=0, help="niceness increment of the ranks (--live; e.g. -10 as root)")
+    ap.add_argument("--passes", type=int, default=0, help="calibration timing passes (--live; 0: calibrate's default)")
+    ap.add_argument("--markdown", metavar="FILE")
+    args = ap.parse_args(argv)
+    rows = live(args.samples, args.seed, args.launches, args.steps, args.nice, args.passes) if args.live else recorded(args.samples, args.seed)
+    text = markdown(rows)
+    if args.markdown:
+        Path(args.markdown).write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

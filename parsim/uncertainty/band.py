@@ -1,0 +1,70 @@
+"""``parsim simulate --samples N``: the step simulated N times in the fast engine with drawn
+durations (``parsim.uncertainty.sampled``), seeded, and the P5/P50/P95 of step time and throughput.
+A full-mode scenario is sampled in full mode (its stragglers, replicas and network included)."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from parsim.cluster.spread import Spread, spread_of
+from parsim.config.scenario import Scenario
+from parsim.costs.model_costs import ModelCosts
+from parsim.schedule.coverage import check_runs
+from parsim.sim import engine, fullsim
+from parsim.sim.engine import simulate_schedule
+from parsim.sim.stragglers import gpu_slowdowns, rank_factors, slowed
+from parsim.simulate import engine_costs, full_mode, schedule_for
+from parsim.uncertainty.sampled import SampledCosts
+
+
+def sample_step_times(sc: Scenario, samples: int, seed: int = 0, spread: Spread | None = None) -> np.ndarray:
+    """``samples`` step times (makespans) of ``sc`` with drawn durations, in the engine ``sc`` runs
+    in (full mode: every replica, its stragglers and network; each replica draws its own noise);
+    the same seed, the same numbers."""
+    sched = schedule_for(sc)
+    full = full_mode(sc)
+    check_runs(sched, fullsim.COVERAGE if full else engine.COVERAGE)
+    run = engine_costs(sc, ModelCosts.from_scenario(sc))
+    if not full and sc.stragglers is not None:  # the fast engine's job: replica 0's slow ranks
+        factors = rank_factors(sc.parallel, gpu_slowdowns(sc.stragglers, sc.hardware.gpus_per_node, sc.gpus))
+        run = slowed(run, sched.stage_to_rank, factors, 0)
+    spread = spread or spread_of(sc.hardware)
+    rng = random.Random(seed)
+    out = np.empty(samples)
+    for i in range(samples):
+        drawn = SampledCosts(run, spread, rng)
+        raw = fullsim.simulate_full(sc, sched, drawn) if full else simulate_schedule(sched, drawn)
+        out[i] = max(row[6] for row in raw.spans)
+    return out
+
+
+def band(sc: Scenario, metrics: dict, samples: int, seed: int = 0, spread: Spread | None = None) -> dict:
+    """P5/P50/P95 of step time and tokens per second over ``samples`` draws (JSON keys)."""
+    spread = spread or spread_of(sc.hardware)
+    t = sample_step_times(sc, samples, seed, spread)
+    p5, p50, p95 = (float(x) for x in np.percentile(t, [5, 50, 95]))
+    tok = metrics["tokens_per_step"]
+    return {"samples": samples, "seed": seed, "step_time_p5_s": p5, "step_time_p50_s": p50, "step_time_p95_s": p95,
+            "tokens_per_s_p5": tok / p95, "tokens_per_s_p50": tok / p50, "tokens_per_s_p95": tok / p5,
+            "spread_source": spread.source}
+
+
+
+def plan_bands(rows: list[dict], toml_of, samples: int, seed: int = 0) -> None:
+    """``parsim plan --samples``: add each ranked row's band (its scenario from ``toml_of(row)``)."""
+    import tomllib
+
+    from parsim.scenario import scenario_from_dict
+    for row in rows:
+        sc = scenario_from_dict(tomllib.loads(toml_of(row)), "parsim plan")
+        row.update(band(sc, row, samples, seed))
+
+
+def plan_band_lines(rows: list[dict]) -> list[str]:
+    """The bands under the plan's table: P5 .. P95 of step time per ranked row."""
+    out = ["", f"90% band of step time ({rows[0]['samples']} samples per row, seed {rows[0]['seed']}):"] if rows else []
+    for i, r in enumerate(rows, 1):
+        out.append(f"  #{i}  P5 {r['step_time_p5_s']:.4g} s  P50 {r['step_time_p50_s']:.4g} s  "
+                   f"P95 {r['step_time_p95_s']:.4g} s  (point {r['step_time_s']:.4g} s)")
+    return out
