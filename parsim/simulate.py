@@ -3,22 +3,30 @@ from __future__ import annotations
 
 from parsim.config.scenario import Scenario
 from parsim.costs.model_costs import ModelCosts
+from parsim.costs.slices import SlicedCosts, SliceCostModel, slice_lengths
 from parsim.errors import ScheduleError
 from parsim.results.result import Result
 from parsim.schedule import build, lower
 from parsim.schedule.coverage import check_runs
 from parsim.schedule.grid import format_grid
 from parsim.schedule.ir import Schedule
+from parsim.schedule.semantics import canonical_key
+from parsim.schedule.terapipe import terapipe
 from parsim.sim import engine, fullsim
 from parsim.sim.engine import simulate_schedule
 
 
-def schedule_for(sc: Scenario, early_recv: bool = False) -> Schedule:
+def schedule_for(sc: Scenario, early_recv: bool = False, token_slices: int | None = None) -> Schedule:
     """The lowered schedule a scenario runs (the same one the torch runtime executes);
-    ``early_recv``: receives posted one compute ahead (the gloo runtime's lowering)."""
+    ``early_recv``: receives posted one compute ahead (the gloo runtime's lowering);
+    ``token_slices``: TeraPipe's K when already solved (else from the scenario)."""
     par = sc.parallel
     try:
-        sched = build(sc.schedule.name, par.pp, sc.n_microbatches, par.vpp)
+        if canonical_key(sc.schedule.name) == "terapipe" and par.vpp == 1:
+            k = token_slices if token_slices is not None else len(slice_lengths(sc)[0])
+            sched = terapipe(par.pp, sc.n_microbatches, k)
+        else:
+            sched = build(sc.schedule.name, par.pp, sc.n_microbatches, par.vpp)
     except ScheduleError as e:
         # name the scenario file and key: the user fixes it there
         raise ScheduleError(f"{sc.file}: schedule.name: {e.problem}", e.grid) from None
@@ -29,8 +37,16 @@ def schedule_for(sc: Scenario, early_recv: bool = False) -> Schedule:
 
 def simulate(sc: Scenario, costs: ModelCosts | None = None, schedule: Schedule | None = None) -> Result:
     """Simulate one optimizer step of ``sc`` (``schedule``: an already lowered one of it)."""
-    sched = schedule if schedule is not None else schedule_for(sc)
     costs = costs or ModelCosts.from_scenario(sc)
+    if sc.schedule.token_slices is not None and not isinstance(costs, SlicedCosts):
+        if sc.costs is not None:
+            raise ScheduleError(f"{sc.file}: schedule.token_slices: measured [costs] are per sequence; "
+                                "token slices need the cost model (remove [costs] or token_slices)")
+        model = SliceCostModel(sc, costs)
+        costs = SlicedCosts(model, slice_lengths(sc, model)[0])
+    if schedule is None and isinstance(costs, SlicedCosts):
+        schedule = schedule_for(sc, token_slices=len(costs.lengths))
+    sched = schedule if schedule is not None else schedule_for(sc)
     if sc.simulation.mode == "full" and sc.costs is None:
         check_runs(sched, fullsim.COVERAGE)  # before anything starts: one line if it cannot
         raw = fullsim.simulate_full(sc, sched, costs)

@@ -79,6 +79,13 @@ class ScheduleConfig:
     account_for_loss: bool = False
     """The LM head and loss count as one layer in the even split (the last chunk builds one
     block fewer; Megatron's --account-for-loss-in-pipeline-split)."""
+    token_slices: int | str | None = None
+    """TeraPipe only: token slices per sequence, K (equal slices) or "auto" (TeraPipe's
+    dynamic program over slice lengths, ``parsim.schedule.terapipe``); None: 1."""
+    max_in_flight: int | None = None
+    """AMPNet only: most microbatch instances active in the pipeline at once; None: 1."""
+    update_every: int | None = None
+    """AMPNet only: a stage applies its update after this many backward messages; None: 1."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +106,10 @@ class OverlapConfig:
     prefetch: int = 1
     """ZeRO-3/FSDP units whose parameter all-gather is issued ahead of the unit computing
     (FSDP2's default 1; 0: each unit gathered only when reached, nothing hidden)."""
+    p2p: bool = True
+    """Pipeline sends run on their own stream while the sender computes on (torch ``isend``,
+    Megatron); false: a send holds the sender's compute until the data has arrived (blocking
+    ``dist.broadcast``/``send`` on the compute stream, as TeraPipe's reference runtime does)."""
 
 
 @dataclass(frozen=True)

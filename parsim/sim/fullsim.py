@@ -45,15 +45,16 @@ from dataclasses import dataclass
 import simpy
 
 from parsim.cluster.collectives import grad_bucket_bytes, n_buckets
-from parsim.schedule.coverage import Coverage
+from parsim.schedule.coverage import Coverage, Trait
 from parsim.schedule.ir import Op, Schedule
 from parsim.schedule.passes import last_backward, last_backward_per_microbatch
 from parsim.sim.collective_flows import plan_collective, plan_parameter_server
 from parsim.sim.engine import RawTimeline, _needs, _run_overlap
 from parsim.sim.network import FlowNetwork, NetworkStats, Topology
 
-COVERAGE = Coverage("full engine")
-"""Every op, every schedule trait (weights and memory semantics come from the cost table)."""
+COVERAGE = Coverage("full engine", refuses=frozenset({Trait.TOKEN_SLICES}))
+"""Every op, every schedule trait (weights and memory semantics come from the cost table)
+but token slices (its per-(stage, op) cost lookups have no per-unit costs: fast mode runs them)."""
 
 
 class _Job:

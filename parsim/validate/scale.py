@@ -21,11 +21,11 @@ from parsim.config.scenario import Scenario
 from parsim.errors import ConfigError, ScheduleError
 from parsim.model import ModelSpec, total_params
 from parsim.scenario import load_scenario
-from parsim.schedule.coverage import ALL_OPS, Coverage, check_runs
+from parsim.schedule.coverage import ALL_OPS, Coverage, Trait, check_runs
 from parsim.schedule.semantics import traits
 from parsim.simulate import schedule_for
 
-RUNTIME_COVERAGE = Coverage("torch runtime", ops=ALL_OPS, refuses=frozenset())
+RUNTIME_COVERAGE = Coverage("torch runtime", ops=ALL_OPS, refuses=frozenset({Trait.TOKEN_SLICES}))
 """What ``parsim.validate.runtime`` executes (declared here, torch-free, so that a schedule
 is refused before any rank process starts): every op, OVERLAP_F_B as its F then its B on
 one stream; two model chains (each rank holds its piece of each copy, the copies'
