@@ -54,7 +54,10 @@ def simulate(sc: Scenario, costs: ModelCosts | None = None, schedule: Schedule |
         check_runs(sched, engine.COVERAGE)
         raw = simulate_schedule(sched, costs)
     _check_complete(sched, raw)
-    return Result.from_raw(sc, sched, costs.tables(sched.stage_to_rank), raw)
+    res = Result.from_raw(sc, sched, costs.tables(sched.stage_to_rank), raw)
+    if isinstance(costs, SlicedCosts):
+        res.metrics["token_slice_lengths"] = list(costs.lengths)
+    return res
 
 
 def _check_complete(sched: Schedule, raw) -> None:

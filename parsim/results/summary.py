@@ -122,6 +122,10 @@ def format_summary(mx: dict) -> str:
         f"  exposed comm      {fmt_s(mx['exposed_comm_s'])}  "
         + "  ".join(f"{k}={fmt_s(v)}" for k, v in mx["exposed_comm_by_axis_s"].items() if v > 0),
     ]
+    if "token_slice_lengths" in mx:
+        ls = mx["token_slice_lengths"]
+        shown = ", ".join(str(x) for x in ls) if len(ls) <= 12 else f"{ls[0]}, {ls[1]}, ..., {ls[-1]}"
+        lines.append(f"  token slices      {len(ls)} per sequence (TeraPipe): {shown} tokens")
     if "time_to_train_s" in mx:
         lines.append(budget_line(mx))
     fit = "fits" if mx["fits_in_memory"] else (
