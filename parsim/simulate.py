@@ -10,9 +10,10 @@ from parsim.schedule import build, lower
 from parsim.schedule.coverage import check_runs
 from parsim.schedule.grid import format_grid
 from parsim.schedule.ir import Schedule
-from parsim.schedule.semantics import canonical_key
+from parsim.schedule.semantics import canonical_key, traits
 from parsim.schedule.terapipe import terapipe
 from parsim.sim import engine, fullsim
+from parsim.sim.ampnet import ampnet_metrics, simulate_ampnet
 from parsim.sim.engine import simulate_schedule
 
 
@@ -38,6 +39,8 @@ def schedule_for(sc: Scenario, early_recv: bool = False, token_slices: int | Non
 def simulate(sc: Scenario, costs: ModelCosts | None = None, schedule: Schedule | None = None) -> Result:
     """Simulate one optimizer step of ``sc`` (``schedule``: an already lowered one of it)."""
     costs = costs or ModelCosts.from_scenario(sc)
+    if traits(sc.schedule.name).message_driven:
+        return _simulate_message_driven(sc, costs)
     if sc.schedule.token_slices is not None and not isinstance(costs, SlicedCosts):
         if sc.costs is not None:
             raise ScheduleError(f"{sc.file}: schedule.token_slices: measured [costs] are per sequence; "
@@ -57,6 +60,26 @@ def simulate(sc: Scenario, costs: ModelCosts | None = None, schedule: Schedule |
     res = Result.from_raw(sc, sched, costs.tables(sched.stage_to_rank), raw)
     if isinstance(costs, SlicedCosts):
         res.metrics["token_slice_lengths"] = list(costs.lengths)
+    return res
+
+
+def _simulate_message_driven(sc: Scenario, costs: ModelCosts) -> Result:
+    """AMPNet: one step (the microbatches of one step from an empty pipeline, updates as they
+    come) as the timeline, and a 4-step run for the steady state and the staleness."""
+    par = sc.parallel
+    sched = schedule_for(sc)  # the registry's order: names the schedule, refuses impossible shapes
+    if sc.simulation.mode == "full":
+        check_runs(sched, fullsim.COVERAGE)
+    if par.dp > 1 or par.vpp > 1:
+        raise ScheduleError(f"{sc.file}: schedule.name: AMPNet runs one model replica with one stage per "
+                            f"rank (dp=1, vpp=1), got dp={par.dp} vpp={par.vpp}")
+    m = sc.n_microbatches
+    mif, ue = sc.schedule.max_in_flight or 1, sc.schedule.update_every or 1
+    run = simulate_ampnet(par.pp, m, costs, mif, ue)
+    long_run = simulate_ampnet(par.pp, 4 * m, costs, mif, ue)
+    res = Result.from_raw(sc, run.schedule, costs.tables(run.schedule.stage_to_rank), run.raw)
+    tokens = sc.training.microbatch_size * sc.training.seq_len
+    res.metrics["ampnet"] = ampnet_metrics(run, long_run, m, tokens, mif, ue)
     return res
 
 

@@ -126,6 +126,11 @@ def format_summary(mx: dict) -> str:
         ls = mx["token_slice_lengths"]
         shown = ", ".join(str(x) for x in ls) if len(ls) <= 12 else f"{ls[0]}, {ls[1]}, ..., {ls[-1]}"
         lines.append(f"  token slices      {len(ls)} per sequence (TeraPipe): {shown} tokens")
+    if "ampnet" in mx:
+        a = mx["ampnet"]
+        lines.append(f"  AMPNet            max_in_flight={a['max_in_flight']} update_every={a['update_every']}: steady "
+                     f"state {fmt_s(a['steady_state_step_s'])} per step ({fmt_n(a['steady_state_tokens_per_s'])} "
+                     f"tokens/s); staleness per stage (mode) {a['staleness_steps']}")
     if "time_to_train_s" in mx:
         lines.append(budget_line(mx))
     fit = "fits" if mx["fits_in_memory"] else (

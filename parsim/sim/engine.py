@@ -41,7 +41,9 @@ from parsim.schedule.ir import Action, Op, Schedule
 
 COVERAGE = Coverage("fast engine")
 """Every op and every schedule trait (weight versions, re-materialisation and chains reach
-it through the cost table and ``Schedule.prev_stage``/``next_stage``)."""
+it through the cost table and ``Schedule.prev_stage``/``next_stage``; token slices through
+``unit_cost``). AMPNet's order is an output of its own engine (``parsim.sim.ampnet``); a
+realized AMPNet order replays here like any other (tests/test_ampnet.py)."""
 COMPUTE_OPS = frozenset({Op.F, Op.B, Op.I, Op.W, Op.STEP, Op.OVERLAP_F_B})
 BACKWARD_OPS = frozenset({Op.B, Op.I})
 UNIT_OPS = frozenset({Op.F, Op.B, Op.I, Op.W})

@@ -52,7 +52,7 @@ from parsim.sim.collective_flows import plan_collective, plan_parameter_server
 from parsim.sim.engine import RawTimeline, _needs, _run_overlap
 from parsim.sim.network import FlowNetwork, NetworkStats, Topology
 
-COVERAGE = Coverage("full engine", refuses=frozenset({Trait.TOKEN_SLICES}))
+COVERAGE = Coverage("full engine", refuses=frozenset({Trait.TOKEN_SLICES, Trait.MESSAGE_DRIVEN}))
 """Every op, every schedule trait (weights and memory semantics come from the cost table)
 but token slices (its per-(stage, op) cost lookups have no per-unit costs: fast mode runs them)."""
 

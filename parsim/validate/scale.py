@@ -25,7 +25,7 @@ from parsim.schedule.coverage import ALL_OPS, Coverage, Trait, check_runs
 from parsim.schedule.semantics import traits
 from parsim.simulate import schedule_for
 
-RUNTIME_COVERAGE = Coverage("torch runtime", ops=ALL_OPS, refuses=frozenset({Trait.TOKEN_SLICES}))
+RUNTIME_COVERAGE = Coverage("torch runtime", ops=ALL_OPS, refuses=frozenset({Trait.TOKEN_SLICES, Trait.MESSAGE_DRIVEN}))
 """What ``parsim.validate.runtime`` executes (declared here, torch-free, so that a schedule
 is refused before any rank process starts): every op, OVERLAP_F_B as its F then its B on
 one stream; two model chains (each rank holds its piece of each copy, the copies'
