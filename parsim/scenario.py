@@ -329,6 +329,20 @@ def _async_and_token_keys(t: dict, file: str, p: str) -> dict:
         if not (v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v >= 1)):
             raise ConfigError(file, p + "token_slices", f'expected an integer >= 1 or "auto", got {v!r}')
         out["token_slices"] = v
+    if "stage_replication" in t:
+        v = t["stage_replication"]
+        if name != "pipedream":
+            raise ConfigError(file, p + "stage_replication", "applies to schedule PipeDream only")
+        ok = v == "auto" or (isinstance(v, list) and v and all(isinstance(x, int) and not isinstance(x, bool)
+                                                                and x >= 1 for x in v))
+        if not ok:
+            raise ConfigError(file, p + "stage_replication", f'expected a list of integers >= 1 or "auto", got {v!r}')
+        out["stage_replication"] = v if v == "auto" else tuple(v)
+    for key in ("weight_stashing", "vertical_sync"):
+        if key in t:
+            if name != "pipedream":
+                raise ConfigError(file, p + key, "applies to schedule PipeDream only")
+            out[key] = _typed(t, key, bool, file, p, None)
     for key in ("max_in_flight", "update_every"):
         if key in t:
             v = t[key]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from parsim.config.scenario import Scenario
 from parsim.costs.model_costs import ModelCosts
+from parsim.costs.replicated import pipedream_steady_state
 from parsim.costs.slices import SlicedCosts, SliceCostModel, slice_lengths
 from parsim.errors import ScheduleError
 from parsim.results.result import Result
@@ -60,6 +61,9 @@ def simulate(sc: Scenario, costs: ModelCosts | None = None, schedule: Schedule |
     res = Result.from_raw(sc, sched, costs.tables(sched.stage_to_rank), raw)
     if isinstance(costs, SlicedCosts):
         res.metrics["token_slice_lengths"] = list(costs.lengths)
+    if traits(sc.schedule.name).weight_versions == "pipedream" and (
+            sc.costs is None or sc.schedule.stage_replication is not None):
+        res.metrics["pipedream_rr"] = pipedream_steady_state(sc)  # as published: no flush, 1F1B-RR
     return res
 
 

@@ -86,6 +86,17 @@ class ScheduleConfig:
     """AMPNet only: most microbatch instances active in the pipeline at once; None: 1."""
     update_every: int | None = None
     """AMPNet only: a stage applies its update after this many backward messages; None: 1."""
+    stage_replication: tuple[int, ...] | str | None = None
+    """PipeDream only (1F1B-RR): workers per stage, summing to pp (a stage replicated r times
+    takes microbatches round robin; its replicas synchronise gradients), or "auto": PipeDream's
+    partitioner chooses the stage boundaries and the replication together; None: one worker
+    per stage on the scenario's split."""
+    weight_stashing: bool = True
+    """PipeDream only: a stage keeps the weight version each in-flight microbatch's forward used,
+    for its backward (false: the backward uses the newest weights)."""
+    vertical_sync: bool = False
+    """PipeDream only: every stage uses the weight version the input stage had when the
+    microbatch entered the pipeline (staler, consistent across stages)."""
 
 
 @dataclass(frozen=True)

@@ -131,6 +131,11 @@ def format_summary(mx: dict) -> str:
         lines.append(f"  AMPNet            max_in_flight={a['max_in_flight']} update_every={a['update_every']}: steady "
                      f"state {fmt_s(a['steady_state_step_s'])} per step ({fmt_n(a['steady_state_tokens_per_s'])} "
                      f"tokens/s); staleness per stage (mode) {a['staleness_steps']}")
+    if "pipedream_rr" in mx:
+        d = mx["pipedream_rr"]
+        lines.append(f"  PipeDream         {d['config']} (layers {d['stage_layers']}), no flush: steady state "
+                     f"{fmt_s(d['steady_state_step_s'])} per step ({fmt_n(d['steady_state_tokens_per_s'])} tokens/s); "
+                     f"staleness {d['staleness_steps']}, weight versions {d['weight_versions']}")
     if "time_to_train_s" in mx:
         lines.append(budget_line(mx))
     fit = "fits" if mx["fits_in_memory"] else (

@@ -32,116 +32,184 @@ from parsim.sim.engine import Link, RawTimeline
 
 @dataclass
 class AsyncRun:
-    """What one AMPNet run produced."""
+    """What one asynchronous run produced."""
 
     raw: RawTimeline
-    """Spans and memory events (the fast engine's format)."""
+    """Spans and memory events (the fast engine's format; rank = worker)."""
     schedule: Schedule
-    """The order each rank realized (compute actions: F, B, STEP), named "AMPNet"."""
+    """The order each worker realized (compute actions: F, B, STEP); with one worker per stage
+    a Schedule like any other (stage s on rank s)."""
     completed_s: list[float] = field(default_factory=list)
     """Per instance, in completion order: when its backward left stage 0."""
     staleness: list[list[tuple[int, int]]] = field(default_factory=list)
-    """Per stage: for each backward, in execution order, (instance, the updates the stage
-    applied between that instance's forward and its backward)."""
+    """Per stage: for each backward, in execution order, (instance, the updates its worker
+    applied between the weights the instance's forward used and its backward)."""
     updates: list[int] = field(default_factory=list)
-    """Per stage: updates applied."""
+    """Per worker: updates applied."""
+    weight_versions: list[int] = field(default_factory=list)
+    """Per stage: most weight versions one of its workers had to keep at once (one per
+    instance between its forward and backward with weight stashing, plus the newest; 1 without)."""
 
 
 def simulate_ampnet(n_stages: int, n_instances: int, costs, max_in_flight: int = 1, update_every: int = 1,
                     name: str = "AMPNet") -> AsyncRun:
-    """Run ``n_instances`` instances through ``n_stages`` stages (stage s on rank s)."""
+    """AMPNet: ``n_instances`` instances through ``n_stages`` stages (stage s on rank s), messages
+    run in arrival order, no weight stashing."""
+    return simulate_async(n_stages, n_instances, costs, max_in_flight, update_every, name=name,
+                          weight_stashing=False)
+
+
+def simulate_async(n_stages: int, n_instances: int, costs, max_in_flight: int = 1, update_every: int = 1,
+                   replicas: tuple[int, ...] | None = None, policy: str = "arrival",
+                   sync_s: tuple[float, ...] | None = None, weight_stashing: bool = True,
+                   vertical_sync: bool = False, name: str = "AMPNet") -> AsyncRun:
+    """An asynchronous pipeline run (AMPNet; PipeDream's 1F1B-RR with ``policy="1f1b"``).
+
+    * ``replicas[s]`` workers hold stage s; instance j goes to worker j % replicas[s] (round
+      robin). Workers are numbered stage by stage.
+    * ``policy``: "arrival" runs the message that arrived first (ties: backward first);
+      "1f1b" prefers the other kind than the worker's last message when both have arrived
+      (PipeDream's one-forward-one-backward in steady state).
+    * after every ``update_every`` backwards a worker updates (the stage's STEP); with
+      replicas the update launches the replicas' gradient all-reduce (``sync_s[s]``) on the
+      worker's data-parallel stream, and the next update waits for it.
+    * staleness: updates between the weights the forward used and the backward: the worker's
+      own version at the forward, or with ``vertical_sync`` the version it had when the
+      instance entered the pipeline (PipeDream's vertical sync: one version end to end).
+    """
     if n_stages < 1 or n_instances < 1 or max_in_flight < 1 or update_every < 1:
-        raise ValueError("AMPNet: stages, instances, max_in_flight and update_every must be >= 1")
+        raise ValueError("async pipeline: stages, instances, max_in_flight and update_every must be >= 1")
+    if policy not in ("arrival", "1f1b"):
+        raise ValueError(f"async pipeline: policy must be 'arrival' or '1f1b', got {policy!r}")
+    reps = tuple(replicas) if replicas is not None else (1,) * n_stages
+    if len(reps) != n_stages or any(r < 1 for r in reps):
+        raise ValueError(f"async pipeline: replicas {reps} must give every one of {n_stages} stages >= 1 worker")
+    base = [sum(reps[:s]) for s in range(n_stages)]
+    n_workers = sum(reps)
+    stage_of = [s for s in range(n_stages) for _ in range(reps[s])]
+    sync = tuple(sync_s) if sync_s is not None else (0.0,) * n_stages
     out = RawTimeline()
     links: dict[tuple[int, int], Link] = {}
-    queues: list[list] = [[] for _ in range(n_stages)]   # heap of (arrival, kind 0=B 1=F, instance)
-    free_at = [0.0] * n_stages
-    events: list = []                                     # (time, seq, stage): a stage may start work
+    queues: list[list] = [[] for _ in range(n_workers)]   # heap of (arrival, kind 0=B 1=F, instance)
+    free_at, dp_free = [0.0] * n_workers, [0.0] * n_workers
+    last_kind = [0] * n_workers
+    events: list = []
     seq = [0]
-    order: list[list] = [[] for _ in range(n_stages)]
-    b_count, updates = [0] * n_stages, [0] * n_stages
-    seen_at_f: list[dict[int, int]] = [{} for _ in range(n_stages)]
+    order: list[list] = [[] for _ in range(n_workers)]
+    b_count, updates = [0] * n_workers, [0] * n_workers
+    seen_at_f: list[dict[int, int]] = [{} for _ in range(n_workers)]
+    at_entry: dict[int, list[int]] = {}
     staleness: list[list[tuple[int, int]]] = [[] for _ in range(n_stages)]
+    versions = [1] * n_stages
     completed: list[float] = []
     injected = [0]
     cost_f = [costs.op_cost(s, Op.F) for s in range(n_stages)]
     cost_b = [costs.op_cost(s, Op.B) for s in range(n_stages)]
     cost_step = [costs.op_cost(s, Op.STEP) for s in range(n_stages)]
 
-    def wake(stage: int, at: float) -> None:
-        seq[0] += 1
-        heapq.heappush(events, (at, seq[0], stage))
+    def worker(stage: int, inst: int) -> int:
+        return base[stage] + inst % reps[stage]
 
-    def arrive(stage: int, kind: int, inst: int, at: float) -> None:
-        heapq.heappush(queues[stage], (at, kind, inst))
-        wake(stage, at)
+    def wake(w: int, at: float) -> None:
+        seq[0] += 1
+        heapq.heappush(events, (at, seq[0], w))
+
+    def arrive(w: int, kind: int, inst: int, at: float) -> None:
+        heapq.heappush(queues[w], (at, kind, inst))
+        wake(w, at)
 
     def send(src: int, dst: int, op: Op, inst: int, at: float) -> None:
+        s = stage_of[src]
         lk = links.get((src, dst))
         if lk is None:
-            nm, bw, lat = costs.link_spec(src, dst)
+            nm, bw, lat = costs.link_spec(src, dst) if replicas is not None else costs.link_spec(s, stage_of[dst])
             lk = links[(src, dst)] = Link(nm, bw, lat)
-        nbytes = costs.p2p_bytes(src, op)
+        nbytes = costs.p2p_bytes(s, op)
         start, when = lk.transfer(at, nbytes)
-        out.spans.append((src, "p2p", op.value, src, inst, start, when, nbytes))
+        out.spans.append((src, "p2p", op.value, s, inst, start, when, nbytes))
         arrive(dst, 1 if op is Op.SEND_F else 0, inst, when)
 
     def inject(at: float) -> None:
-        if injected[0] < n_instances:
-            arrive(0, 1, injected[0], at)
+        j = injected[0]
+        if j < n_instances:
+            at_entry[j] = [updates[worker(s, j)] for s in range(n_stages)]
+            arrive(worker(0, j), 1, j, at)
             injected[0] += 1
+
+    def pick(w: int, now: float) -> tuple:
+        q = queues[w]
+        if policy == "1f1b":
+            want = 1 - last_kind[w]
+            ready = [x for x in q if x[0] <= now]
+            alt = [x for x in ready if x[1] == want]
+            if alt:
+                x = min(alt)
+                q.remove(x)
+                heapq.heapify(q)
+                return x
+        return heapq.heappop(q)
 
     for _ in range(min(max_in_flight, n_instances)):
         inject(0.0)
     while events:
-        now, _, s = heapq.heappop(events)
-        q = queues[s]
-        if free_at[s] > now or not q or q[0][0] > now:
+        now, _, w = heapq.heappop(events)
+        q = queues[w]
+        if free_at[w] > now or not q or q[0][0] > now:
             continue  # busy (it wakes itself when done) or nothing arrived yet (the arrival wakes it)
-        _, kind, inst = heapq.heappop(q)
+        _, kind, inst = pick(w, now)
+        last_kind[w] = kind
+        s = stage_of[w]
         start = now
         if kind == 1:  # forward
             c = cost_f[s]
             end = start + c.duration_s
-            seen_at_f[s][inst] = updates[s]
-            out.spans.append((s, "compute", "F", s, inst, start, end, c.bytes))
+            seen_at_f[w][inst] = at_entry[inst][s] if vertical_sync else updates[w]
+            if weight_stashing:  # the versions in-flight forwards used, and the newest
+                versions[s] = max(versions[s], len(set(seen_at_f[w].values()) | {updates[w]}))
+            out.spans.append((w, "compute", "F", s, inst, start, end, c.bytes))
             if c.stash_bytes or c.transient_bytes:
-                out.mem_events.append((s, start, c.stash_bytes + c.transient_bytes, c.mem_kind))
+                out.mem_events.append((w, start, c.stash_bytes + c.transient_bytes, c.mem_kind))
             if c.transient_bytes:
-                out.mem_events.append((s, end, -c.transient_bytes, c.mem_kind))
-            order[s].append(act(s, Op.F, inst))
+                out.mem_events.append((w, end, -c.transient_bytes, c.mem_kind))
+            order[w].append(act(s, Op.F, inst))
             if s == n_stages - 1:
-                arrive(s, 0, inst, end)          # the loss: its backward is ready here
+                arrive(w, 0, inst, end)          # the loss: its backward is ready here
             else:
-                send(s, s + 1, Op.SEND_F, inst, end)
+                send(w, worker(s + 1, inst), Op.SEND_F, inst, end)
         else:  # backward
             c = cost_b[s]
             end = start + c.duration_s
-            staleness[s].append((inst, updates[s] - seen_at_f[s].pop(inst)))
-            out.spans.append((s, "compute", "B", s, inst, start, end, c.bytes))
+            staleness[s].append((inst, updates[w] - seen_at_f[w].pop(inst)))
+            out.spans.append((w, "compute", "B", s, inst, start, end, c.bytes))
             if c.transient_bytes:
-                out.mem_events.append((s, start, c.transient_bytes, c.mem_kind))
+                out.mem_events.append((w, start, c.transient_bytes, c.mem_kind))
             released = c.free_bytes + c.transient_bytes
             if released:
-                out.mem_events.append((s, end, -released, c.mem_kind))
-            order[s].append(act(s, Op.B, inst))
+                out.mem_events.append((w, end, -released, c.mem_kind))
+            order[w].append(act(s, Op.B, inst))
             if s > 0:
-                send(s, s - 1, Op.SEND_B, inst, end)
+                send(w, worker(s - 1, inst), Op.SEND_B, inst, end)
             else:
                 completed.append(end)
-                inject(end)
-            b_count[s] += 1
-            if b_count[s] % update_every == 0:   # this stage's own update, right after the backward
+            b_count[w] += 1
+            if b_count[w] % update_every == 0:   # this worker's own update, right after the backward
                 st = cost_step[s]
-                out.spans.append((s, "compute", "STEP", s, -1, end, end + st.duration_s, st.bytes))
-                order[s].append(act(s, Op.STEP))
-                updates[s] += 1
-                end += st.duration_s
-        free_at[s] = end
-        wake(s, end)
-    sched = Schedule.trusted(name, n_stages, n_instances, tuple(range(n_stages)),
-                             tuple(tuple(r) for r in order))
-    return AsyncRun(out, sched, completed, staleness, updates)
+                t0 = max(end, dp_free[w]) if reps[s] > 1 else end  # the replicas' last sync is in
+                out.spans.append((w, "compute", "STEP", s, -1, t0, t0 + st.duration_s, st.bytes))
+                order[w].append(act(s, Op.STEP))
+                updates[w] += 1
+                end = t0 + st.duration_s
+                if reps[s] > 1 and sync[s] > 0:
+                    d0 = max(end, dp_free[w])
+                    dp_free[w] = d0 + sync[s]
+                    out.spans.append((w, "dp", "REDUCE_GRAD", s, -1, d0, dp_free[w], 0.0))
+            if s == 0:
+                inject(completed[-1])  # the next instance enters (after this worker's update)
+        free_at[w] = end
+        wake(w, end)
+    sched = Schedule.trusted(name, n_workers, n_instances, tuple(range(n_workers)),
+                             tuple(tuple(r) for r in order)) if replicas is None or n_workers == n_stages else None
+    return AsyncRun(out, sched, completed, staleness, updates, versions)
 
 
 def steady_state(run: AsyncRun, tokens_per_instance: float, skip: int, window: int) -> tuple[float, float]:
