@@ -22,6 +22,7 @@ from parsim.costs.compute import _heads, attention_precision, has_attention_kern
 from parsim.costs.inputs import LayerInputs
 from parsim.costs.layer import FLASH_BACKWARD_FLOP_RATIO, scores_pass_bytes
 from parsim.costs.model_costs import ModelCosts
+from parsim.errors import ConfigError
 from parsim.schedule.ir import Op
 from parsim.sim.engine import OpCost
 
@@ -189,6 +190,8 @@ def slice_lengths(sc: Scenario, model: SliceCostModel | None = None):
     k = sc.schedule.token_slices
     seq = sc.training.seq_len
     if k is None or k != "auto":
+        if k is not None and k > seq:
+            raise ConfigError(sc.file, "schedule.token_slices", f"{k} slices of a {seq}-token sequence: at most {seq}")
         return uniform_lengths(seq, 1 if k is None else k), None
     model = model or SliceCostModel(sc)
     sol = optimal_slicing(seq, sc.parallel.pp, model.stage_time, grid=slice_grid(seq),
