@@ -5,7 +5,7 @@ from parsim.config.scenario import Scenario
 from parsim.costs.model_costs import ModelCosts
 from parsim.costs.replicated import pipedream_steady_state
 from parsim.costs.slices import SlicedCosts, SliceCostModel, slice_lengths
-from parsim.errors import ScheduleError
+from parsim.errors import ConfigError, ScheduleError
 from parsim.results.result import Result
 from parsim.schedule import build, lower
 from parsim.schedule.coverage import check_runs
@@ -53,6 +53,9 @@ def simulate(sc: Scenario, costs: ModelCosts | None = None, schedule: Schedule |
     sched = schedule if schedule is not None else schedule_for(sc)
     if sc.simulation.mode == "full" and sc.costs is None:
         check_runs(sched, fullsim.COVERAGE)  # before anything starts: one line if it cannot
+        if not sc.overlap.p2p:
+            raise ConfigError(sc.file, "overlap.p2p", "the full engine sends asynchronously; blocking sends "
+                                                      "(p2p = false) run in fast mode")
         raw = fullsim.simulate_full(sc, sched, costs)
     else:
         check_runs(sched, engine.COVERAGE)

@@ -211,3 +211,13 @@ def test_gpt3_175b_on_48_p3_speedup_matches_the_paper_and_grows_with_the_sequenc
     want = paper["speedup_over_gpipe"]
     assert abs(s2048 / want - 1) <= paper["tolerance"], s2048
     assert s8192 > s2048
+
+
+def test_blocking_sends_hold_the_sender():
+    """GPipe, 2 stages, 2 microbatches, F = 1 s, B = 2 s, 0.5 s per transfer (hand-computed):
+    asynchronous sends give 10 s; a send that holds its sender until it arrives gives 11 s."""
+    costs = {"forward_s": 1.0, "backward_s": 2.0, "p2p_s": 0.5}
+    sc = scenario(pp=2, m=2, schedule="GPipe", costs=costs)
+    assert simulate(sc).metrics["step_time_s"] == pytest.approx(10.0)
+    blocking = replace(sc, overlap=replace(sc.overlap, p2p=False))
+    assert simulate(blocking).metrics["step_time_s"] == pytest.approx(11.0)

@@ -86,6 +86,9 @@ def check_supported(sc: Scenario) -> None:
     if traits(sc.schedule.name).weight_versions is not None and par.zero >= 1:
         raise ConfigError(f, "parallel.zero", f"weight stashing ({sc.schedule.name}) runs with whole optimizer "
                           f"state on each rank: needs zero=0, got {par.zero}")
+    if not sc.overlap.p2p:
+        raise ConfigError(f, "overlap.p2p", "the validation runtime sends with isend (asynchronous): "
+                                            "blocking sends (p2p = false) are not built")
     if sc.schedule.token_slices is not None and (par.cp > 1 or (par.sequence_parallel and par.tp > 1)):
         raise ConfigError(f, "schedule.token_slices", "the validation runtime slices whole sequences on each rank: "
                           "token slices need cp=1 and no sequence parallelism")
