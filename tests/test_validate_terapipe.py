@@ -40,6 +40,23 @@ def test_terapipe_gradients_equal_single_process(tmp_path):
         assert res["max_abs_diff"] < 1e-6, name
 
 
+FOUR_RANKS = {  # on top of tensor and data parallelism (pp=2 x tp=2, pp=2 x dp=2)
+    "K4-tp2": ["gpus=4", "parallel.tp=2", "schedule.name=TeraPipe", "schedule.token_slices=4"],
+    "K4-dp2": ["gpus=4", "parallel.dp=2", "training.global_batch=16", "schedule.name=TeraPipe",
+               "schedule.token_slices=4"],
+}
+
+
+@pytest.mark.slow
+def test_terapipe_with_tp_and_dp_gradients_equal_single_process(tmp_path):
+    ranks = launch({"scenario": TINY, "backend": "gloo", "mode": "parity", "variants": list(FOUR_RANKS.values()),
+                    "timeout": 90}, 4, tmp_path, 200)
+    for i, name in enumerate(FOUR_RANKS):
+        sc = prepare(TINY, FOUR_RANKS[name], "gloo")
+        res = check_parity(sc, tmp_path, [r["variants"][i] for r in ranks], variant=i)
+        assert res["max_abs_diff"] < 1e-6, name
+
+
 def _grads(stage, x, g_out, lengths, order):
     """One stage's parameter gradients from its slices: forwards in order, backwards in ``order``."""
     stage.zero_grad()
