@@ -19,6 +19,10 @@ The engine is deterministic and uses the same cost table as the fast engine (``o
 :class:`RawTimeline` and the realized per-rank order as a compute-only :class:`Schedule`
 (F, B and one STEP per update): replaying that order in the fast engine gives the same
 timeline (tests/test_ampnet.py), which is how the rest of parsim reads an AMPNet run.
+
+The same engine, with workers replicating a stage (round robin), PipeDream's
+one-forward-one-backward preference, the replicas' gradient all-reduce and weight stashing /
+vertical sync, gives PipeDream's no-flush steady state (``parsim.costs.replicated``).
 """
 from __future__ import annotations
 
@@ -84,64 +88,78 @@ def simulate_async(n_stages: int, n_instances: int, costs, max_in_flight: int = 
     reps = tuple(replicas) if replicas is not None else (1,) * n_stages
     if len(reps) != n_stages or any(r < 1 for r in reps):
         raise ValueError(f"async pipeline: replicas {reps} must give every one of {n_stages} stages >= 1 worker")
-    base = [sum(reps[:s]) for s in range(n_stages)]
-    n_workers = sum(reps)
-    stage_of = [s for s in range(n_stages) for _ in range(reps[s])]
-    sync = tuple(sync_s) if sync_s is not None else (0.0,) * n_stages
-    out = RawTimeline()
-    links: dict[tuple[int, int], Link] = {}
-    queues: list[list] = [[] for _ in range(n_workers)]   # heap of (arrival, kind 0=B 1=F, instance)
-    free_at, dp_free = [0.0] * n_workers, [0.0] * n_workers
-    last_kind = [0] * n_workers
-    events: list = []
-    seq = [0]
-    order: list[list] = [[] for _ in range(n_workers)]
-    b_count, updates = [0] * n_workers, [0] * n_workers
-    seen_at_f: list[dict[int, int]] = [{} for _ in range(n_workers)]
-    at_entry: dict[int, list[int]] = {}
-    staleness: list[list[tuple[int, int]]] = [[] for _ in range(n_stages)]
-    versions = [1] * n_stages
-    completed: list[float] = []
-    injected = [0]
-    cost_f = [costs.op_cost(s, Op.F) for s in range(n_stages)]
-    cost_b = [costs.op_cost(s, Op.B) for s in range(n_stages)]
-    cost_step = [costs.op_cost(s, Op.STEP) for s in range(n_stages)]
+    p = _Pipeline(n_stages, n_instances, costs, reps, policy, sync_s, weight_stashing, vertical_sync,
+                  update_every, by_worker=replicas is not None)
+    for _ in range(min(max_in_flight, n_instances)):
+        p.inject(0.0)
+    p.run()
+    n_workers = len(p.stage_of)
+    sched = Schedule.trusted(name, n_workers, n_instances, tuple(range(n_workers)),
+                             tuple(tuple(r) for r in p.order)) if n_workers == n_stages else None
+    return AsyncRun(p.out, sched, p.completed, p.staleness, p.updates, p.versions)
 
-    def worker(stage: int, inst: int) -> int:
-        return base[stage] + inst % reps[stage]
 
-    def wake(w: int, at: float) -> None:
-        seq[0] += 1
-        heapq.heappush(events, (at, seq[0], w))
+class _Pipeline:
+    """The state of one asynchronous run: workers, their queues and clocks, the data source."""
 
-    def arrive(w: int, kind: int, inst: int, at: float) -> None:
-        heapq.heappush(queues[w], (at, kind, inst))
-        wake(w, at)
+    def __init__(self, n_stages, n_instances, costs, reps, policy, sync_s, stashing, vertical, every, by_worker):
+        self.n_stages, self.n_instances, self.costs, self.reps = n_stages, n_instances, costs, reps
+        self.policy, self.stashing, self.vertical, self.every = policy, stashing, vertical, every
+        self.by_worker = by_worker  # links named by worker (replicated placements) or by stage
+        self.sync = tuple(sync_s) if sync_s is not None else (0.0,) * n_stages
+        self.base = [sum(reps[:s]) for s in range(n_stages)]
+        self.stage_of = [s for s in range(n_stages) for _ in range(reps[s])]
+        w = len(self.stage_of)
+        self.out = RawTimeline()
+        self.links: dict[tuple[int, int], Link] = {}
+        self.queues: list[list] = [[] for _ in range(w)]   # heap of (arrival, kind 0=B 1=F, instance)
+        self.free_at, self.dp_free, self.last_kind = [0.0] * w, [0.0] * w, [0] * w
+        self.events: list = []
+        self.seq = 0
+        self.order: list[list] = [[] for _ in range(w)]
+        self.b_count, self.updates = [0] * w, [0] * w
+        self.seen_at_f: list[dict[int, int]] = [{} for _ in range(w)]
+        self.at_entry: dict[int, list[int]] = {}
+        self.staleness: list[list[tuple[int, int]]] = [[] for _ in range(n_stages)]
+        self.versions = [1] * n_stages
+        self.completed: list[float] = []
+        self.injected = 0
+        self.cost = {op: [costs.op_cost(s, op) for s in range(n_stages)] for op in (Op.F, Op.B, Op.STEP)}
 
-    def send(src: int, dst: int, op: Op, inst: int, at: float) -> None:
-        s = stage_of[src]
-        lk = links.get((src, dst))
+    def worker(self, stage: int, inst: int) -> int:
+        return self.base[stage] + inst % self.reps[stage]
+
+    def wake(self, w: int, at: float) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (at, self.seq, w))
+
+    def arrive(self, w: int, kind: int, inst: int, at: float) -> None:
+        heapq.heappush(self.queues[w], (at, kind, inst))
+        self.wake(w, at)
+
+    def send(self, src: int, dst: int, op: Op, inst: int, at: float) -> None:
+        s = self.stage_of[src]
+        lk = self.links.get((src, dst))
         if lk is None:
-            nm, bw, lat = costs.link_spec(src, dst) if replicas is not None else costs.link_spec(s, stage_of[dst])
-            lk = links[(src, dst)] = Link(nm, bw, lat)
-        nbytes = costs.p2p_bytes(s, op)
+            spec = self.costs.link_spec(src, dst) if self.by_worker else self.costs.link_spec(s, self.stage_of[dst])
+            lk = self.links[(src, dst)] = Link(*spec)
+        nbytes = self.costs.p2p_bytes(s, op)
         start, when = lk.transfer(at, nbytes)
-        out.spans.append((src, "p2p", op.value, s, inst, start, when, nbytes))
-        arrive(dst, 1 if op is Op.SEND_F else 0, inst, when)
+        self.out.spans.append((src, "p2p", op.value, s, inst, start, when, nbytes))
+        self.arrive(dst, 1 if op is Op.SEND_F else 0, inst, when)
 
-    def inject(at: float) -> None:
-        j = injected[0]
-        if j < n_instances:
-            at_entry[j] = [updates[worker(s, j)] for s in range(n_stages)]
-            arrive(worker(0, j), 1, j, at)
-            injected[0] += 1
+    def inject(self, at: float) -> None:
+        j = self.injected
+        if j < self.n_instances:
+            self.at_entry[j] = [self.updates[self.worker(s, j)] for s in range(self.n_stages)]
+            self.arrive(self.worker(0, j), 1, j, at)
+            self.injected += 1
 
-    def pick(w: int, now: float) -> tuple:
-        q = queues[w]
-        if policy == "1f1b":
-            want = 1 - last_kind[w]
-            ready = [x for x in q if x[0] <= now]
-            alt = [x for x in ready if x[1] == want]
+    def pick(self, w: int, now: float) -> tuple:
+        q = self.queues[w]
+        if self.policy == "1f1b":
+            want = 1 - self.last_kind[w]
+            alt = [x for x in q if x[0] <= now and x[1] == want]
             if alt:
                 x = min(alt)
                 q.remove(x)
@@ -149,67 +167,75 @@ def simulate_async(n_stages: int, n_instances: int, costs, max_in_flight: int = 
                 return x
         return heapq.heappop(q)
 
-    for _ in range(min(max_in_flight, n_instances)):
-        inject(0.0)
-    while events:
-        now, _, w = heapq.heappop(events)
-        q = queues[w]
-        if free_at[w] > now or not q or q[0][0] > now:
-            continue  # busy (it wakes itself when done) or nothing arrived yet (the arrival wakes it)
-        _, kind, inst = pick(w, now)
-        last_kind[w] = kind
-        s = stage_of[w]
-        start = now
-        if kind == 1:  # forward
-            c = cost_f[s]
-            end = start + c.duration_s
-            seen_at_f[w][inst] = at_entry[inst][s] if vertical_sync else updates[w]
-            if weight_stashing:  # the versions in-flight forwards used, and the newest
-                versions[s] = max(versions[s], len(set(seen_at_f[w].values()) | {updates[w]}))
-            out.spans.append((w, "compute", "F", s, inst, start, end, c.bytes))
-            if c.stash_bytes or c.transient_bytes:
-                out.mem_events.append((w, start, c.stash_bytes + c.transient_bytes, c.mem_kind))
-            if c.transient_bytes:
-                out.mem_events.append((w, end, -c.transient_bytes, c.mem_kind))
-            order[w].append(act(s, Op.F, inst))
-            if s == n_stages - 1:
-                arrive(w, 0, inst, end)          # the loss: its backward is ready here
-            else:
-                send(w, worker(s + 1, inst), Op.SEND_F, inst, end)
-        else:  # backward
-            c = cost_b[s]
-            end = start + c.duration_s
-            staleness[s].append((inst, updates[w] - seen_at_f[w].pop(inst)))
-            out.spans.append((w, "compute", "B", s, inst, start, end, c.bytes))
-            if c.transient_bytes:
-                out.mem_events.append((w, start, c.transient_bytes, c.mem_kind))
-            released = c.free_bytes + c.transient_bytes
-            if released:
-                out.mem_events.append((w, end, -released, c.mem_kind))
-            order[w].append(act(s, Op.B, inst))
-            if s > 0:
-                send(w, worker(s - 1, inst), Op.SEND_B, inst, end)
-            else:
-                completed.append(end)
-            b_count[w] += 1
-            if b_count[w] % update_every == 0:   # this worker's own update, right after the backward
-                st = cost_step[s]
-                t0 = max(end, dp_free[w]) if reps[s] > 1 else end  # the replicas' last sync is in
-                out.spans.append((w, "compute", "STEP", s, -1, t0, t0 + st.duration_s, st.bytes))
-                order[w].append(act(s, Op.STEP))
-                updates[w] += 1
-                end = t0 + st.duration_s
-                if reps[s] > 1 and sync[s] > 0:
-                    d0 = max(end, dp_free[w])
-                    dp_free[w] = d0 + sync[s]
-                    out.spans.append((w, "dp", "REDUCE_GRAD", s, -1, d0, dp_free[w], 0.0))
-            if s == 0:
-                inject(completed[-1])  # the next instance enters (after this worker's update)
-        free_at[w] = end
-        wake(w, end)
-    sched = Schedule.trusted(name, n_workers, n_instances, tuple(range(n_workers)),
-                             tuple(tuple(r) for r in order)) if replicas is None or n_workers == n_stages else None
-    return AsyncRun(out, sched, completed, staleness, updates, versions)
+    def run(self) -> None:
+        while self.events:
+            now, _, w = heapq.heappop(self.events)
+            q = self.queues[w]
+            if self.free_at[w] > now or not q or q[0][0] > now:
+                continue  # busy (it wakes itself when done) or nothing arrived yet (the arrival wakes it)
+            _, kind, inst = self.pick(w, now)
+            self.last_kind[w] = kind
+            end = self.forward(w, inst, now) if kind == 1 else self.backward(w, inst, now)
+            self.free_at[w] = end
+            self.wake(w, end)
+
+    def forward(self, w: int, inst: int, start: float) -> float:
+        s = self.stage_of[w]
+        c = self.cost[Op.F][s]
+        end = start + c.duration_s
+        self.seen_at_f[w][inst] = self.at_entry[inst][s] if self.vertical else self.updates[w]
+        if self.stashing:  # the versions in-flight forwards used, and the newest
+            self.versions[s] = max(self.versions[s], len(set(self.seen_at_f[w].values()) | {self.updates[w]}))
+        self.out.spans.append((w, "compute", "F", s, inst, start, end, c.bytes))
+        if c.stash_bytes or c.transient_bytes:
+            self.out.mem_events.append((w, start, c.stash_bytes + c.transient_bytes, c.mem_kind))
+        if c.transient_bytes:
+            self.out.mem_events.append((w, end, -c.transient_bytes, c.mem_kind))
+        self.order[w].append(act(s, Op.F, inst))
+        if s == self.n_stages - 1:
+            self.arrive(w, 0, inst, end)          # the loss: its backward is ready here
+        else:
+            self.send(w, self.worker(s + 1, inst), Op.SEND_F, inst, end)
+        return end
+
+    def backward(self, w: int, inst: int, start: float) -> float:
+        s = self.stage_of[w]
+        c = self.cost[Op.B][s]
+        end = start + c.duration_s
+        self.staleness[s].append((inst, self.updates[w] - self.seen_at_f[w].pop(inst)))
+        self.out.spans.append((w, "compute", "B", s, inst, start, end, c.bytes))
+        if c.transient_bytes:
+            self.out.mem_events.append((w, start, c.transient_bytes, c.mem_kind))
+        released = c.free_bytes + c.transient_bytes
+        if released:
+            self.out.mem_events.append((w, end, -released, c.mem_kind))
+        self.order[w].append(act(s, Op.B, inst))
+        if s > 0:
+            self.send(w, self.worker(s - 1, inst), Op.SEND_B, inst, end)
+        else:
+            self.completed.append(end)
+        self.b_count[w] += 1
+        if self.b_count[w] % self.every == 0:
+            end = self.update(w, s, end)
+        if s == 0:
+            self.inject(self.completed[-1])  # the next instance enters (after this worker's update)
+        return end
+
+    def update(self, w: int, s: int, at: float) -> float:
+        """This worker's own update right after a backward; with replicas, their gradient
+        all-reduce follows on its data-parallel stream, and the next update waits for it."""
+        st = self.cost[Op.STEP][s]
+        replicated = self.reps[s] > 1
+        t0 = max(at, self.dp_free[w]) if replicated else at
+        self.out.spans.append((w, "compute", "STEP", s, -1, t0, t0 + st.duration_s, st.bytes))
+        self.order[w].append(act(s, Op.STEP))
+        self.updates[w] += 1
+        end = t0 + st.duration_s
+        if replicated and self.sync[s] > 0:
+            d0 = max(end, self.dp_free[w])
+            self.dp_free[w] = d0 + self.sync[s]
+            self.out.spans.append((w, "dp", "REDUCE_GRAD", s, -1, d0, self.dp_free[w], 0.0))
+        return end
 
 
 def steady_state(run: AsyncRun, tokens_per_instance: float, skip: int, window: int) -> tuple[float, float]:
