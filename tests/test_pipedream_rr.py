@@ -139,3 +139,12 @@ def test_input_is_checked():
         scenario_from_dict(doc, "x.toml")
     doc["schedule"] = {"name": "1F1B-RR", "stage_replication": "auto", "vertical_sync": True}
     assert scenario_from_dict(doc, "x.toml").schedule.stage_replication == "auto"
+
+
+def test_the_torch_runtime_refuses_what_it_does_not_build():
+    from parsim.validate.scale import check_supported
+    for key, value in (("stage_replication", (1, 1, 1, 1)), ("vertical_sync", True), ("weight_stashing", False)):
+        sc = scenario(pp=4, m=4, schedule="PipeDream", layers=8, hardware="cpu-gloo")
+        sc = replace(sc, schedule=replace(sc.schedule, **{key: value}))
+        with pytest.raises(ConfigError, match=f"schedule.{key}"):
+            check_supported(sc)

@@ -86,6 +86,12 @@ def check_supported(sc: Scenario) -> None:
     if traits(sc.schedule.name).weight_versions is not None and par.zero >= 1:
         raise ConfigError(f, "parallel.zero", f"weight stashing ({sc.schedule.name}) runs with whole optimizer "
                           f"state on each rank: needs zero=0, got {par.zero}")
+    t = sc.schedule
+    if t.stage_replication is not None or t.vertical_sync or not t.weight_stashing:
+        key = ("stage_replication" if t.stage_replication is not None else
+               "vertical_sync" if t.vertical_sync else "weight_stashing")
+        raise ConfigError(f, f"schedule.{key}", "the validation runtime runs PipeDream with one worker per stage "
+                          "and weight stashing (no replicated stages, no vertical sync)")
     if not sc.overlap.p2p:
         raise ConfigError(f, "overlap.p2p", "the validation runtime sends with isend (asynchronous): "
                                             "blocking sends (p2p = false) are not built")
