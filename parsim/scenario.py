@@ -365,7 +365,46 @@ def _schedule(t: dict, file: str) -> ScheduleConfig:
         last_stage_layers=_count(t, "last_stage_layers", file, p),
         account_for_embedding=_typed(t, "account_for_embedding", bool, file, p, False),
         account_for_loss=_typed(t, "account_for_loss", bool, file, p, False),
+        **_async_and_token_keys(t, file, p),
     )
+
+
+def _async_and_token_keys(t: dict, file: str, p: str) -> dict:
+    """``token_slices`` (TeraPipe) and ``max_in_flight`` / ``update_every`` (AMPNet): checked
+    against the schedule they belong to."""
+    from parsim.schedule.semantics import canonical_key
+    name = canonical_key(t.get("name", "1F1B")) if isinstance(t.get("name", "1F1B"), str) else ""
+    out = {}
+    if "token_slices" in t:
+        v = t["token_slices"]
+        if name != "terapipe":
+            raise ConfigError(file, p + "token_slices", "applies to schedule TeraPipe only")
+        if not (v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v >= 1)):
+            raise ConfigError(file, p + "token_slices", f'expected an integer >= 1 or "auto", got {v!r}')
+        out["token_slices"] = v
+    if "stage_replication" in t:
+        v = t["stage_replication"]
+        if name != "pipedream":
+            raise ConfigError(file, p + "stage_replication", "applies to schedule PipeDream only")
+        ok = v == "auto" or (isinstance(v, list) and v and all(isinstance(x, int) and not isinstance(x, bool)
+                                                                and x >= 1 for x in v))
+        if not ok:
+            raise ConfigError(file, p + "stage_replication", f'expected a list of integers >= 1 or "auto", got {v!r}')
+        out["stage_replication"] = v if v == "auto" else tuple(v)
+    for key in ("weight_stashing", "vertical_sync"):
+        if key in t:
+            if name != "pipedream":
+                raise ConfigError(file, p + key, "applies to schedule PipeDream only")
+            out[key] = _typed(t, key, bool, file, p, None)
+    for key in ("max_in_flight", "update_every"):
+        if key in t:
+            v = t[key]
+            if name != "ampnet":
+                raise ConfigError(file, p + key, "applies to schedule AMPNet only")
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(file, p + key, f"expected an integer >= 1, got {v!r}")
+            out[key] = v
+    return out
 
 
 def _count(t: dict, key: str, file: str, prefix: str) -> int | None:

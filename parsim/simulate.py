@@ -5,7 +5,9 @@ from parsim.config.scenario import Scenario
 from parsim.costs.mixed import MixedCosts, ReplicaCosts
 from parsim.costs.model_costs import ModelCosts
 from parsim.costs.offload_ops import tier_bytes_per_node
-from parsim.errors import ScheduleError
+from parsim.costs.replicated import pipedream_steady_state
+from parsim.costs.slices import SlicedCosts, SliceCostModel, slice_lengths
+from parsim.errors import ConfigError, ScheduleError
 from parsim.results.pace import pace_setter
 from parsim.results.result import Result
 from parsim.results.tiers import tier_metrics
@@ -13,17 +15,25 @@ from parsim.schedule import build, lower
 from parsim.schedule.coverage import check_runs
 from parsim.schedule.grid import format_grid
 from parsim.schedule.ir import Schedule
+from parsim.schedule.semantics import canonical_key, traits
+from parsim.schedule.terapipe import terapipe
 from parsim.sim import engine, fullsim
+from parsim.sim.ampnet import ampnet_metrics, simulate_ampnet
 from parsim.sim.engine import simulate_schedule
 from parsim.sim.stragglers import fast_stragglers
 
 
-def schedule_for(sc: Scenario, early_recv: bool = False) -> Schedule:
+def schedule_for(sc: Scenario, early_recv: bool = False, token_slices: int | None = None) -> Schedule:
     """The lowered schedule a scenario runs (the same one the torch runtime executes);
-    ``early_recv``: receives posted one compute ahead (the gloo runtime's lowering)."""
+    ``early_recv``: receives posted one compute ahead (the gloo runtime's lowering);
+    ``token_slices``: TeraPipe's K when already solved (else from the scenario)."""
     par = sc.parallel
     try:
-        sched = build(sc.schedule.name, par.pp, sc.n_microbatches, par.vpp)
+        if canonical_key(sc.schedule.name) == "terapipe" and par.vpp == 1:
+            k = token_slices if token_slices is not None else len(slice_lengths(sc)[0])
+            sched = terapipe(par.pp, sc.n_microbatches, k)
+        else:
+            sched = build(sc.schedule.name, par.pp, sc.n_microbatches, par.vpp)
     except ScheduleError as e:
         # name the scenario file and key: the user fixes it there
         raise ScheduleError(f"{sc.file}: schedule.name: {e.problem}", e.grid) from None
@@ -50,11 +60,24 @@ def engine_costs(sc: Scenario, costs: ModelCosts):
 
 def simulate(sc: Scenario, costs: ModelCosts | None = None, schedule: Schedule | None = None) -> Result:
     """Simulate one optimizer step of ``sc`` (``schedule``: an already lowered one of it)."""
-    sched = schedule if schedule is not None else schedule_for(sc)
     costs = costs or ModelCosts.from_scenario(sc)
+    if traits(sc.schedule.name).message_driven:
+        return _simulate_message_driven(sc, costs)
+    if sc.schedule.token_slices is not None and not isinstance(costs, SlicedCosts):
+        if sc.costs is not None:
+            raise ScheduleError(f"{sc.file}: schedule.token_slices: measured [costs] are per sequence; "
+                                "token slices need the cost model (remove [costs] or token_slices)")
+        model = SliceCostModel(sc, costs)
+        costs = SlicedCosts(model, slice_lengths(sc, model)[0])
+    if schedule is None and isinstance(costs, SlicedCosts):
+        schedule = schedule_for(sc, token_slices=len(costs.lengths))
+    sched = schedule if schedule is not None else schedule_for(sc)
     run = engine_costs(sc, costs)
     if full_mode(sc):
         check_runs(sched, fullsim.COVERAGE)  # before anything starts: one line if it cannot
+        if not sc.overlap.p2p:
+            raise ConfigError(sc.file, "overlap.p2p", "the full engine sends asynchronously; blocking sends "
+                                                      "(p2p = false) run in fast mode")
         raw = fullsim.simulate_full(sc, sched, run)
     else:
         check_runs(sched, engine.COVERAGE)
@@ -70,6 +93,31 @@ def simulate(sc: Scenario, costs: ModelCosts | None = None, schedule: Schedule |
     if sc.stragglers is not None:
         ratio = run.busy_ratio(sched.stage_to_rank) if isinstance(run, ReplicaCosts) else None
         res.metrics["pace_setter"] = pace_setter(sc, res.metrics, ratio)
+    if isinstance(costs, SlicedCosts):
+        res.metrics["token_slice_lengths"] = list(costs.lengths)
+    if traits(sc.schedule.name).weight_versions == "pipedream" and (
+            sc.costs is None or sc.schedule.stage_replication is not None):
+        res.metrics["pipedream_rr"] = pipedream_steady_state(sc)  # as published: no flush, 1F1B-RR
+    return res
+
+
+def _simulate_message_driven(sc: Scenario, costs: ModelCosts) -> Result:
+    """AMPNet: one step (the microbatches of one step from an empty pipeline, updates as they
+    come) as the timeline, and a 4-step run for the steady state and the staleness."""
+    par = sc.parallel
+    sched = schedule_for(sc)  # the registry's order: names the schedule, refuses impossible shapes
+    if sc.simulation.mode == "full":
+        check_runs(sched, fullsim.COVERAGE)
+    if par.dp > 1 or par.vpp > 1:
+        raise ScheduleError(f"{sc.file}: schedule.name: AMPNet runs one model replica with one stage per "
+                            f"rank (dp=1, vpp=1), got dp={par.dp} vpp={par.vpp}")
+    m = sc.n_microbatches
+    mif, ue = sc.schedule.max_in_flight or 1, sc.schedule.update_every or 1
+    run = simulate_ampnet(par.pp, m, costs, mif, ue)
+    long_run = simulate_ampnet(par.pp, 4 * m, costs, mif, ue)
+    res = Result.from_raw(sc, run.schedule, costs.tables(run.schedule.stage_to_rank), run.raw)
+    tokens = sc.training.microbatch_size * sc.training.seq_len
+    res.metrics["ampnet"] = ampnet_metrics(run, long_run, m, tokens, mif, ue)
     return res
 
 

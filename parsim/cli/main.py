@@ -79,14 +79,24 @@ def cmd_schedule(args) -> int:
     from parsim.schedule import build, lower
     from parsim.schedule.dryrun import format_timeline_grid
 
-    sched = build(args.name, args.pp, args.microbatches, args.vpp)
+    from parsim.schedule.semantics import canonical_key
+    if args.token_slices is not None:
+        if canonical_key(args.name) != "terapipe":
+            raise ConfigError("parsim schedule", "--token-slices", "applies to schedule TeraPipe only")
+        if args.vpp != 1:
+            raise ConfigError("parsim schedule", "--vpp", "TeraPipe places one stage per rank: vpp must be 1")
+        from parsim.schedule.terapipe import terapipe
+        sched = terapipe(args.pp, args.microbatches, args.token_slices)
+    else:
+        sched = build(args.name, args.pp, args.microbatches, args.vpp)
     if args.lower:
         sched = lower(sched)
     if args.csv:
         sys.stdout.write(sched.to_csv())
     else:
         print(f"{sched.name}: pp={args.pp} microbatches={args.microbatches} vpp={sched.n_stages // sched.pp} "
-              f"({sched.n_stages} stages{f', {sched.n_chains} chains' if sched.n_chains > 1 else ''})")
+              f"({sched.n_stages} stages{f', {sched.n_chains} chains' if sched.n_chains > 1 else ''}"
+              f"{f'; {sched.n_slices} token slices per microbatch, unit u = slice u % {sched.n_slices} of microbatch u // {sched.n_slices}' if sched.n_slices > 1 else ''})")
         print(format_timeline_grid(sched) if not args.lower else sched.to_text())
     return 0
 
@@ -141,6 +151,8 @@ def build_parser() -> HelpParser:
     s.add_argument("--pp", type=positive_int("--pp"), required=True, help="pipeline ranks")
     s.add_argument("--microbatches", type=positive_int("--microbatches"), required=True, help="microbatches per step")
     s.add_argument("--vpp", type=positive_int("--vpp"), default=1, help="virtual stages (chunks) per rank")
+    s.add_argument("--token-slices", type=positive_int("--token-slices"), default=None,
+                   help="TeraPipe: token slices per microbatch (actions index (microbatch, slice) units)")
     s.add_argument("--csv", action="store_true", help="PyTorch pipelining CSV (one row per rank)")
     s.add_argument("--lower", action="store_true", help="show the lowered schedule (SEND/RECV, REDUCE_GRAD, STEP)")
     s.set_defaults(func=cmd_schedule)

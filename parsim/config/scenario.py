@@ -91,6 +91,24 @@ class ScheduleConfig:
     account_for_loss: bool = False
     """The LM head and loss count as one layer in the even split (the last chunk builds one
     block fewer; Megatron's --account-for-loss-in-pipeline-split)."""
+    token_slices: int | str | None = None
+    """TeraPipe only: token slices per sequence, K (equal slices) or "auto" (TeraPipe's
+    dynamic program over slice lengths, ``parsim.schedule.terapipe``); None: 1."""
+    max_in_flight: int | None = None
+    """AMPNet only: most microbatch instances active in the pipeline at once; None: 1."""
+    update_every: int | None = None
+    """AMPNet only: a stage applies its update after this many backward messages; None: 1."""
+    stage_replication: tuple[int, ...] | str | None = None
+    """PipeDream only (1F1B-RR): workers per stage, summing to pp (a stage replicated r times
+    takes microbatches round robin; its replicas synchronise gradients), or "auto": PipeDream's
+    partitioner chooses the stage boundaries and the replication together; None: one worker
+    per stage on the scenario's split."""
+    weight_stashing: bool = True
+    """PipeDream only: a stage keeps the weight version each in-flight microbatch's forward used,
+    for its backward (false: the backward uses the newest weights)."""
+    vertical_sync: bool = False
+    """PipeDream only: every stage uses the weight version the input stage had when the
+    microbatch entered the pipeline (staler, consistent across stages)."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +129,10 @@ class OverlapConfig:
     prefetch: int = 1
     """ZeRO-3/FSDP units whose parameter all-gather is issued ahead of the unit computing
     (FSDP2's default 1; 0: each unit gathered only when reached, nothing hidden)."""
+    p2p: bool = True
+    """Pipeline sends run on their own stream while the sender computes on (torch ``isend``,
+    Megatron); false: a send holds the sender's compute until the data has arrived (blocking
+    ``dist.broadcast``/``send`` on the compute stream, as TeraPipe's reference runtime does)."""
 
 
 @dataclass(frozen=True)

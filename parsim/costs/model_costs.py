@@ -97,6 +97,8 @@ class ModelCosts:
         """Per stage: its costs for one microbatch (equal stages share one object)."""
         self._ops: dict[int, dict[Op, OpCost]] = {}
         self._stages: list[Stage] | None = None
+        self.blocking_p2p = not inputs.overlap.p2p
+        """Sends hold the sender's compute until they arrive (``[overlap] p2p = false``)."""
 
     @classmethod
     def from_scenario(cls, sc: Scenario) -> ModelCosts:

@@ -46,6 +46,9 @@ def metrics(sc: Scenario, schedule: Schedule, tables: CostTables, tl: pd.DataFra
     T = float(tl["end_s"].max()) if len(tl) else 0.0
     pp, s2r = schedule.pp, schedule.stage_to_rank
     stages_out, totals, peak_all, worst, hw_flops = _per_rank(sc, schedule, tables, tl, mem, T)
+    # token slices (TeraPipe): the tables are per sequence; the K slices of a sequence execute
+    # its FLOPs once (their causal attention pieces sum to the full causal square)
+    hw_flops /= schedule.n_slices
     mean = {k: v / pp for k, v in totals.items()}
     axis_comm = {"tp": mean["tp_comm"], "cp": mean["cp_comm"], "ep": mean["ep_comm"],
                  "dp": mean["dp_comm"], "pp": mean["pp_comm"]}
@@ -62,7 +65,7 @@ def metrics(sc: Scenario, schedule: Schedule, tables: CostTables, tl: pd.DataFra
         "tokens_per_step": sc.tokens_per_step,
         "parallel": {"dp": par.dp, "tp": par.tp, "pp": par.pp, "cp": par.cp, "ep": par.ep,
                      "vpp": par.vpp, "zero": par.zero, "sequence_parallel": par.sequence_parallel},
-        "n_microbatches": schedule.n_microbatches,
+        "n_microbatches": schedule.n_microbatches // schedule.n_slices,
         "microbatch_size": tr.microbatch_size,
         "recompute": tr.recompute,
         "params": total_params(m),
@@ -149,6 +152,8 @@ def _schedule_metrics(sc: Scenario, sched: Schedule, tables: CostTables, compute
     out: dict = {"layers_per_stage": list(sc.layers_per_stage), "partition": sc.schedule.partition
                  if sc.schedule.layers_per_stage is None else "explicit"}
     out["bubble_fraction_span"] = span_bubble(compute, [st["busy_s"] for st in stages_out])
+    if sched.n_slices > 1 or sc.schedule.token_slices is not None:
+        out["token_slices"] = sched.n_slices
     t = traits(sc.schedule.name)
     if t.weight_versions:
         steady = max((st["busy_s"] for st in stages_out), default=0.0)

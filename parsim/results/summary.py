@@ -132,6 +132,20 @@ def format_summary(mx: dict) -> str:
         lines.append(f"  pace set by       pipeline rank {ps['rank']} of replica {ps['replica']} (GPUs "
                      f"{', '.join(map(str, ps['gpus']))}; slowdown {sig3(ps['slowdown'])}): busy {fmt_s(ps['busy_s'])}, "
                      f"{sig3(ps['busy_over_median'])}x the median rank")
+    if "token_slice_lengths" in mx:
+        ls = mx["token_slice_lengths"]
+        shown = ", ".join(str(x) for x in ls) if len(ls) <= 12 else f"{ls[0]}, {ls[1]}, ..., {ls[-1]}"
+        lines.append(f"  token slices      {len(ls)} per sequence (TeraPipe): {shown} tokens")
+    if "ampnet" in mx:
+        a = mx["ampnet"]
+        lines.append(f"  AMPNet            max_in_flight={a['max_in_flight']} update_every={a['update_every']}: steady "
+                     f"state {fmt_s(a['steady_state_step_s'])} per step ({fmt_n(a['steady_state_tokens_per_s'])} "
+                     f"tokens/s); staleness per stage (mode) {a['staleness_steps']}")
+    if "pipedream_rr" in mx:
+        d = mx["pipedream_rr"]
+        lines.append(f"  PipeDream         {d['config']} (layers {d['stage_layers']}), no flush: steady state "
+                     f"{fmt_s(d['steady_state_step_s'])} per step ({fmt_n(d['steady_state_tokens_per_s'])} tokens/s); "
+                     f"staleness {d['staleness_steps']}, weight versions {d['weight_versions']}")
     if "time_to_train_s" in mx:
         lines.append(budget_line(mx))
     fit = "fits" if mx["fits_in_memory"] else (

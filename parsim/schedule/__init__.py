@@ -3,7 +3,7 @@
 See ``ir.py`` for the action grammar and runtime semantics shared by the simulator
 and the torch runtime.
 """
-from parsim.schedule import bidirectional, pipedream, zero_bubble  # noqa: F401  (register their builders)
+from parsim.schedule import ampnet, bidirectional, pipedream, terapipe, zero_bubble  # noqa: F401  (register their builders)
 from parsim.schedule.bidirectional import chimera, dualpipe, dualpipe_v
 from parsim.schedule.builders import (
     BUILDERS,

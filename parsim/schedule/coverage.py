@@ -29,6 +29,9 @@ class Trait(str, Enum):
     WEIGHT_STASHING = "weight stashing (several weight versions per stage)"
     REMAT = "re-materialisation (B recomputes the forward)"
     ASYNCHRONOUS = "asynchronous updates (no flush between steps)"
+    MESSAGE_DRIVEN = ("message-driven execution (AMPNet: the order is an output of the costs, each stage "
+                      "updating every update_every backward messages)")
+    TOKEN_SLICES = "token slices (TeraPipe: a unit is one slice of a sequence, its K/V cached on the stage)"
 
     def __str__(self) -> str:
         return self.value
@@ -46,6 +49,10 @@ def schedule_traits(schedule: Schedule) -> frozenset[Trait]:
         out.add(Trait.REMAT)
     if t.asynchronous:
         out.add(Trait.ASYNCHRONOUS)
+    if schedule.n_slices > 1:
+        out.add(Trait.TOKEN_SLICES)
+    if t.message_driven:
+        out.add(Trait.MESSAGE_DRIVEN)
     return frozenset(out)
 
 

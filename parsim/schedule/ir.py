@@ -279,6 +279,10 @@ class Schedule:
     """Per pipeline rank, in issue order; dense (no None)."""
     n_chains: int = 1
     """Model copies the stages form (2 for DualPipe and Chimera: see the module doc)."""
+    n_slices: int = 1
+    """Token slices per sequence (TeraPipe): the action index u is slice u % n_slices of
+    microbatch u // n_slices, and ``n_microbatches`` counts these units (see
+    ``parsim.schedule.terapipe``); 1 for every other schedule."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stage_to_rank", tuple(int(r) for r in self.stage_to_rank))
@@ -290,17 +294,21 @@ class Schedule:
         bad = [r for r in self.stage_to_rank if not 0 <= r < len(self.actions)]
         if bad:
             raise ValueError(f"stage_to_rank names rank {bad[0]} but there are {len(self.actions)} ranks")
+        if self.n_slices < 1 or self.n_microbatches % self.n_slices:
+            raise ValueError(f"{self.n_slices} token slices must divide the {self.n_microbatches} units")
         if self.n_chains < 1 or self.n_stages % self.n_chains or self.n_microbatches % self.n_chains:
             raise ValueError(f"{self.n_chains} chains must divide the {self.n_stages} stages "
                              f"and the {self.n_microbatches} microbatches")
 
     @classmethod
-    def trusted(cls, name, n_stages, n_microbatches, stage_to_rank, actions, n_chains=1) -> "Schedule":
+    def trusted(cls, name, n_stages, n_microbatches, stage_to_rank, actions, n_chains=1,
+                n_slices=1) -> "Schedule":
         """Build without checks or conversion: ``actions`` must be tuples of Actions and
         ``stage_to_rank`` a tuple of ints (builders and passes on the hot path)."""
         s = object.__new__(cls)
         for k, v in (("name", name), ("n_stages", n_stages), ("n_microbatches", n_microbatches),
-                     ("stage_to_rank", stage_to_rank), ("actions", actions), ("n_chains", n_chains)):
+                     ("stage_to_rank", stage_to_rank), ("actions", actions), ("n_chains", n_chains),
+                     ("n_slices", n_slices)):
             object.__setattr__(s, k, v)
         return s
 
@@ -347,7 +355,7 @@ class Schedule:
     def with_actions(self, actions) -> "Schedule":
         """A copy with other per-rank lists (same name, stages, placement, chains)."""
         return Schedule(self.name, self.n_stages, self.n_microbatches, self.stage_to_rank, actions,
-                        self.n_chains)
+                        self.n_chains, self.n_slices)
 
     def compute_only(self) -> "Schedule":
         """The same schedule without comm actions (F, B, I, W and STEP only)."""

@@ -36,6 +36,7 @@ from parsim.errors import ScheduleError
 from parsim.schedule.dryrun import DryRun, _fail, dry_run
 from parsim.schedule.grid import format_grid
 from parsim.schedule.ir import Action, Op, Schedule, act, action_table, no_gc
+from parsim.schedule.terapipe import check_slice_order
 
 _P2P = (Op.SEND_F, Op.RECV_F, Op.SEND_B, Op.RECV_B)
 
@@ -143,7 +144,7 @@ def post_recvs_early(schedule: Schedule) -> Schedule:
 
 def _same_shape(schedule: Schedule, rows: tuple) -> Schedule:
     return Schedule.trusted(schedule.name, schedule.n_stages, schedule.n_microbatches,
-                            schedule.stage_to_rank, rows, schedule.n_chains)
+                            schedule.stage_to_rank, rows, schedule.n_chains, schedule.n_slices)
 
 
 def last_backward(row, n_stages: int | None = None) -> dict[int, int]:
@@ -461,7 +462,8 @@ def validate(schedule: Schedule, **durations) -> DryRun:
     between ranks); same-rank order (B/I after F, W after I, SEND after its producer,
     an F/B/I after a same-rank producer or, when lowered, after its RECV; ZeRO-3 windows;
     REDUCE_GRAD/STEP after the last backward); counts (one F and one B or I+W per stage
-    and microbatch; when lowered every cross-rank output sent); then the dry run, which
+    and microbatch; when lowered every cross-rank output sent); token slices in K/V order
+    (``terapipe.check_slice_order``); then the dry run, which
     enforces cross-rank causality and finds deadlocks. Returns the dry run.
     """
     _check_placement(schedule)
@@ -469,4 +471,5 @@ def validate(schedule: Schedule, **durations) -> DryRun:
     for r in range(schedule.pp):
         _check_rank_order(schedule, r, lowered)
     _check_counts(schedule)
+    check_slice_order(schedule)  # token slices (TeraPipe): K/V order on each stage
     return dry_run(schedule, **durations)

@@ -32,6 +32,9 @@ Traits:
   (the busiest rank's compute per step: fill and drain are paid once per run, not per
   step; communication is assumed hidden in steady state, as PipeDream's planner does).
 * ``overlap_f_b``: the schedule issues composite OVERLAP_F_B actions (DualPipe family).
+* ``message_driven``: AMPNet: each stage runs forward and backward messages as they arrive
+  and updates its own weights every ``update_every`` backward messages; the order is an
+  output (``parsim.sim.ampnet``), which only that engine runs.
 """
 from __future__ import annotations
 
@@ -83,6 +86,8 @@ class ScheduleTraits:
     """No flush between steps (PipeDream, PipeDream-2BW)."""
     overlap_f_b: bool = False
     """Issues OVERLAP_F_B composite actions."""
+    message_driven: bool = False
+    """Stages run messages as they arrive (AMPNet): the order is an output of the costs."""
 
 
 DEFAULT = ScheduleTraits()

@@ -10,7 +10,8 @@ Semantics (the same the torch runtime implements):
 * each rank walks its action list in order; compute actions (F, B, I, W, STEP) run on
   the rank's compute stream and block the walk;
 * ``SEND_*`` is non-blocking: the transfer starts when issued, occupies the link for
-  bytes/bandwidth and arrives one latency later;
+  bytes/bandwidth and arrives one latency later (a cost table with ``blocking_p2p`` true,
+  ``[overlap] p2p = false``, makes the sender's compute wait until it has arrived);
 * ``RECV_*`` posts a receive; the compute action that consumes the data waits for it;
 * ``REDUCE_GRAD`` and ``UNSHARD`` run asynchronously on the rank's data-parallel
   stream (one collective at a time per stream); STEP waits for its stage's
@@ -26,6 +27,9 @@ Semantics (the same the torch runtime implements):
   ``schedule.prev_stage``/``next_stage``, not s -/+ 1.
 * a cost table with ``fresh_per_action = True`` (``parsim.uncertainty.sampled``: durations
   drawn per action) is asked for every action's cost; otherwise once per (stage, op) and rank.
+* token slices (``schedule.n_slices > 1``, TeraPipe): units differ in cost, so a cost table
+  with ``unit_cost(stage, op, unit)`` / ``unit_p2p_bytes(stage, op, unit)`` answers F/B/I/W
+  and the sends per action index (``parsim.costs.slices``).
 """
 from __future__ import annotations
 
@@ -39,9 +43,13 @@ from parsim.schedule.ir import Action, Op, Schedule
 
 COVERAGE = Coverage("fast engine")
 """Every op and every schedule trait (weight versions, re-materialisation and chains reach
-it through the cost table and ``Schedule.prev_stage``/``next_stage``)."""
+it through the cost table and ``Schedule.prev_stage``/``next_stage``; token slices through
+``unit_cost``). AMPNet's order is an output of its own engine (``parsim.sim.ampnet``); a
+realized AMPNet order replays here like any other (tests/test_ampnet.py)."""
 COMPUTE_OPS = frozenset({Op.F, Op.B, Op.I, Op.W, Op.STEP, Op.OVERLAP_F_B})
 BACKWARD_OPS = frozenset({Op.B, Op.I})
+UNIT_OPS = frozenset({Op.F, Op.B, Op.I, Op.W})
+"""Ops whose cost a token-sliced cost table gives per unit."""
 
 
 @dataclass(frozen=True)
@@ -209,6 +217,8 @@ def _rank_process(rank, actions, costs, link_of, box, out, nbr, s2r):
     compute_info: dict[tuple, tuple] = {}
     RECV_F, RECV_B, SEND_F, SEND_B = Op.RECV_F, Op.RECV_B, Op.SEND_F, Op.SEND_B
     fresh = getattr(costs, "fresh_per_action", False)  # a drawing cost table: asked once per action
+    unit_cost = getattr(costs, "unit_cost", None)  # token-sliced schedules: a cost per action index
+    blocking_p2p = getattr(costs, "blocking_p2p", False)
     for a in actions:
         op = a.op
         if op is RECV_F or op is RECV_B:
@@ -222,9 +232,13 @@ def _rank_process(rank, actions, costs, link_of, box, out, nbr, s2r):
                 info = send_info[(stage, op)] = (link_of(rank, s2r[dst]), costs.p2p_bytes(stage, op),
                                                  dst, "F" if fwd else "B", op.value)
             lk, nbytes, dst, tag, name = info
-            start, arrive = lk.transfer(t, nbytes)
             mb = a.microbatch
+            if unit_cost is not None:
+                nbytes = costs.unit_p2p_bytes(stage, op, mb)
+            start, arrive = lk.transfer(t, nbytes)
             spans_append((rank, "p2p", name, stage, mb, start, arrive, nbytes))
+            if blocking_p2p and arrive > t:
+                t = arrive  # a blocking send: the sender's compute waits for it
             key = (dst, tag, mb)
             arrival[key] = arrive
             if waiting:
@@ -252,6 +266,8 @@ def _rank_process(rank, actions, costs, link_of, box, out, nbr, s2r):
         if info is None:
             info = compute_info[(stage, op)] = (op_cost(stage, op), _need_tag(stage, op, nbr, s2r, rank), op.value)
         c, tag, name = info
+        if unit_cost is not None and op in UNIT_OPS:
+            c = unit_cost(stage, op, a.microbatch)
         if op is Op.REDUCE_GRAD or op is Op.UNSHARD:
             start = t - c.lead_s if t - c.lead_s > dp_free else dp_free
             dp_free = start + c.duration_s

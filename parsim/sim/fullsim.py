@@ -53,7 +53,7 @@ from dataclasses import dataclass
 import simpy
 
 from parsim.cluster.collectives import grad_bucket_bytes, n_buckets
-from parsim.schedule.coverage import Coverage
+from parsim.schedule.coverage import Coverage, Trait
 from parsim.schedule.ir import Op, Schedule
 from parsim.schedule.passes import last_backward, last_backward_per_microbatch
 from parsim.sim.collective_flows import plan_collective, plan_parameter_server
@@ -61,8 +61,9 @@ from parsim.sim.engine import RawTimeline, _needs, _run_overlap
 from parsim.sim.network import FlowNetwork, NetworkStats, Topology
 from parsim.sim.stragglers import gpu_slowdowns, nic_changes, rank_factors, slowed
 
-COVERAGE = Coverage("full engine")
-"""Every op, every schedule trait (weights and memory semantics come from the cost table)."""
+COVERAGE = Coverage("full engine", refuses=frozenset({Trait.TOKEN_SLICES, Trait.MESSAGE_DRIVEN}))
+"""Every op, every schedule trait (weights and memory semantics come from the cost table)
+but token slices (its per-(stage, op) cost lookups have no per-unit costs: fast mode runs them)."""
 
 
 class _Job:

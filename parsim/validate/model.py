@@ -111,6 +111,7 @@ class Block(nn.Module):
         d, hd = spec.d_model, spec.head_dim_
         self.nh, self.nkv, self.hd, self.flash = spec.n_heads, spec.n_kv_heads, hd, flash
         self.par = NO_PAR
+        self.kv = None  # a token slice's K/V context (TeraPipe: parsim.validate.slices.SliceKV), else None
         bias = spec.bias
         self.norm1, self.norm2 = _norm(spec, dtype), _norm(spec, dtype)
         self.qkv = SplitLinear(d, (self.nh + 2 * self.nkv) * hd, bias=bias or spec.qkv_bias, dtype=dtype)
@@ -143,8 +144,14 @@ class Block(nn.Module):
         q = q.view(b, s, nh, self.hd).transpose(1, 2)
         k = k.view(b, s, nkv, self.hd).transpose(1, 2)
         v = v.view(b, s, nkv, self.hd).transpose(1, 2)
+        sk, first = s, 0
+        if self.kv is not None:  # a token slice: attend to the earlier slices' keys and values too
+            k, v, first = self.kv.extend(k, v)
+            sk = k.shape[2]
         if self.par.cp is not None:
             out = RingAttention.apply(q, k, v, self.par.cp)
+        elif self.flash and self.kv is not None:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[first:first + s, :sk], enable_gqa=nkv != nh)
         elif self.flash:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=nkv != nh)
         else:
@@ -153,7 +160,7 @@ class Block(nn.Module):
             g = nh // nkv
             qg = (q * (1.0 / math.sqrt(self.hd))).view(b, nkv, g, s, self.hd)
             scores = qg @ k.unsqueeze(2).transpose(-2, -1)
-            probs = torch.softmax(scores + mask[:s, :s], dim=-1)
+            probs = torch.softmax(scores + mask[first:first + s, :sk], dim=-1)
             out = (probs @ v.unsqueeze(2)).view(b, nh, s, self.hd)
         return self._row(self.proj, out.transpose(1, 2).reshape(b, s, nh * self.hd))
 

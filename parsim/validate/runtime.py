@@ -56,6 +56,7 @@ from parsim.validate.layout import Coords, coords, rank_at
 from parsim.validate.model import Stage
 from parsim.validate.params import FlatParams, Versions, sum_partial_grads
 from parsim.validate.scale import RUNTIME_COVERAGE
+from parsim.validate.slices import SliceKV
 from parsim.validate.tensor_parallel import WeightGradStore
 from parsim.validate.timing import Timer
 
@@ -115,20 +116,29 @@ class StepState:
     unshards: dict = field(default_factory=dict)    # (stage, kind) -> (work, out)
     losses: list = field(default_factory=list)
     grads: dict = field(default_factory=dict)       # parity: (stage, kind) -> reduced grads before the step
+    kv: dict = field(default_factory=dict)          # token slices: (stage, mb, block) -> SliceKV
+    slice_loss: dict = field(default_factory=dict)  # token slices: mb -> its loss so far (slices weighted)
 
 
 class RankRuntime:
     """Executes one rank's action list, step after step."""
 
     def __init__(self, schedule: Schedule, stages: dict[int, Stage], layout: Layout, data, act_shape,
-                 zero: int, opt_factory, fault: dict | None = None, keep_grads: bool = False):
+                 zero: int, opt_factory, fault: dict | None = None, keep_grads: bool = False,
+                 slice_lengths: tuple[int, ...] | None = None):
         check_runs(schedule, RUNTIME_COVERAGE)
         self.sched, self.stages, self.lay = schedule, stages, layout
         self.data, self.act_shape, self.zero = data, act_shape, zero
         self.actions = schedule.actions[layout.pp_rank]
         self.n_mb = schedule.n_microbatches
         par = layout.par
-        self.scale = 1.0 / (self.n_mb * par.dp * par.cp)
+        # token slices (TeraPipe): the action index is a (microbatch, slice) unit
+        self.k = schedule.n_slices
+        self.lengths = tuple(slice_lengths) if slice_lengths is not None else (act_shape[1],)
+        if len(self.lengths) != self.k:
+            raise ValueError(f"{self.k} token slices need {self.k} slice lengths, got {self.lengths}")
+        self.offsets = tuple(sum(self.lengths[:i]) for i in range(self.k))
+        self.scale = 1.0 / (self.n_mb // self.k * par.dp * par.cp)
         t = traits(schedule.name)
         self.remat = t.remat
         self.flat: dict[int, list[FlatParams]] = {}
@@ -214,7 +224,8 @@ class RankRuntime:
         self._post_recv(st, a.stage, "B", a.microbatch, self.sched.next_stage(a.stage))
 
     def _post_recv(self, st, stage, kind, mb, peer_stage):
-        buf = torch.empty(self.act_shape, dtype=self.lay.dtype, device=self.lay.device)
+        shape = self.act_shape if self.k == 1 else (self.act_shape[0], self.lengths[mb % self.k], *self.act_shape[2:])
+        buf = torch.empty(shape, dtype=self.lay.dtype, device=self.lay.device)
         work = dist.irecv(buf, src=self._peer(peer_stage), tag=self._tag(stage, kind, mb))
         st.recvs[(stage, kind, mb)] = (work, buf)
 
@@ -231,18 +242,51 @@ class RankRuntime:
     def _do_SEND_B(self, st, a):
         self._send(st, a, st.inputs.pop((a.stage, a.microbatch)).grad, self.sched.prev_stage(a.stage), "B")
 
+    def _data(self, u: int) -> tuple:
+        """(tokens, targets) of action index ``u``: a microbatch, or one token slice of one."""
+        if self.k == 1:
+            return self.data[u]
+        mb, i = divmod(u, self.k)
+        a, b = self.offsets[i], self.offsets[i] + self.lengths[i]
+        tokens, targets = self.data[mb]
+        return tokens[:, a:b], targets[:, a:b]
+
+    def _slice_context(self, st, stage, s: int, u: int, on: bool) -> None:
+        """Give (or take back) the blocks of ``stage`` the K/V context of unit ``u``'s slice."""
+        mb, i = divmod(u, self.k)
+        for bi, blk in enumerate(stage.blocks):
+            blk.kv = st.kv.setdefault((s, mb, bi), SliceKV()) if on else None
+        if stage.first:
+            first = self.offsets[i]
+            stage.embed.positions = (torch.arange(first, first + self.lengths[i], device=self.lay.device)
+                                     if on else None)
+
     def _do_F(self, st, a):
         s, m = a.stage, a.microbatch
         stage = self.stages[s]
-        tokens, targets = self.data[m]
+        tokens, targets = self._data(m)
         x = tokens if stage.first else self._input(st, s, "F", m).detach().requires_grad_(not self.remat)
         self._wait_unshard(st, s)
 
         def forward():
             with torch.set_grad_enabled(not self.remat):
                 return stage(x, targets) if stage.last else stage(x)
-        out = self._compute(a, forward)
-        if stage.last:
+        if self.k > 1:
+            self._slice_context(st, stage, s, m, True)
+            try:
+                out = self._compute(a, forward)
+            finally:
+                self._slice_context(st, stage, s, m, False)
+        else:
+            out = self._compute(a, forward)
+        if stage.last and self.k > 1:  # the sequence's loss: the slices' means weighted by their lengths
+            mb, i = divmod(m, self.k)
+            w = self.lengths[i] / sum(self.lengths)
+            st.slice_loss[mb] = st.slice_loss.get(mb, 0.0) + w * float(out.detach())
+            if i == self.k - 1:
+                st.losses.append(st.slice_loss.pop(mb))
+            out = out * (self.scale * w)
+        elif stage.last:
             st.losses.append(float(out.detach()))
             out = out * self.scale
         st.inputs[(s, m)] = x
@@ -265,10 +309,24 @@ class RankRuntime:
             if self.remat:  # rerun the forward with autograd on the kept input, then back-propagate
                 if not stage.first:
                     x.requires_grad_(True)
-                out = stage(x, self.data[m][1]) * self.scale if stage.last else stage(x)
+                out = stage(x, self._data(m)[1]) * self.scale if stage.last else stage(x)
             else:
                 out = st.outputs.pop((s, m))
-            if split:
+            if self.k > 1:  # this slice's K/V gradient from the later slices rides along
+                mb, i = divmod(m, self.k)
+                caches = [st.kv[(s, mb, bi)] for bi in range(len(stage.blocks))]
+                more, grads = [], []
+                for c in caches:
+                    t, g = c.outputs(i)
+                    more += t
+                    grads += g
+                torch.autograd.backward([out, *more], [grad, *grads])
+                for c in caches:
+                    c.collect(i)
+                if i == 0:
+                    for bi in range(len(stage.blocks)):
+                        st.kv.pop((s, mb, bi), None)
+            elif split:
                 store = st.stores[(s, m)] = WeightGradStore()
                 with store:
                     torch.autograd.backward(out, grad)

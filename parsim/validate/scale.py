@@ -21,18 +21,21 @@ from parsim.config.scenario import Scenario
 from parsim.errors import ConfigError, ScheduleError
 from parsim.model import ModelSpec, total_params
 from parsim.scenario import load_scenario
-from parsim.schedule.coverage import ALL_OPS, Coverage, check_runs
+from parsim.schedule.coverage import ALL_OPS, Coverage, Trait, check_runs
 from parsim.schedule.semantics import traits
 from parsim.simulate import schedule_for
 
-RUNTIME_COVERAGE = Coverage("torch runtime", ops=ALL_OPS, refuses=frozenset())
+RUNTIME_COVERAGE = Coverage("torch runtime", ops=ALL_OPS, refuses=frozenset({Trait.MESSAGE_DRIVEN}))
 """What ``parsim.validate.runtime`` executes (declared here, torch-free, so that a schedule
 is refused before any rank process starts): every op, OVERLAP_F_B as its F then its B on
 one stream; two model chains (each rank holds its piece of each copy, the copies'
 gradients summed across pipeline ranks r and p-1-r); weight stashing and asynchronous
 updates as their stale-weight semantics (each step computes on the version the schedule's
 staleness says, STEP updates the newest; steps run one after the other, as the simulator's
-one-step timeline does); re-materialisation (F keeps the stage input only, B reruns F).
+one-step timeline does); re-materialisation (F keeps the stage input only, B reruns F);
+TeraPipe's token slices (each slice attends to the earlier slices' K/V, whose gradients the
+later slices' backwards hand back: ``parsim.validate.slices``). Not AMPNet: its order is an
+output of the costs (message-driven), not a list a runtime can replay as AMPNet means it.
 Combinations the runtime does not build are refused by :func:`check_supported`."""
 
 
@@ -83,6 +86,18 @@ def check_supported(sc: Scenario) -> None:
     if traits(sc.schedule.name).weight_versions is not None and par.zero >= 1:
         raise ConfigError(f, "parallel.zero", f"weight stashing ({sc.schedule.name}) runs with whole optimizer "
                           f"state on each rank: needs zero=0, got {par.zero}")
+    t = sc.schedule
+    if t.stage_replication is not None or t.vertical_sync or not t.weight_stashing:
+        key = ("stage_replication" if t.stage_replication is not None else
+               "vertical_sync" if t.vertical_sync else "weight_stashing")
+        raise ConfigError(f, f"schedule.{key}", "the validation runtime runs PipeDream with one worker per stage "
+                          "and weight stashing (no replicated stages, no vertical sync)")
+    if not sc.overlap.p2p:
+        raise ConfigError(f, "overlap.p2p", "the validation runtime sends with isend (asynchronous): "
+                                            "blocking sends (p2p = false) are not built")
+    if sc.schedule.token_slices is not None and (par.cp > 1 or (par.sequence_parallel and par.tp > 1)):
+        raise ConfigError(f, "schedule.token_slices", "the validation runtime slices whole sequences on each rank: "
+                          "token slices need cp=1 and no sequence parallelism")
     try:
         check_runs(schedule_for(sc), RUNTIME_COVERAGE)
     except ScheduleError as e:

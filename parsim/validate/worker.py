@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from parsim.schedule.ir import Op
+from parsim.costs.slices import slice_lengths
 from parsim.simulate import schedule_for
 from parsim.validate.bench import probe
 from parsim.validate.comm import Group
@@ -159,8 +160,9 @@ def run(job: dict, sc, sched, lay: Layout) -> dict:
     tr = sc.training
     seed = int(job.get("seed", 0))
     mine = build_local(sc, sched, lay, seed)
-    n = sched.n_microbatches
+    n = sched.n_microbatches // sched.n_slices  # TeraPipe: units are (microbatch, token slice)
     data = local_data(sc, lay, n, seed)
+    lengths = slice_lengths(sc)[0] if sched.n_slices > 1 else None
     act_shape = activation_shape(sc)
     memory = {}
     if job.get("mode", "time") == "time":
@@ -169,7 +171,7 @@ def run(job: dict, sc, sched, lay: Layout) -> dict:
             memory[str(s)] = stage_activation_bytes(st, x, data[0][1] if st.last else None)
     parity = job.get("mode") == "parity"
     rt = RankRuntime(sched, mine, lay, data, act_shape, sc.parallel.zero,
-                     optimizer_factory(tr.optimizer), job.get("fault"), keep_grads=parity)
+                     optimizer_factory(tr.optimizer), job.get("fault"), keep_grads=parity, slice_lengths=lengths)
     steps = []
     n_steps = int(job.get("parity_steps", 1)) if parity else int(job.get("warmup", 2)) + int(job.get("steps", 5))
     speed_probe = None if parity else probe(lay.device, lay.dtype)
