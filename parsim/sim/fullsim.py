@@ -153,13 +153,7 @@ class _Job:
         hw = self.sc.hardware
         plans = [plan_collective(hw, "all_reduce", nbytes, [self.gpus(rep, r)[i] for r in ranks],
                                  self._buckets("all_reduce", nbytes)) for i in range(self.lanes)]
-        for k in range(len(plans[0].phases)):
-            phases = [p.phases[k] for p in plans]
-            ev, _ = self.flows([f for ph in phases for f in ph.flows], scale)
-            yield ev
-            lat = max(ph.latency_s for ph in phases) * scale
-            if lat > 0:
-                yield self.env.timeout(lat)
+        yield from self._phases(plans, scale)
         done.succeed()
 
     def _buckets(self, kind: str, nbytes: float) -> int:
@@ -177,6 +171,11 @@ class _Job:
             ranks = [self.gpus(j, rank)[i] for j in reps]
             plans.append(plan_parameter_server(hw, nbytes, ranks) if kind == "parameter_server"
                          else plan_collective(hw, kind, nbytes, ranks, self._buckets(kind, nbytes)))
+        yield from self._phases(plans, scale)
+        done.succeed()
+
+    def _phases(self, plans, scale):
+        """Run the lanes' plans phase by phase: each phase's flows together, then its latency."""
         for k in range(len(plans[0].phases)):
             phases = [p.phases[k] for p in plans]
             ev, _ = self.flows([f for ph in phases for f in ph.flows], scale)
@@ -184,7 +183,6 @@ class _Job:
             lat = max(ph.latency_s for ph in phases) * scale
             if lat > 0:
                 yield self.env.timeout(lat)
-        done.succeed()
 
 
 def simulate_full(sc, schedule: Schedule, costs) -> RawTimeline:
