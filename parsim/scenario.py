@@ -117,6 +117,13 @@ def apply_overrides(doc: dict, overrides: list[str]) -> dict:
 
 def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
     """Read a scenario file; ``overrides`` are ``section.key=value`` strings."""
+    doc, file = read_scenario_doc(path, overrides)
+    return scenario_from_dict(doc, file, base_dir=Path(path).parent)
+
+
+def read_scenario_doc(path: str | Path, overrides: list[str] | None = None) -> tuple[dict, str]:
+    """(the TOML document with ``overrides`` applied, the file name); one clean ConfigError line
+    for a missing, unreadable, non-UTF-8 or invalid file (any kind of scenario: parsim fl too)."""
     path = Path(path)
     file = str(path)
     try:
@@ -131,8 +138,7 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
         raise ConfigError(file, None, f"cannot read: {e.strerror or e}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(file, None, f"not valid TOML: {' '.join(str(e).split())}") from None
-    doc = apply_overrides(doc, overrides or [])
-    return scenario_from_dict(doc, file, base_dir=path.parent)
+    return apply_overrides(doc, overrides or []), file
 
 
 TABLES = ("model", "training", "parallel", "schedule", "costs", "overlap", "moe", "simulation", "sharding", "faults",

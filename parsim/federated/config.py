@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import json
 import math
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from parsim.errors import ConfigError
 from parsim.federated.compression import METHODS, Tensor, check_chain, model_tensors
 from parsim.model import model_from_table, total_params
-from parsim.scenario import apply_overrides
+from parsim.scenario import read_scenario_doc
 
 MODES = ("sync", "async")
 AVAILABILITY = ("always", "probability", "trace")
@@ -156,22 +155,8 @@ class FLScenario:
 
 def load_fl_scenario(path: str | Path, overrides: list[str] | None = None) -> FLScenario:
     """Read a federated scenario file; ``overrides`` are ``section.key=value`` strings."""
-    path = Path(path)
-    file = str(path)
-    try:
-        doc = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(file, None, "no such scenario file") from None
-    except IsADirectoryError:
-        raise ConfigError(file, None, "is a directory, not a scenario file") from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(file, None, f"not UTF-8 text (byte {e.start}): a scenario is a TOML file") from None
-    except OSError as e:
-        raise ConfigError(file, None, f"cannot read: {e.strerror or e}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(file, None, f"not valid TOML: {' '.join(str(e).split())}") from None
-    doc = apply_overrides(doc, overrides or [])
-    return fl_scenario_from_dict(doc, file, base_dir=path.parent)
+    doc, file = read_scenario_doc(path, overrides)
+    return fl_scenario_from_dict(doc, file, base_dir=Path(path).parent)
 
 
 class _Table:
