@@ -250,7 +250,7 @@ def _report(rows: list[dict], summary: dict) -> str:
             "add that the model lacks is not identified (candidates: Megatron 2021's blocking p2p, "
             "interleaving's extra p2p and its scatter/gather copies, cross-stage imbalance of the "
             "embedding and head). The old factor absorbed it.\n"
-            "* **H100 Megatron-Core (all sizes): 9-48% fast.** The GEMM model is checked against "
+            "* **H100 Megatron-Core (all sizes): 9-46% fast.** The GEMM model is checked against "
             "OpenXLA's measured H100 table (64 shapes, held-out MAPE 6%, tests/test_gemm_tables.py): at "
             "training shapes it is right (750-800 TFLOP/s), so the gap is not the GEMM in isolation. "
             "Three pieces of the gap were physics the model lacked and now has: Megatron's op-by-op "
