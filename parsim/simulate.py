@@ -58,11 +58,9 @@ def engine_costs(sc: Scenario, costs: ModelCosts):
     return run
 
 
-def simulate(sc: Scenario, costs: ModelCosts | None = None, schedule: Schedule | None = None) -> Result:
-    """Simulate one optimizer step of ``sc`` (``schedule``: an already lowered one of it)."""
-    costs = costs or ModelCosts.from_scenario(sc)
-    if traits(sc.schedule.name).message_driven:
-        return _simulate_message_driven(sc, costs)
+def schedule_and_costs(sc: Scenario, costs: ModelCosts, schedule: Schedule | None = None):
+    """(lowered schedule, cost table) the engines run for ``sc``: with ``token_slices`` (TeraPipe)
+    the slices are solved first and the table answers per slice (``parsim.costs.slices``)."""
     if sc.schedule.token_slices is not None and not isinstance(costs, SlicedCosts):
         if sc.costs is not None:
             raise ScheduleError(f"{sc.file}: schedule.token_slices: measured [costs] are per sequence; "
@@ -71,7 +69,15 @@ def simulate(sc: Scenario, costs: ModelCosts | None = None, schedule: Schedule |
         costs = SlicedCosts(model, slice_lengths(sc, model)[0])
     if schedule is None and isinstance(costs, SlicedCosts):
         schedule = schedule_for(sc, token_slices=len(costs.lengths))
-    sched = schedule if schedule is not None else schedule_for(sc)
+    return (schedule if schedule is not None else schedule_for(sc)), costs
+
+
+def simulate(sc: Scenario, costs: ModelCosts | None = None, schedule: Schedule | None = None) -> Result:
+    """Simulate one optimizer step of ``sc`` (``schedule``: an already lowered one of it)."""
+    costs = costs or ModelCosts.from_scenario(sc)
+    if traits(sc.schedule.name).message_driven:
+        return _simulate_message_driven(sc, costs)
+    sched, costs = schedule_and_costs(sc, costs, schedule)
     run = engine_costs(sc, costs)
     if full_mode(sc):
         check_runs(sched, fullsim.COVERAGE)  # before anything starts: one line if it cannot

@@ -56,6 +56,22 @@ def test_speed_spread_scales_the_whole_step_by_one_lognormal():
     assert x.std() == pytest.approx(sigma, rel=0.1)
 
 
+def test_token_slices_are_sampled_as_simulate_runs_them():
+    """TeraPipe: the band is drawn around the sliced schedule simulate() runs (before, the samples
+    ran the unsliced schedule: P50 10x the point); with no spread it is that step exactly."""
+    sc = load_scenario(ROOT / "scenarios" / "gpt3-175b-terapipe-p3.toml", ["schedule.token_slices=4"])
+    point = simulate(sc).metrics["step_time_s"]
+    assert list(sample_step_times(sc, 2, seed=0, spread=ZERO)) == pytest.approx([point] * 2, rel=1e-12)
+    t = sample_step_times(sc, 20, seed=0)
+    assert np.median(t) == pytest.approx(point, rel=0.02) and t.min() < t.max()
+
+
+def test_message_driven_schedules_are_refused_one_line():
+    r = subprocess.run([sys.executable, "-m", "parsim", "simulate", "scenarios/ampnet-gpt2-a100.toml", "--samples", "5"],
+                       cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--samples" in r.stderr
+
+
 def test_same_seed_same_numbers_other_seed_other_numbers():
     sc = scenario(pp=2, m=4)
     a, b = sample_step_times(sc, 20, seed=5), sample_step_times(sc, 20, seed=5)

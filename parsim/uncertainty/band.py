@@ -10,11 +10,13 @@ import numpy as np
 from parsim.cluster.spread import Spread, spread_of
 from parsim.config.scenario import Scenario
 from parsim.costs.model_costs import ModelCosts
+from parsim.errors import ConfigError
 from parsim.schedule.coverage import check_runs
+from parsim.schedule.semantics import traits
 from parsim.sim import engine, fullsim
 from parsim.sim.engine import simulate_schedule
 from parsim.sim.stragglers import gpu_slowdowns, rank_factors, slowed
-from parsim.simulate import engine_costs, full_mode, schedule_for
+from parsim.simulate import engine_costs, full_mode, schedule_and_costs
 from parsim.uncertainty.sampled import SampledCosts
 
 
@@ -22,10 +24,13 @@ def sample_step_times(sc: Scenario, samples: int, seed: int = 0, spread: Spread 
     """``samples`` step times (makespans) of ``sc`` with drawn durations, in the engine ``sc`` runs
     in (full mode: every replica, its stragglers and network; each replica draws its own noise);
     the same seed, the same numbers."""
-    sched = schedule_for(sc)
+    if traits(sc.schedule.name).message_driven:
+        raise ConfigError(sc.file, "schedule.name", f"--samples: {sc.schedule.name}'s message-driven engine "
+                                                    "(its order an output of the costs) is not sampled")
+    sched, costs = schedule_and_costs(sc, ModelCosts.from_scenario(sc))  # token slices solved as simulate does
     full = full_mode(sc)
     check_runs(sched, fullsim.COVERAGE if full else engine.COVERAGE)
-    run = engine_costs(sc, ModelCosts.from_scenario(sc))
+    run = engine_costs(sc, costs)
     if not full and sc.stragglers is not None:  # the fast engine's job: replica 0's slow ranks
         factors = rank_factors(sc.parallel, gpu_slowdowns(sc.stragglers, sc.hardware.gpus_per_node, sc.gpus))
         run = slowed(run, sched.stage_to_rank, factors, 0)

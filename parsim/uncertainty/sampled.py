@@ -36,6 +36,8 @@ class SampledCosts:
         self.speed = self._draw(spread.speed)
         self._residual: dict[tuple, float] = {}
         self._children: dict[int, SampledCosts] = {}
+        if hasattr(base, "unit_cost"):  # token slices (TeraPipe): the engine asks per slice
+            self.unit_cost = self._unit_cost
 
     def _draw(self, sigma: float) -> float:
         return math.exp(sigma * self.rng.gauss(0.0, 1.0)) if sigma > 0 else 1.0
@@ -54,7 +56,10 @@ class SampledCosts:
         if c.duration_s <= 0 and c.then_comm_s <= 0:
             return c
         if op in PIPELINE_OPS:
-            p = self.base.stage_costs[stage].parts[op]
+            stage_costs = getattr(self.base, "stage_costs", None)
+            if stage_costs is None:  # a table without per-part seconds (token slices): all compute
+                return replace(c, duration_s=c.duration_s * self._factor(stage, op, "compute"))
+            p = stage_costs[stage].parts[op]
             comp = p.compute + p.recompute
             comm = {"tp": p.tp_comm, "cp": p.cp_comm, "ep": p.ep_comm}
             total = comp + sum(comm.values())
@@ -67,6 +72,11 @@ class SampledCosts:
         g = self._factor(stage, (op, "then"), "collective") if c.then_comm_s > 0 else 1.0
         return replace(c, duration_s=c.duration_s * f, lead_s=c.lead_s * f, tail_s=c.tail_s * f,
                        wait_s=None if c.wait_s is None else c.wait_s * f, then_comm_s=c.then_comm_s * g)
+
+    def _unit_cost(self, stage: int, op: Op, unit: int) -> OpCost:
+        """One token slice's compute, drawn as the whole op's compute is."""
+        c = self.base.unit_cost(stage, op, unit)
+        return replace(c, duration_s=c.duration_s * self._factor(stage, op, "compute"))
 
     def overlap_cost(self, f_stage: int, b_stage: int, b_op: Op) -> float:
         return self.base.overlap_cost(f_stage, b_stage, b_op) * self._factor(f_stage, Op.OVERLAP_F_B, "compute")
@@ -86,7 +96,7 @@ class SampledCosts:
         return child
 
     def __getattr__(self, name: str):  # stages, stage_costs ...: the base's (full mode reads them)
-        if name in ("base", "spread", "rng", "speed", "_residual", "_children"):
+        if name in ("base", "spread", "rng", "speed", "_residual", "_children", "unit_cost"):
             raise AttributeError(name)
         return getattr(self.base, name)
 
