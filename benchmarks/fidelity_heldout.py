@@ -576,7 +576,9 @@ def convert(row: dict) -> tuple[dict | Skip, list[str]]:
     order, n = order_for(row)
     notes += n
     if fam == "megatron":
-        overlap = {"grad_reduce": True, "param_gather": True, "tp_comm": True}
+        # pipeline sends block: Megatron's _communicate waits on its batch_isend_irecv requests and
+        # synchronises ("to protect against race condition when using batch_isend_irecv()")
+        overlap = {"grad_reduce": True, "param_gather": True, "tp_comm": True, "p2p": False}
     else:
         overlap = {"grad_reduce": True, "param_gather": True, "tp_comm": bool(p.get("async_tp"))}
     doc = {
