@@ -81,7 +81,9 @@ def test_megatron_gpt3_example_simulates_like_the_bundled_scenario(tmp_path):
             *gpt3_like_bundled())
     assert r.returncode == 0, r.stderr
     imported = simulate(load_scenario(out)).to_json()
-    bundled = simulate(load_scenario(ROOT / "scenarios" / "gpt3-175b-1f1b.toml")).to_json()
+    # Megatron blocks on its pipeline sends unless --overlap-p2p-communication: the bundled
+    # scenario (asynchronous sends) says so with overlap.p2p = false
+    bundled = simulate(load_scenario(ROOT / "scenarios" / "gpt3-175b-1f1b.toml", ["overlap.p2p=false"])).to_json()
     close(imported, bundled)
     # the padded GPT-2 vocabulary (51200) is the only difference in the weights
     assert imported["params"] - bundled["params"] == (51200 - 50257) * 12288
@@ -158,7 +160,8 @@ def test_megatron_parallel_settings():
     assert doc["parallel"] == {"dp": 4, "tp": 2, "pp": 2, "cp": 2, "zero": 1, "sequence_parallel": True}
     assert doc["training"]["global_batch"] == 8  # Megatron's default: micro batch * dp
     assert (doc["training"]["recompute"], doc["training"]["precision"]) == ("selective", "fp8")
-    assert doc["overlap"] == {"grad_reduce": False, "param_gather": True, "tp_comm": True}
+    # no --overlap-p2p-communication: Megatron's pipeline sends block
+    assert doc["overlap"] == {"grad_reduce": False, "param_gather": True, "tp_comm": True, "p2p": False}
     # Megatron drops sequence parallelism at tp = 1
     assert import_megatron(SMALL + ["--sequence-parallel"]).doc["parallel"]["sequence_parallel"] is False
 
@@ -331,3 +334,11 @@ def test_printed_scenario_is_valid_toml_with_comments_first():
     first_key = next(i for i, ln in enumerate(lines) if not ln.startswith("#"))
     assert any("dgx-h100 (no --hardware given)" in ln for ln in lines[:first_key])
     assert tomllib.loads(r.stdout)["model"] == {"preset": "llama3-8b"}
+
+
+def test_megatron_overlap_p2p_communication_makes_sends_asynchronous():
+    base = ["--num-layers", "8", "--hidden-size", "1024", "--num-attention-heads", "16", "--seq-length", "2048",
+            "--micro-batch-size", "1", "--global-batch-size", "64", "--pipeline-model-parallel-size", "4",
+            "--num-layers-per-virtual-pipeline-stage", "1", "--vocab-size", "32000"]
+    assert import_megatron(base, "dgx-h100", 32)["overlap"]["p2p"] is False
+    assert import_megatron([*base, "--overlap-p2p-communication"], "dgx-h100", 32)["overlap"]["p2p"] is True

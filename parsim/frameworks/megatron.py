@@ -64,7 +64,10 @@ def import_megatron(argv: list[str], hardware: str | None = None, gpus: int | No
                           "needs --pipeline-model-parallel-size > 1")
     training["recompute"] = _recompute(v, given, model["n_layers"] // (pp * vpp), notes)
     overlap = {"grad_reduce": bool(v.get("overlap_grad_reduce")), "param_gather": bool(v.get("overlap_param_gather")),
-               "tp_comm": bool(v.get("tp_comm_overlap"))}
+               "tp_comm": bool(v.get("tp_comm_overlap")),
+               # without --overlap-p2p-communication Megatron's _communicate waits on its pipeline
+               # sends and synchronises the device: the sender blocks
+               "p2p": bool(v.get("overlap_p2p"))}
     if "overlap_ep_comm" in v:
         overlap["ep_comm"] = True
     doc = {"name": "megatron-import", "hardware": hardware, "gpus": gpus, "model": model, "training": training,

@@ -56,6 +56,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     "--overlap-grad-reduce": ("overlap_grad_reduce", "true"),
     "--overlap-param-gather": ("overlap_param_gather", "true"),
     "--tp-comm-overlap": ("tp_comm_overlap", "true"),
+    "--overlap-p2p-communication": ("overlap_p2p", "true"),
     "--overlap-moe-expert-parallel-comm": ("overlap_ep_comm", "true"),
     "--decoder-first-pipeline-num-layers": ("first_layers", "int"),
     "--decoder-last-pipeline-num-layers": ("last_layers", "int"),
