@@ -579,6 +579,11 @@ def convert(row: dict) -> tuple[dict | Skip, list[str]]:
         # pipeline sends block: Megatron's _communicate waits on its batch_isend_irecv requests and
         # synchronises ("to protect against race condition when using batch_isend_irecv()")
         overlap = {"grad_reduce": True, "param_gather": True, "tp_comm": True, "p2p": False}
+        if row["id"].startswith("megascale-") and row["framework"]["name"] == "Megatron-LM":
+            # MegaScale's baseline: Megatron-LM without the overlaps MegaScale's Table 3 ablation
+            # adds one by one (data-parallel, pipeline, tensor-parallel communication)
+            overlap = {"grad_reduce": False, "param_gather": False, "tp_comm": False, "p2p": False}
+            notes.append("MegaScale baseline: no communication overlap (Table 3)")
     else:
         overlap = {"grad_reduce": True, "param_gather": True, "tp_comm": bool(p.get("async_tp"))}
     doc = {
@@ -590,7 +595,10 @@ def convert(row: dict) -> tuple[dict | Skip, list[str]]:
                      "optimizer": "adam", "recompute": recompute,
                      **({"attention_kernel": attention} if attention else {})},
         "parallel": {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "ep": ep, "vpp": vpp, "zero": zero,
-                     "sequence_parallel": sp, "order": order},
+                     "sequence_parallel": sp, "order": order,
+                     # Megatron-family ZeRO-2 (MegaScale, Fig. 1 and Sec. 3.1): the reduce-scatter runs
+                     # once, after the last microbatch's backward, not after every microbatch
+                     **({"grad_reduce": "step"} if fam == "megatron" and zero == 2 else {})},
         "schedule": {"name": "Interleaved1F1B" if vpp > 1 else "1F1B", **split},
         "overlap": overlap,
     }
