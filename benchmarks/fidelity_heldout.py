@@ -568,6 +568,10 @@ def convert(row: dict) -> tuple[dict | Skip, list[str]]:
     notes += n
     attention, n = attention_for(row, fam, profile)
     notes += n
+    fw_name = row["framework"]["name"].lower()
+    # NeMo 2.0's GPTConfig and Megatron-Bridge's model providers default cross_entropy_loss_fusion
+    # to True; Megatron-LM's --cross-entropy-loss-fusion is off unless given
+    ce_fusion = "bridge" in fw_name or "nemo 2" in fw_name or "nemo framework" in fw_name
     if "lamb" in str(t.get("optimizer") or "").lower():
         notes.append("LAMB counted as Adam (same optimizer state)")
     sp = tp > 1 and (fam == "megatron" or bool(p.get("sequence_parallel")))
@@ -593,7 +597,8 @@ def convert(row: dict) -> tuple[dict | Skip, list[str]]:
         "model": model,
         "training": {"global_batch": gbs, "microbatch_size": mbs, "seq_len": seq, "precision": precision,
                      "optimizer": "adam", "recompute": recompute,
-                     **({"attention_kernel": attention} if attention else {})},
+                     **({"attention_kernel": attention} if attention else {}),
+                     **({"cross_entropy_fusion": True} if ce_fusion else {})},
         "parallel": {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "ep": ep, "vpp": vpp, "zero": zero,
                      "sequence_parallel": sp, "order": order,
                      # Megatron-family ZeRO-2 (MegaScale, Fig. 1 and Sec. 3.1): the reduce-scatter runs
