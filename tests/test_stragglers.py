@@ -188,3 +188,19 @@ def test_a_dp_replica_on_a100_sets_the_pace_of_an_h100_job():
     assert mixed["pace_setter"]["replica"] == 1 and mixed["pace_setter"]["slowdown"] > 2
     with pytest.raises(ConfigError, match="replica_hardware"):  # fast mode simulates replica 0 only
         simulate(dp2(mode="fast", replica_hardware=[[1, "dgx-a100-80g"]]))
+
+
+def test_a_slow_gpu_slows_its_token_slices():
+    """TeraPipe's per-slice costs go through the straggler's factor too: every F of the slow
+    GPU's stage lasts 1.5x its time on a healthy GPU (before, the slices bypassed the factor)."""
+    from parsim.scenario import load_scenario
+    from parsim.simulate import simulate
+    path = Path(__file__).resolve().parent.parent / "scenarios" / "gpt3-175b-terapipe-p3.toml"
+    base = simulate(load_scenario(path, ["schedule.token_slices=4"]))
+    slow = simulate(load_scenario(path, ["schedule.token_slices=4", "stragglers.gpus=[[0, 1.5]]"]))
+    def f_spans(res):
+        tl = res.timeline
+        f = tl[(tl.stream == "compute") & (tl.op == "F") & (tl.stage == 0)]
+        return sorted((f.end_s - f.start_s).round(12))
+    assert f_spans(slow) == pytest.approx([1.5 * d for d in f_spans(base)], rel=1e-9)
+    assert slow.metrics["step_time_s"] > base.metrics["step_time_s"]

@@ -56,6 +56,13 @@ class SlowedCosts:
 
     def __init__(self, base, factor_of_stage: dict[int, float]):
         self.base, self.factor = base, factor_of_stage
+        if hasattr(base, "unit_cost"):  # token slices (TeraPipe): the engine asks per slice
+            self.unit_cost = self._unit_cost
+
+    def _unit_cost(self, stage: int, op: Op, unit: int) -> OpCost:
+        c = self.base.unit_cost(stage, op, unit)
+        f = self.factor.get(stage, 1.0)
+        return replace(c, duration_s=c.duration_s * f) if f != 1.0 and op in COMPUTE else c
 
     def op_cost(self, stage: int, op: Op) -> OpCost:
         c = self.base.op_cost(stage, op)
@@ -75,7 +82,7 @@ class SlowedCosts:
         return self.base.link_spec(src, dst)
 
     def __getattr__(self, name: str):  # stages, stage_costs, ...: the base's
-        if name in ("base", "factor"):
+        if name in ("base", "factor", "unit_cost"):
             raise AttributeError(name)
         return getattr(self.base, name)
 
