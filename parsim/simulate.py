@@ -51,6 +51,11 @@ def engine_costs(sc: Scenario, costs: ModelCosts):
     """What the engines run: ``costs``, with ``[stragglers]`` ranks and replicas on other GPU types
     costed on their own profiles."""
     run = costs
+    st = sc.stragglers
+    if st is not None and (st.rank_hardware or st.replica_hardware) and isinstance(costs, SlicedCosts):
+        raise ConfigError(sc.file, "stragglers.rank_hardware" if st.rank_hardware else "stragglers.replica_hardware",
+                          "other GPU types with token slices (TeraPipe) are not modelled: the slices are "
+                          "costed on the scenario's own hardware")
     if sc.stragglers is not None and sc.stragglers.rank_hardware:
         run = MixedCosts(sc, costs)
     if sc.stragglers is not None and sc.stragglers.replica_hardware and full_mode(sc):

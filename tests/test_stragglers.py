@@ -204,3 +204,13 @@ def test_a_slow_gpu_slows_its_token_slices():
         return sorted((f.end_s - f.start_s).round(12))
     assert f_spans(slow) == pytest.approx([1.5 * d for d in f_spans(base)], rel=1e-9)
     assert slow.metrics["step_time_s"] > base.metrics["step_time_s"]
+
+
+def test_other_gpu_types_with_token_slices_are_refused_one_line():
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, "-m", "parsim", "simulate", "scenarios/gpt3-175b-terapipe-p3.toml",
+                        "--set", "schedule.token_slices=4", "--set", 'stragglers.rank_hardware=[[0, "dgx-a100-80g"]]'],
+                       cwd=root, capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "stragglers.rank_hardware" in r.stderr
