@@ -98,7 +98,11 @@ def test_calibrated_profile_keeps_its_fit_residuals():
     sp = spread_of(sc.hardware)
     for key, v in table.items():
         assert getattr(sp, key.removeprefix("spread_")) == v
-    assert sp.compute_repeat == DEFAULT_SPREAD.compute_repeat  # not recorded by that calibration: the default
+    # the repeat noise and the speed drift this calibration recorded are the profile's, not the default
+    import tomllib
+    cal = tomllib.loads(prof.read_text())["calibration"]
+    assert sp.compute_repeat == cal["spread_compute_repeat"] != DEFAULT_SPREAD.compute_repeat
+    assert sp.speed == cal["spread_speed"]
 
 
 def test_cli_samples_json_and_summary():
