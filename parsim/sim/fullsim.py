@@ -46,15 +46,13 @@ ends when every replica's last collective is done, since replica 0 waits on them
 """
 from __future__ import annotations
 
-import gc
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import simpy
 
 from parsim.cluster.collectives import grad_bucket_bytes, n_buckets
 from parsim.schedule.coverage import Coverage, Trait
-from parsim.schedule.ir import Op, Schedule
+from parsim.schedule.ir import Op, Schedule, no_gc
 from parsim.schedule.passes import last_backward, last_backward_per_microbatch
 from parsim.sim.collective_flows import plan_collective, plan_parameter_server
 from parsim.sim.engine import RawTimeline, _needs, _run_overlap
@@ -212,29 +210,14 @@ def run_full(sc, schedule: Schedule, costs, lump: bool = True) -> tuple[RawTimel
     for rep in range(n_rep):
         for rank, actions in enumerate(schedule.actions):
             job.env.process(_rank(job, rep, rank, actions))
-    with _collector_paused():
+    # the cyclic collector paused while the step runs: a large job keeps some hundred thousand
+    # SimPy events and generator frames alive, and from 16,384 to 65,536 GPUs the time in full
+    # collections grew 21-fold, to half the run; the run makes no reference cycles that outlive
+    # it besides the environment's own (tests/test_fullmode_scaling.py checks this)
+    with no_gc():
         job.env.run()
     events = next(job.env._eid)  # SimPy's event serial: one per event scheduled, all processed by now
     return job.out, FullStats(events, n_rep * len(schedule.actions), job.lanes, job.net.stats)
-
-
-@contextmanager
-def _collector_paused():
-    """Python's cyclic garbage collector off while the step runs, as it was after.
-
-    A large job keeps some hundred thousand SimPy events and generator frames alive; each
-    full collection walks them all, and there are more collections the more objects are
-    made: from 16,384 to 65,536 GPUs the time in full collections grew 21-fold, to half the
-    run. The run makes no reference cycles that outlive it besides the
-    environment's own (tests/test_fullmode_scaling.py checks this), so reference counting
-    frees everything the collector would have."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def _dp_parts(job: _Job, stage: int, op: Op, nbytes: float) -> list[tuple[str, str, float]]:
