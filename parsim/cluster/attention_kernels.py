@@ -175,8 +175,6 @@ VARIANTS: dict[tuple[str, str], str] = {
 
 def resolve(implementation: str, mma_style: str) -> str | None:
     """The KERNELS entry for ``implementation`` on a device of ``mma_style``; None if not modelled."""
-    if implementation in KERNELS and (implementation, mma_style) not in VARIANTS and "-" in implementation:
-        return implementation  # an explicit variant name
     return VARIANTS.get((implementation, mma_style))
 
 

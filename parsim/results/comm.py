@@ -59,9 +59,6 @@ def collective_algorithms(sc) -> dict[str, dict]:
             continue
         if kind == "p2p":
             ranks = ranks[:2]
-        try:
-            algo, t = select_algorithm(hw, kind, nbytes, ranks)
-        except (KeyError, ValueError):
-            continue
+        algo, t = select_algorithm(hw, kind, nbytes, ranks)
         out[axis] = {"kind": kind, "bytes": float(nbytes), "ranks": len(ranks), "algorithm": algo, "time_s": t}
     return out
