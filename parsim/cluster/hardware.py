@@ -317,6 +317,7 @@ _SCHEMA: dict[str, dict[str, tuple[str, bool]]] = {
         "sfu_op_per_clock_per_sm": ("pos", _OPT), "smem_byte_per_clock_per_sm": ("pos", _OPT),
         "gemm_tiles": ("tiles", _OPT), "mma_style": ("mma_style", _OPT), "gemm_stream_k": ("bool", _OPT),
         "gemm_latency_us": ("nonneg", _OPT),
+        "collective_ctas": ("int", _OPT), "collective_ctas_net": ("int", _OPT),
         "attention_kernel": ("attention_kernel", _OPT), "gemm_model": ("gemm_model", _OPT),
         **{f"mamf_{p}_{what}": (kind, _OPT) for p in GEMM_PRECISIONS
            for what, kind in (("tflops", "pos"), ("shape", "shape"))},

@@ -88,6 +88,13 @@ class KernelFacts:
     the prologue (TMA descriptors, the first operands in flight) and the drain of the last
     stores -- what a tiny GEMM costs. Fitted per device to measured GEMM tables (profile key
     ``gemm_latency_us``; tests/test_gemm_tables.py holds the fit and its held-out error)."""
+    collective_ctas: int = 0
+    """SMs one NCCL collective holds while it runs inside the node (one CTA per channel): what
+    overlapped compute loses while it is in flight (``parsim.cluster.contention``); 0: not known,
+    overlapped communication is taken as free."""
+    collective_ctas_net: int = 0
+    """The same for a collective whose group spans nodes (NCCL builds fewer channels there);
+    0: ``collective_ctas``."""
 
 
 def parse_tile(text: str) -> tuple[int, int, int]:
@@ -303,7 +310,8 @@ def facts_from_table(d: Mapping[str, Any], peaks: Mapping[str, float], precision
             raise ConfigError(file, f"device.mamf_{p}_tflops", f"needs device.{p}_tflops (the peak) beside it")
     if not any(k in d for k in KERNEL_FACT_KEYS):
         for k, v in d.items():
-            if (k.startswith("mamf_") or k in ("attention_kernel", "mma_style", "gemm_stream_k", "gemm_latency_us")
+            if (k.startswith("mamf_") or k in ("attention_kernel", "mma_style", "gemm_stream_k", "gemm_latency_us",
+                                                                  "collective_ctas", "collective_ctas_net")
                     or (k == "gemm_model" and v == "kernel")):
                 raise ConfigError(file, f"device.{k}",
                                   f"needs the kernel facts ({', '.join('device.' + x for x in KERNEL_FACT_KEYS)})")
@@ -324,7 +332,17 @@ def facts_from_table(d: Mapping[str, Any], peaks: Mapping[str, float], precision
                        smem_byte_per_clock_per_sm=d["smem_byte_per_clock_per_sm"],
                        gemm_tiles=d["gemm_tiles"], mma_style=d.get("mma_style", "warp"),
                        stream_k=d.get("gemm_stream_k", False), mamf=mamf, attention_kernel=d.get("attention_kernel"),
-                       gemm_latency_s=to_si("gemm_latency_us", d.get("gemm_latency_us", 0.0)))
+                       gemm_latency_s=to_si("gemm_latency_us", d.get("gemm_latency_us", 0.0)),
+                       collective_ctas=_ctas(d, "collective_ctas", file),
+                       collective_ctas_net=_ctas(d, "collective_ctas_net", file))
+
+
+def _ctas(d: Mapping[str, Any], key: str, file: str) -> int:
+    """A collective's SM count, checked against the device's SMs (it must leave some to compute)."""
+    v = int(d.get(key, 0))
+    if v and v >= d["sm_count"]:
+        raise ConfigError(file, f"device.{key}", f"{v} must be below device.sm_count ({d['sm_count']})")
+    return v
 
 
 def facts_to_table(kf: KernelFacts | None) -> dict[str, Any]:
@@ -341,6 +359,10 @@ def facts_to_table(kf: KernelFacts | None) -> dict[str, Any]:
         out["attention_kernel"] = kf.attention_kernel
     if kf.gemm_latency_s:
         out["gemm_latency_us"] = kf.gemm_latency_s * 1e6
+    if kf.collective_ctas:
+        out["collective_ctas"] = kf.collective_ctas
+    if kf.collective_ctas_net:
+        out["collective_ctas_net"] = kf.collective_ctas_net
     for p, (flops, shape) in kf.mamf.items():
         out[f"mamf_{p}_tflops"] = flops / 1e12
         if shape is not None:

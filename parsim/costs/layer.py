@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
+import parsim.cluster.contention as _contention
 import parsim.costs.compute as _compute
 import parsim.costs.context as _context
 import parsim.costs.moe as _moe
@@ -147,16 +148,16 @@ def layer_cost(inp: LayerInputs, moe_layer: bool) -> LayerCost:
                                                         PRECISION_TABLE[prec].activation_bytes))
         i_mem = 2 * f_mem
     act_bytes = tokens * m.d_model * PRECISION_TABLE[prec].wire_bytes
-    tp_fwd = tp_layer_comm(inp, act_bytes, f_gemm)
-    tp_bwd = tp_layer_comm(inp, act_bytes, i_gemm)
+    tp_fwd, f_slow = tp_layer_comm(inp, act_bytes, f_gemm)
+    tp_bwd, i_slow = tp_layer_comm(inp, act_bytes, i_gemm, backward=True)
     # context parallelism (parsim.costs.context): the K/V ring (or gather / all-to-all) and,
     # with the kernel model, its per-block attention kernels in place of the 1/cp share
     ca = _context.cp_attention(inp, (f_attn, i_attn)) if sh.cp > 1 else None
     if ca is not None and _context.uses_kernels(inp):
         f_attn, i_attn = ca.forward_s, ca.backward_s
     cp_f, cp_i = (ca.forward_comm_s, ca.backward_comm_s) if ca is not None else (0.0, 0.0)
-    fwd = Parts(compute=f_gemm + f_attn + f_mem, tp_comm=tp_fwd, cp_comm=cp_f)
-    inp_parts = Parts(compute=i_gemm + i_attn + i_mem, tp_comm=tp_bwd, cp_comm=cp_i)
+    fwd = Parts(compute=f_gemm + f_attn + f_mem + f_slow, tp_comm=tp_fwd, cp_comm=cp_f)
+    inp_parts = Parts(compute=i_gemm + i_attn + i_mem + i_slow, tp_comm=tp_bwd, cp_comm=cp_i)
     wgt = Parts(compute=w_gemm)
     tp_sent = tp_layer_bytes(inp, act_bytes)
     sent_f = AxisBytes(tp=tp_sent, cp=ca.forward_bytes if ca is not None else 0.0)
@@ -233,18 +234,23 @@ def tp_allreduce_time(inp: LayerInputs, nbytes: float) -> float:
     return cached_collective_time(inp.cluster, "all_reduce", nbytes, inp.shard.tp_group)
 
 
-def tp_layer_comm(inp: LayerInputs, act_bytes: float, gemm_s: float) -> float:
-    """Exposed TP communication of one block in one pass (Megatron f/g operators).
+def tp_layer_comm(inp: LayerInputs, act_bytes: float, gemm_s: float, backward: bool = False) -> tuple[float, float]:
+    """(exposed TP communication, compute slowed by the hidden part) of one block in one pass
+    (Megatron f/g operators).
 
     Without sequence parallelism: two all-reduces of the block's activation (after the
     attention projection and after FC2). With it: an all-gather before QKV/FC1 and a
     reduce-scatter after proj/FC2 -- the same ring bytes, norms sharded. With
     ``overlap.tp_comm`` the collectives are split into tp chunks pipelined with the
-    neighbouring GEMMs: the first chunk stays exposed, and whatever exceeds the GEMMs.
+    neighbouring GEMMs: the first chunk stays exposed, and whatever exceeds the GEMMs. The
+    hidden chunks hold SMs the GEMMs lose (``parsim.cluster.contention``): with sequence
+    parallelism Transformer Engine's userbuffers (forward: ring-exchange all-gathers and
+    pipelined reduce-scatters; backward: ring-exchange and bulk overlaps, half each), else
+    NCCL's CTAs.
     """
     sh = inp.shard
     if sh.tp <= 1:
-        return 0.0
+        return 0.0, 0.0
     hw, group = inp.cluster, sh.tp_group
     if sh.sequence_parallel:
         comm = 2 * (cached_collective_time(hw, "all_gather", act_bytes, group)
@@ -252,8 +258,16 @@ def tp_layer_comm(inp: LayerInputs, act_bytes: float, gemm_s: float) -> float:
     else:
         comm = 2 * tp_allreduce_time(inp, act_bytes)
     if not inp.options.overlap.tp_comm:
-        return comm
-    return max(comm / sh.tp, comm - gemm_s)
+        return comm, 0.0
+    exposed = max(comm / sh.tp, comm - gemm_s)
+    dev = inp.hardware.device
+    if sh.sequence_parallel:
+        ub = _contention.USERBUFFERS_SMS
+        sms = (ub["ring_exchange"] + (ub["bulk"] if backward else ub["pipeline"])) / 2
+    else:
+        gpn = hw.profile.gpus_per_node
+        sms = _contention.sms_of(dev, len({r // gpn for r in group}) > 1)
+    return exposed, _contention.slowdown_s(dev, sms, comm - exposed, gemm_s)
 
 
 def tp_layer_bytes(inp: LayerInputs, act_bytes: float) -> float:

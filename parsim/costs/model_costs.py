@@ -22,7 +22,7 @@ import parsim.costs.offload_ops as _offload_ops
 import parsim.costs.stage as _stage
 from parsim.cluster.precision import PRECISION_TABLE
 from parsim.config.scenario import Scenario
-from parsim.costs.dp import DPInputs, DPOps, DPSetting, dp_ops
+from parsim.costs.dp import DPInputs, DPOps, DPSetting, dp_ops, dp_sms
 from parsim.costs.inputs import CostInputs, cost_inputs, layer_inputs, rank_groups, schedule_traits_of
 from parsim.costs.layer import moe_phase
 from parsim.costs.memory import FP8_WEIGHT_COPIES, framework_states, nccl_buffer_bytes
@@ -84,6 +84,8 @@ class ModelCosts:
             tr = inputs.training
             setting = DPSetting(inputs.cluster, par, tr.optimizer, tr.precision, inputs.overlap,
                                 inputs.model, self.traits.n_chains)
+            self.dp_setting: DPSetting | None = setting
+            """The job's data-parallel setting (None with measured costs)."""
             dp = [self._dp_of(setting, st) for st in shared]
             costs = [shared[i] for i in layout.shape_of]
             self.dp_ops: tuple[DPOps | None, ...] = tuple(dp[i] for i in layout.shape_of)
@@ -93,6 +95,7 @@ class ModelCosts:
                                          mc.forward_s[s], _at(mc.backward_s, s), _at(mc.backward_input_s, s),
                                          _at(mc.backward_weight_s, s)) for s, i in enumerate(layout.shape_of)]
             self.dp_ops = (None,) * len(costs)
+            self.dp_setting = None
         self.stage_costs: tuple[StageCost, ...] = tuple(costs)
         """Per stage: its costs for one microbatch (equal stages share one object)."""
         self._ops: dict[int, dict[Op, OpCost]] = {}
@@ -126,6 +129,16 @@ class ModelCosts:
 
     def p2p_bytes(self, stage: int, op: Op) -> float:
         return self.stage_costs[stage].p2p_bytes
+
+    def dp_collective_sms(self) -> int:
+        """SMs one of the job's data-parallel collectives holds (``parsim.costs.dp.dp_sms``)."""
+        return dp_sms(self.dp_setting) if self.dp_setting is not None else 0
+
+    def dp_contention(self, stage: int, name: str) -> float:
+        """Of a data-parallel span's exposed seconds per execution, the compute slowed by the SMs its
+        hidden part held (``parsim.cluster.contention``; span names as in ``DPOps.sent``)."""
+        dp = self.dp_ops[stage]
+        return dp.contention.get(name, 0.0) if dp is not None else 0.0
 
     def link_spec(self, src: int, dst: int) -> tuple[str, float, float]:
         mc = self.inputs.measured

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 import simpy
 
 from parsim.cluster.collectives import grad_bucket_bytes, n_buckets
+from parsim.cluster.contention import slowdown_s
 from parsim.schedule.coverage import Coverage, Trait
 from parsim.schedule.ir import Op, Schedule, no_gc
 from parsim.schedule.passes import last_backward, last_backward_per_microbatch
@@ -271,10 +272,14 @@ def _rank(job: _Job, rep: int, rank: int, actions):
     sends: dict[tuple, tuple] = {}
     # step index -> the stage whose REDUCE_GRAD the lowering put right after that step
     anchor = {k: s for s, k in last_backward(actions).items()}
-    if any(a.op is Op.REDUCE_GRAD and a.microbatch is not None for a in actions):
+    per_microbatch = any(a.op is Op.REDUCE_GRAD and a.microbatch is not None for a in actions)
+    if per_microbatch:
         # ZeRO-2/3, FSDP: every microbatch's reduction hides under that microbatch's backward
         anchor = {k: s for (s, _), k in last_backward_per_microbatch(actions).items()}
     bucketed = sc.overlap.grad_reduce
+    # SMs a hidden reduction takes from its backward; per-microbatch reductions (ZeRO-2/3) are
+    # not charged, as fast mode's cost model does not charge them
+    dp_sms = job.costs.dp_collective_sms() if hasattr(job.costs, "dp_collective_sms") and not per_microbatch else 0
     under: dict[int, bool] = {}  # stage -> its reduction was launched under its last backward
 
     def dp_op(op_name, stage, op, nbytes, window=None, run=True, mb=None, wait_s=None, fixed_s=0.0):
@@ -294,12 +299,15 @@ def _rank(job: _Job, rep: int, rank: int, actions):
             yield prev
             if early is not None:
                 env.process(_after(env, wait_s, early))
-            start = None
+            start, gated, active = None, False, 0.0
+            end = window[0] + window[1] if window is not None else 0.0
             for b in range(n):
                 if window is not None:
                     at = window[0] + (b + 1) * window[1] / n
-                    if at > env.now:
+                    gated = at > env.now
+                    if gated:
                         yield env.timeout(at - env.now)
+                t0 = env.now
                 start = env.now if start is None else start
                 for i, part in enumerate(parts):
                     yield job.join((rank, stage, op_name, seq[k], b, i), rep, rank, part, 1 / n)
@@ -307,6 +315,14 @@ def _rank(job: _Job, rep: int, rank: int, actions):
                     chain_len = job.sched.n_stages // 2
                     yield job.join_twin(("TWIN", stage % chain_len, seq[k], b), rep, rank,
                                         len(job.sched.actions) - 1 - rank, twin_bytes, 1 / n)
+                active += max(0.0, min(env.now, end) - t0)  # of this bucket, what ran under the backward
+            if window is not None and dp_sms:
+                # the buckets that ran under the backward held SMs it needed
+                # (parsim.cluster.contention): it ended that much later, and so does the last
+                # bucket when it waited for the backward's end rather than for the link
+                slow = slowdown_s(job.sc.hardware.device, dp_sms, active, window[1])
+                if gated and slow > 0:
+                    yield env.timeout(slow)
             if fixed_s > 0:
                 yield env.timeout(fixed_s)
             keep((rank, "dp", op_name, stage, -1 if mb is None else mb, start, env.now, nbytes))

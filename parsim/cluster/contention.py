@@ -1,0 +1,54 @@
+"""Compute slowed by the communication it hides: the SMs an overlapped collective holds.
+
+A collective that runs "under" compute is not free on a GPU: NCCL runs each collective as a
+kernel with one CTA per channel, and each CTA occupies an SM for as long as the collective
+is in flight; Transformer Engine's userbuffers kernels (``--tp-comm-overlap``) hold a
+configured number of SMs the same way. The GEMMs and attention kernels running beside it get
+the remaining SMs. Measured: an H100 GEMM launched as one full wave of 132 CTAs beside a
+24-CTA ``ncclAllGather`` nearly doubled (its tiles no longer fit one wave; NVIDIA developer
+forum, "Compute-communication overlap causes severe GEMM performance degradation because of
+tail effect", 2025); across GPT and Llama training steps on A100/H100 overlapping slowed the
+compute 18.9% on average, up to 40% (Lee et al. 2025, arXiv:2507.03114).
+
+The model: while a collective holding ``s`` of the device's ``N`` SMs is in flight, compute
+progresses at ``(N - s) / N`` of its rate (the whole-wave tail effect above is the worst
+case of this and is not modelled: cuBLAS on Hopper balances partial waves with Stream-K).
+Compute of ``W`` seconds under a collective of ``C`` seconds then ends ``C s / N`` later
+when ``C <= W N / (N - s)``, else ``W s / (N - s)`` later (the compute, slowed all along,
+ends before the collective). Profiles state ``s`` per device (``device.collective_ctas``
+inside a node, ``device.collective_ctas_net`` for groups that span nodes); a profile
+without them takes overlapped communication as free, as before.
+"""
+from __future__ import annotations
+
+from parsim.cluster.hardware import Device
+
+USERBUFFERS_SMS = {"ring_exchange": 1, "pipeline": 24, "bulk": 8}
+"""SMs Transformer Engine's userbuffers hold per overlap method, from NeMo's H100 TP-overlap
+configs (nemo/collections/llm/recipes/tp_overlap_configs/userbuffers.py: all-gathers before
+QKV and FC1 and the dgrad reduce-scatters by ``ring_exchange`` with TE's default
+``num_sm = 1``; the forward reduce-scatters after proj and FC2 ``pipeline`` with
+``num_sm = 24``; the backward's bulk overlaps ``num_sm`` 2, 4, 24 and 2-4 for qkv_dgrad,
+qkv_wgrad, fc1_dgrad and fc1_wgrad: 8 as their mean)."""
+
+
+def sms_of(dev: Device, spans_nodes: bool) -> int:
+    """SMs one NCCL collective holds on ``dev`` (0 when the profile does not say)."""
+    kf = dev.kernels
+    if kf is None:
+        return 0
+    if spans_nodes and kf.collective_ctas_net:
+        return kf.collective_ctas_net
+    return kf.collective_ctas
+
+
+def slowdown_s(dev: Device, sms: float, comm_s: float, compute_s: float) -> float:
+    """Seconds ``compute_s`` of compute takes longer while ``comm_s`` of a collective holding
+    ``sms`` SMs runs beside it (module docstring)."""
+    kf = dev.kernels
+    if kf is None or sms <= 0 or comm_s <= 0.0 or compute_s <= 0.0:
+        return 0.0
+    n = kf.sm_count
+    if comm_s * (n - sms) <= compute_s * n:
+        return comm_s * sms / n
+    return compute_s * sms / (n - sms)
