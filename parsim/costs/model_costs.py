@@ -23,7 +23,13 @@ import parsim.costs.stage as _stage
 from parsim.cluster.precision import PRECISION_TABLE
 from parsim.config.scenario import Scenario
 from parsim.costs.dp import DPInputs, DPOps, DPSetting, dp_ops, dp_sms
-from parsim.costs.inputs import CostInputs, cost_inputs, layer_inputs, rank_groups, schedule_traits_of
+from parsim.costs.inputs import (
+    CostInputs,
+    cost_inputs,
+    layer_inputs,
+    rank_groups,
+    schedule_traits_of,
+)
 from parsim.costs.layer import moe_phase
 from parsim.costs.memory import FP8_WEIGHT_COPIES, framework_states, nccl_buffer_bytes
 from parsim.costs.moe import all_to_all_bytes
