@@ -21,7 +21,9 @@ without them takes overlapped communication as free, as before.
 """
 from __future__ import annotations
 
-from parsim.cluster.hardware import Device
+from collections.abc import Iterable
+
+from parsim.cluster.hardware import Device, HardwareProfile
 
 USERBUFFERS_SMS = {"ring_exchange": 1, "pipeline": 24, "bulk": 8}
 """SMs Transformer Engine's userbuffers hold per overlap method, from NeMo's H100 TP-overlap
@@ -40,6 +42,12 @@ def sms_of(dev: Device, spans_nodes: bool) -> int:
     if spans_nodes and kf.collective_ctas_net:
         return kf.collective_ctas_net
     return kf.collective_ctas
+
+
+def group_sms(hw: HardwareProfile, ranks: Iterable[int]) -> int:
+    """SMs an NCCL collective over the global ``ranks`` holds on each of its GPUs (its group
+    spans nodes or not, placed as ``hw.node_of`` places ranks)."""
+    return sms_of(hw.device, len({hw.node_of(r) for r in ranks}) > 1)
 
 
 def slowdown_s(dev: Device, sms: float, comm_s: float, compute_s: float) -> float:

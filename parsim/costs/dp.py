@@ -7,7 +7,7 @@ on the backward's length (the collectives, the update, ZeRO's gathers) is cached
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 
 from parsim.cluster.collectives import (
@@ -16,7 +16,7 @@ from parsim.cluster.collectives import (
     grad_bucket_bytes,
     parameter_server_time,
 )
-from parsim.cluster.contention import slowdown_s, sms_of
+from parsim.cluster.contention import group_sms, slowdown_s
 from parsim.config.parallel import ParallelConfig
 from parsim.config.scenario import OverlapConfig
 from parsim.costs.inputs import CachedHash, Cluster, Ranks, rank_groups
@@ -81,9 +81,6 @@ class DPOps:
     one gather of the stage's parameters): read only."""
     sent: dict[str, float]
     """Bytes one GPU sends per execution, by the engine's span name (REDUCE_GRAD, UNSHARD, PARAM_GATHER)."""
-    contention: dict[str, float] = field(default_factory=dict)
-    """Of each span's exposed seconds per execution, how much is compute slowed by the SMs the
-    hidden part of the collective held (``parsim.cluster.contention``), by span name."""
 
 
 def dp_ops(inp: DPInputs) -> DPOps:
@@ -98,15 +95,13 @@ def dp_ops(inp: DPInputs) -> DPOps:
     par = inp.setting.parallel
     un = rest.ops.get(Op.UNSHARD)  # the part of ZeRO-3's re-gather still running once the backward starts
     regather = un.duration_s - (un.wait_s or 0.0) if un is not None and par.reshard_after_forward else 0.0
-    slowed = 0.0
     if inp.setting.overlap.grad_reduce and inp.n_layers:
         # buckets of later layers reduce while earlier layers still run backward -- on the
         # dp stream, which ZeRO-3's re-gather for that backward occupies first
         n = inp.n_layers
         t = max(t - max(0.0, inp.backward_s - regather) * (n - 1) / n, t / n)
         # the hidden buckets held SMs the backward needed: it ends that much later
-        slowed = slowdown_s(inp.setting.cluster.profile.device, dp_sms(inp.setting), reduce_s - t, inp.backward_s)
-        t += slowed
+        t += slowdown_s(inp.setting.cluster.profile.device, dp_sms(inp.setting), reduce_s - t, inp.backward_s)
     if par.grad_per_microbatch:
         # per microbatch the dp stream carries the whole reduction: its first bucket may start
         # once the re-gather is done and the first block's backward has run (lead_s before the
@@ -118,9 +113,8 @@ def dp_ops(inp: DPInputs) -> DPOps:
             lead = max(0.0, inp.backward_s - max(regather, inp.backward_s / n))
             tail = reduce_s / n
         return DPOps({Op.REDUCE_GRAD: OpCost(reduce_s, bytes=grad_bytes, lead_s=lead, tail_s=tail), **rest.ops},
-                     rest.sent, rest.contention)
-    return DPOps({Op.REDUCE_GRAD: OpCost(t, bytes=grad_bytes), **rest.ops}, rest.sent,
-                 {**rest.contention, "REDUCE_GRAD": slowed} if slowed else rest.contention)
+                     rest.sent)
+    return DPOps({Op.REDUCE_GRAD: OpCost(t, bytes=grad_bytes), **rest.ops}, rest.sent)
 
 
 @lru_cache(maxsize=65536)
@@ -143,7 +137,6 @@ def _stage_dp(st: DPSetting, params: float, expert_params: float,
     replicas = Ranks(groups.dp[::n_s]) if n_s < par.dp else Ranks()
     ops: dict[Op, OpCost] = {}
     sent: dict[str, float] = {}
-    slowed: dict[str, float] = {}
     dev, sms = hw.profile.device, dp_sms(st)
     t = None
     if par.dp > 1:
@@ -181,21 +174,19 @@ def _stage_dp(st: DPSetting, params: float, expert_params: float,
         then = cached_collective_time(hw, "all_gather", then_bytes, shard_group)
         if st.overlap.param_gather:
             exposed = param_gather_exposed(then, then_bytes, bucket_bytes(st), forward_s)
-            slowed[PARAM_GATHER] = slowdown_s(dev, sms, then - exposed, forward_s)
-            then = exposed + slowed[PARAM_GATHER]
+            then = exposed + slowdown_s(dev, sms, then - exposed, forward_s)
     update_s = hw.profile.device.memory_time(step_bytes) + newton_schulz_s(st, n_layers, moe_layers)
     ops[Op.STEP] = OpCost(update_s, then_comm_s=then, then_comm_bytes=then_bytes)
     if par.zero == 3 and par.dp > 1 and n_s > 1:
         gathered = params * w
         gather = cached_collective_time(hw, "all_gather", gathered, shard_group)
         window, exposed = unit_buffers(par, st.overlap.prefetch, gathered, n_layers, gather, forward_s)
-        slowed["UNSHARD"] = slowdown_s(dev, sms, gather - exposed, forward_s)
-        exposed += slowed["UNSHARD"]
+        exposed += slowdown_s(dev, sms, gather - exposed, forward_s)
         # the dp stream carries the whole gather; the stage's compute waits for the exposed part
         ops[Op.UNSHARD] = OpCost(gather, bytes=gathered, stash_bytes=window, mem_kind=UNIT_KIND, wait_s=exposed)
         ops[Op.RESHARD] = OpCost(0.0, free_bytes=window, mem_kind=UNIT_KIND)
         sent["UNSHARD"] = bytes_sent_per_rank("all_gather", gathered, n_s)
-    return t, params * g, DPOps(ops, sent, {k: v for k, v in slowed.items() if v})
+    return t, params * g, DPOps(ops, sent)
 
 
 def param_gather_exposed(gather_s: float, nbytes: float, bucket: float, forward_s: float) -> float:
@@ -215,9 +206,7 @@ def param_gather_exposed(gather_s: float, nbytes: float, bucket: float, forward_
 
 def dp_sms(st: DPSetting) -> int:
     """SMs one of the job's data-parallel collectives holds (its group spans nodes or not)."""
-    hw = st.cluster.profile
-    ranks = rank_groups(st.parallel).dp
-    return sms_of(hw.device, len({r // hw.gpus_per_node for r in ranks}) > 1)
+    return group_sms(st.cluster.profile, rank_groups(st.parallel).dp)
 
 
 def bucket_bytes(st: DPSetting) -> float:

@@ -265,8 +265,7 @@ def tp_layer_comm(inp: LayerInputs, act_bytes: float, gemm_s: float, backward: b
         ub = _contention.USERBUFFERS_SMS
         sms = (ub["ring_exchange"] + (ub["bulk"] if backward else ub["pipeline"])) / 2
     else:
-        gpn = hw.profile.gpus_per_node
-        sms = _contention.sms_of(dev, len({r // gpn for r in group}) > 1)
+        sms = _contention.group_sms(hw.profile, group)
     return exposed, _contention.slowdown_s(dev, sms, comm - exposed, gemm_s)
 
 

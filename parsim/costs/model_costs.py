@@ -140,12 +140,6 @@ class ModelCosts:
         """SMs one of the job's data-parallel collectives holds (``parsim.costs.dp.dp_sms``)."""
         return dp_sms(self.dp_setting) if self.dp_setting is not None else 0
 
-    def dp_contention(self, stage: int, name: str) -> float:
-        """Of a data-parallel span's exposed seconds per execution, the compute slowed by the SMs its
-        hidden part held (``parsim.cluster.contention``; span names as in ``DPOps.sent``)."""
-        dp = self.dp_ops[stage]
-        return dp.contention.get(name, 0.0) if dp is not None else 0.0
-
     def link_spec(self, src: int, dst: int) -> tuple[str, float, float]:
         mc = self.inputs.measured
         if mc is not None:
