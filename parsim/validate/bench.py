@@ -82,6 +82,14 @@ def _time_after(fn, pre, sync, repeats: int, calls: int) -> float:
     return statistics.median(_times_after(fn, pre, sync, repeats, calls))
 
 
+def expected_call_time(fn, pre, sync, repeats: int, calls: int) -> tuple[float, list[float]]:
+    """(mean seconds of one call of ``fn`` right after ``pre``, over every timed call; the
+    per-repeat means). The mean, not a median: where calls now and then stall, a sequence of
+    them costs their expected time, which a median of repeats leaves out."""
+    ts = _times_after(fn, pre, sync, repeats, calls)
+    return statistics.fmean(ts), ts  # equal calls per repeat: the mean of means is the mean of all
+
+
 def _times_after(fn, pre, sync, repeats: int, calls: int) -> list[float]:
     """Per repeat, the mean seconds of ``fn`` alone, each call right after ``pre``."""
     fn(); sync()
@@ -123,8 +131,13 @@ def probe(device, dtype):
     return lambda: _time(fwd, sync, repeats=3)
 
 
+COMM_REPEATS = 6
+"""Repeats of a collective case; with :func:`_comm_calls` at least 60 calls per case, enough
+for the mean of a heavy-tailed time (a stall in ~1 of 20 calls) to settle within ~10%."""
+
+
 def _comm_calls(nbytes: int) -> int:
-    return max(3, min(100, int(4e6 / max(nbytes, 4e4))))
+    return max(10, min(100, int(4e6 / max(nbytes, 4e4))))
 
 
 class Bench:
@@ -289,6 +302,10 @@ class Bench:
         combine), each right after a short GEMM on every rank, the collective alone timed.
         Back to back, gloo's threads stay hot and a 512 KiB all-to-all took 0.33 ms on this
         machine; after compute, as inside F/B, 0.86 ms (a 256 KiB all-reduce 0.42 -> 0.47-0.78).
+        The row is the mean over every timed call, not a median: a gloo collective's time is
+        heavy-tailed (a 256 KiB all-reduce after a GEMM on this 2-core machine: median 0.45 ms,
+        mean 1.3 ms, 1% of calls over 6.7 ms -- its threads waking on a busy core), and a step
+        makes dozens of them, so what it accumulates is their expected time.
         ``bytes``: nccl-tests' size convention (the all-reduce buffer, all-gather's output,
         reduce-scatter's input, the all-to-all send buffer)."""
         from parsim.validate.comm import all_gather_flat, reduce_scatter_flat
@@ -308,8 +325,8 @@ class Bench:
                 for name, fn in cases.items():
                     dist.barrier()
                     if self.rank < n:
-                        ts = _times_after(fn, lambda: a @ w, self.sync, repeats=5, calls=_comm_calls(nbytes))
-                        t = statistics.median(ts)
+                        t, ts = expected_call_time(fn, lambda: a @ w, self.sync, repeats=COMM_REPEATS,
+                                                   calls=_comm_calls(nbytes))
                         if self.rank == 0:
                             self.add("collective", name, t, bytes=float(el * 4), group=n,
                                      repeat_sigma=robust_sigma([math.log(x / t) for x in ts]))
