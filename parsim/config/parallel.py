@@ -69,9 +69,19 @@ class ParallelConfig:
     parameters and gradients, unit buffers). See parsim.costs.framework."""
 
     @property
+    def grad_degree(self) -> int:
+        """Ranks that hold the same dense weights and sum their gradients: dp x cp. Context
+        parallel ranks see different tokens of the same sequences through the same weights, so
+        their gradients are reduced together with the data-parallel replicas' (Megatron-Core's
+        data-parallel group "with context parallel", which also shards its distributed
+        optimizer; torchtitan's ``dp_shard_cp`` mesh that FSDP shards over)."""
+        return self.dp * self.cp
+
+    @property
     def shard_degree(self) -> int:
-        """Data-parallel ranks the ZeRO states are sharded over (dp, or dp_shard with HSDP)."""
-        return self.dp if self.dp_shard is None else self.dp_shard
+        """Ranks the ZeRO states are sharded over: dp x cp, or dp_shard x cp with HSDP (the
+        replicas across dp / dp_shard groups each hold a whole copy)."""
+        return (self.dp if self.dp_shard is None else self.dp_shard) * self.cp
 
     @property
     def grad_per_microbatch(self) -> bool:
@@ -110,6 +120,13 @@ class ParallelConfig:
         st = self.stride(axis)
         base = rank0 - ((rank0 // st) % n) * st
         return [base + i * st for i in range(n)]
+
+    def grad_group_ranks(self, rank0: int = 0) -> list[int]:
+        """Global ranks of the gradient-reduction group (dp x cp, :attr:`grad_degree`) that
+        contains ``rank0``, dp-major: the first ``dp_shard * cp`` of them are one HSDP shard group."""
+        dp_st, cp_st = self.stride("dp"), self.stride("cp")
+        base = rank0 - ((rank0 // dp_st) % self.dp) * dp_st - ((rank0 // cp_st) % self.cp) * cp_st
+        return [base + i * dp_st + j * cp_st for i in range(self.dp) for j in range(self.cp)]
 
     def pipeline_ranks(self) -> list[int]:
         """Global ranks of the pipeline of the first replica (stage rank 0..pp-1)."""

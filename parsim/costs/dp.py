@@ -123,7 +123,8 @@ def _stage_dp(st: DPSetting, params: float, expert_params: float,
     """(gradient reduction seconds before overlap or None when dp = 1, the gradient bytes,
     the other ops and the bytes of all): what does not depend on the backward's length.
 
-    ZeRO >= 1 shards over ``parallel.shard_degree`` ranks (all of dp, or HSDP's dp_shard):
+    Gradients are summed over the dp x cp ranks (``parallel.grad_degree``, ``groups.dp``).
+    ZeRO >= 1 shards over ``parallel.shard_degree`` ranks (all of them, or HSDP's dp_shard x cp):
     the gradient reduce-scatter and the parameter all-gathers run inside that shard group;
     with HSDP each rank's reduced shard is then all-reduced across the dp / dp_shard
     replicas (FSDP2's HSDP). Expert parameters shard over their expert-dp group as before.
@@ -132,14 +133,15 @@ def _stage_dp(st: DPSetting, params: float, expert_params: float,
     groups = rank_groups(par)
     w, g, k = state_bytes_per_param(st.optimizer, st.precision)
     dense, expert = params - expert_params, expert_params
-    n_s = par.shard_degree if par.zero >= 1 else par.dp
-    shard_group = Ranks(groups.dp[:n_s]) if n_s < par.dp else groups.dp
-    replicas = Ranks(groups.dp[::n_s]) if n_s < par.dp else Ranks()
+    n_g = par.grad_degree
+    n_s = par.shard_degree if par.zero >= 1 else n_g
+    shard_group = Ranks(groups.dp[:n_s]) if n_s < n_g else groups.dp
+    replicas = Ranks(groups.dp[::n_s]) if n_s < n_g else Ranks()
     ops: dict[Op, OpCost] = {}
     sent: dict[str, float] = {}
     dev, sms = hw.profile.device, dp_sms(st)
     t = None
-    if par.dp > 1:
+    if n_g > 1:
         kind = "all_reduce" if par.zero == 0 else "reduce_scatter"
         if par.dp_comm == "parameter_server":  # push gradients to one rank, pull the update back
             t = parameter_server_time(hw.profile, dense * g, groups.dp)
@@ -158,7 +160,7 @@ def _stage_dp(st: DPSetting, params: float, expert_params: float,
         # gradients with it every step (DeepSeek's reference all-reduces across ranks r and
         # p-1-r); after the dp reduction each rank holds its shard, all-reduced with the twin's
         twin = Ranks((groups.dp[0], groups.dp[0] + groups.pipeline[-1] - groups.pipeline[0]))
-        sharded = par.zero >= 1 and par.dp > 1
+        sharded = par.zero >= 1 and n_g > 1
         twin_bytes = g * (dense / (n_s if sharded else 1) + expert / (len(groups.edp) if sharded else 1))
         t = (t or 0.0) + _bucketed(hw, "all_reduce", twin_bytes, twin, bucket_bytes(st))
         sent["REDUCE_GRAD"] = sent.get("REDUCE_GRAD", 0.0) + bytes_sent_per_rank("all_reduce", twin_bytes, 2)
@@ -166,7 +168,7 @@ def _stage_dp(st: DPSetting, params: float, expert_params: float,
     shard += expert / (len(groups.edp) if par.zero >= 1 else 1)
     step_bytes = shard * (2 * k + g + w)  # read+write optimizer state, read grads, write weights
     then, then_bytes = 0.0, 0.0
-    if par.zero in (1, 2) and par.dp > 1 and n_s > 1:
+    if par.zero in (1, 2) and n_g > 1 and n_s > 1:
         # ZeRO-1/2: all-gather of the updated parameter shards (reduce-scatter + all-gather
         # = the all-reduce's bytes); overlapped with the next step's forward when asked
         then_bytes = params * w
@@ -177,7 +179,7 @@ def _stage_dp(st: DPSetting, params: float, expert_params: float,
             then = exposed + slowdown_s(dev, sms, then - exposed, forward_s)
     update_s = hw.profile.device.memory_time(step_bytes) + newton_schulz_s(st, n_layers, moe_layers)
     ops[Op.STEP] = OpCost(update_s, then_comm_s=then, then_comm_bytes=then_bytes)
-    if par.zero == 3 and par.dp > 1 and n_s > 1:
+    if par.zero == 3 and n_g > 1 and n_s > 1:
         gathered = params * w
         gather = cached_collective_time(hw, "all_gather", gathered, shard_group)
         window, exposed = unit_buffers(par, st.overlap.prefetch, gathered, n_layers, gather, forward_s)
@@ -211,7 +213,7 @@ def dp_sms(st: DPSetting) -> int:
 
 def bucket_bytes(st: DPSetting) -> float:
     """The gradient bucket in bytes (``parsim.cluster.collectives.grad_bucket_bytes``)."""
-    return grad_bucket_bytes(st.overlap.bucket_bytes, st.parallel.dp, st.precision)
+    return grad_bucket_bytes(st.overlap.bucket_bytes, st.parallel.grad_degree, st.precision)
 
 
 @lru_cache(maxsize=65536)

@@ -197,7 +197,8 @@ class RankGroups:
     cp: Ranks
     """Context-parallel group."""
     dp: Ranks
-    """Data-parallel group."""
+    """Gradient-reduction group: the data-parallel ranks times the context-parallel ranks
+    (``ParallelConfig.grad_group_ranks``; the dp axis alone when cp = 1)."""
     edp: Ranks
     """Ranks holding the same experts (expert data parallel; the dp group without ep)."""
     pipeline: Ranks
@@ -213,7 +214,7 @@ def rank_groups(par: ParallelConfig) -> RankGroups:
 @lru_cache(maxsize=4096)
 def _rank_groups(dp: int, tp: int, pp: int, cp: int, ep: int, order: tuple[str, ...]) -> RankGroups:
     par = ParallelConfig(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, order=order)
-    dp_group = Ranks(par.group_ranks("dp", 0))
+    dp_group = Ranks(par.grad_group_ranks(0))
     edp = Ranks(expert_dp_ranks(par)) if par.ep > 1 else dp_group
     return RankGroups(Ranks(par.group_ranks("tp", 0)), Ranks(par.group_ranks("cp", 0)), dp_group, edp,
                       Ranks(par.pipeline_ranks()))

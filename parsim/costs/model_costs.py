@@ -180,7 +180,7 @@ class ModelCosts:
         n = sum(self.stage_costs[s].params for s in stages)
         ne = sum(self.stage_costs[s].expert_params for s in stages)
         unit = max((self.stage_costs[s].params / max(1, self.stage_costs[s].n_layers) for s in stages), default=0.0)
-        per_mb = par.dp > 1 and par.grad_per_microbatch
+        per_mb = par.grad_degree > 1 and par.grad_per_microbatch
         ms = framework_states(par.framework, n - ne, par.shard_degree, par.zero, tr.optimizer, tr.precision,
                               per_mb, unit)
         # experts: ZeRO shards them over the ranks that hold the same experts (dp*cp/ep)
@@ -190,7 +190,7 @@ class ModelCosts:
         buffers = {"grad_buckets": ms["grad_buckets"] + me["grad_buckets"]}
         if par.framework != "zero":
             comms = sum(getattr(par, a) > 1 for a in ("tp", "pp", "cp", "ep", "dp"))
-            comms += par.shard_degree < par.dp  # HSDP: a shard and a replica communicator
+            comms += par.zero >= 1 and par.shard_degree < par.grad_degree  # HSDP: a shard and a replica communicator
             buffers["comm_buffers"] = nccl_buffer_bytes(comms)
             if tr.precision == "fp8" and par.framework != "fsdp":
                 buffers["fp8_weights"] = FP8_WEIGHT_COPIES * n  # Transformer Engine's FP8 weight + transpose

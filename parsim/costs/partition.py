@@ -121,7 +121,7 @@ def balanced_layers(sc) -> tuple[int, ...]:
     act = [layer_activation_bytes(sc.model, seq, b, par.tp, opts, li) for li in range(n)]
     state = []
     for li in range(n):
-        ms = model_state_bytes(layer_params(sc.model, li) / par.tp, par.dp, par.zero, tr.optimizer, tr.precision)
+        ms = model_state_bytes(layer_params(sc.model, li) / par.tp, par.shard_degree, par.zero, tr.optimizer, tr.precision)
         state.append(ms.params + ms.grads + ms.optimizer)
     layer_mem = [[state[li] + act[li] * in_flight[s] for li in range(n)] for s in range(par.pp)]
     extra_mem = [0.0] * par.pp

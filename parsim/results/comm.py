@@ -40,10 +40,10 @@ def collective_algorithms(sc) -> dict[str, dict]:
     if par.tp > 1:
         wanted.append(("tp", "reduce_scatter" if par.sequence_parallel else "all_reduce",
                        tokens * m.d_model * act, list(groups.tp)))
-    if par.dp > 1:
-        n_s = par.shard_degree if par.zero >= 1 else par.dp
+    if par.grad_degree > 1:  # dense gradients sum over dp x cp (groups.dp)
+        n_s = par.shard_degree if par.zero >= 1 else par.grad_degree
         wanted.append(("dp", "reduce_scatter" if par.zero >= 1 else "all_reduce",
-                       grad_bucket_bytes(sc.overlap.bucket_bytes, par.dp, tr.precision), list(groups.dp)[:n_s]))
+                       grad_bucket_bytes(sc.overlap.bucket_bytes, par.grad_degree, tr.precision), list(groups.dp)[:n_s]))
     if par.cp > 1:
         kv = 2 * tokens * m.n_kv_heads * m.head_dim_ * act / par.tp
         kind = {"p2p": "p2p", "all_gather": "all_gather", "a2a": "all_to_all"}.get(par.cp_comm, "p2p")

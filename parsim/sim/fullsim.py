@@ -94,16 +94,17 @@ class _Job:
         return par.group_ranks("tp", base)[:self.lanes]
 
     def replicas(self, group: str, rep: int) -> list[int]:
-        """Replicas in ``rep``'s data-parallel group: "dp" (same cp index) or "edp" (the
-        replicas holding the same experts: dp*cp/ep of them, as ``expert_dp_ranks``)."""
+        """Replicas in ``rep``'s gradient group: "dp" (every dp x cp replica: context-parallel
+        ranks sum their gradients with the data-parallel ones, ``ParallelConfig.grad_degree``) or
+        "edp" (the replicas holding the same experts: dp*cp/ep of them, as ``expert_dp_ranks``)."""
         par = self.par
-        key = (group, rep % (par.ep if group == "edp" else par.cp))
+        key = (group, rep % par.ep if group == "edp" else 0)
         reps = self._replicas.get(key)
         if reps is None:  # every replica asks once per collective: O(dp) each, built once
             if group == "edp":
                 reps = [j for j in range(par.dp * par.cp) if j % par.ep == key[1]]
             else:
-                reps = [d * par.cp + key[1] for d in range(par.dp)]
+                reps = list(range(par.dp * par.cp))
             self._replicas[key] = reps
         return reps
 
@@ -160,7 +161,7 @@ class _Job:
         if kind not in ("all_reduce", "reduce_scatter"):
             return 1
         sc = self.sc
-        return n_buckets(nbytes, grad_bucket_bytes(sc.overlap.bucket_bytes, sc.parallel.dp, sc.training.precision))
+        return n_buckets(nbytes, grad_bucket_bytes(sc.overlap.bucket_bytes, sc.parallel.grad_degree, sc.training.precision))
 
     def _run(self, kind, nbytes, scale, rank, reps, done):
         """The collective's phases for every TP rank's group at once (fast mode's concurrent groups)."""
@@ -226,7 +227,7 @@ def _dp_parts(job: _Job, stage: int, op: Op, nbytes: float) -> list[tuple[str, s
     cost model's data-parallel ops compose them: nothing without dp; the dense gradients over
     dp (or through a parameter server), the expert gradients over the expert-dp group."""
     par = job.par
-    if par.dp <= 1 or nbytes <= 0:
+    if par.grad_degree <= 1 or nbytes <= 0:
         return []
     if op is not Op.REDUCE_GRAD:  # UNSHARD, PARAM_GATHER: the stage's parameters over dp
         return [("dp", "all_gather", nbytes)]
@@ -244,7 +245,7 @@ def _twin_bytes(job: _Job, stage: int, nbytes: float) -> float:
     par = job.par
     if job.sched.n_chains != 2 or nbytes <= 0:
         return 0.0
-    if par.zero < 1 or par.dp <= 1:
+    if par.zero < 1 or par.grad_degree <= 1:
         return nbytes
     st = job.costs.stages[stage] if hasattr(job.costs, "stages") else None
     expert = nbytes * st.expert_params / st.params if st is not None and st.params > 0 else 0.0
