@@ -8,13 +8,18 @@ reduced over dp alone: a cp = 2, dp = 1 job had no gradient reduction at all, wh
 runtime measured one (``parsim validate ... parallel.cp=2``: REDUCE_GRAD 16.8 ms)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
+from helpers import TINY_GPT
 
 from parsim.cluster.collectives import grad_bucket_bytes, n_buckets, select_algorithm
 from parsim.config.parallel import ParallelConfig
+from parsim.config.scenario import SimulationConfig
 from parsim.costs.inputs import rank_groups
 from parsim.costs.memory import state_bytes_per_param
 from parsim.costs.model_costs import ModelCosts
+from parsim.scenario import scenario_from_dict
 from parsim.schedule.ir import Op
 from parsim.simulate import simulate
 
@@ -35,12 +40,6 @@ def test_grad_group_is_dp_times_cp_hand_computed():
 
 def _job(dp, cp, zero=0, full=False):
     """A tiny GPT on A100 nodes, dp x cp ranks (tp = pp = 1), two microbatches per replica."""
-    from dataclasses import replace
-
-    from helpers import TINY_GPT
-
-    from parsim.config.scenario import SimulationConfig
-    from parsim.scenario import scenario_from_dict
     sc = scenario_from_dict({
         "name": "t", "hardware": "dgx-a100-80g", "gpus": dp * cp, "model": dict(TINY_GPT),
         "training": {"global_batch": 2 * dp, "microbatch_size": 1, "seq_len": 512, "flash_attention": True},

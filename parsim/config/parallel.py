@@ -124,9 +124,7 @@ class ParallelConfig:
     def grad_group_ranks(self, rank0: int = 0) -> list[int]:
         """Global ranks of the gradient-reduction group (dp x cp, :attr:`grad_degree`) that
         contains ``rank0``, dp-major: the first ``dp_shard * cp`` of them are one HSDP shard group."""
-        dp_st, cp_st = self.stride("dp"), self.stride("cp")
-        base = rank0 - ((rank0 // dp_st) % self.dp) * dp_st - ((rank0 // cp_st) % self.cp) * cp_st
-        return [base + i * dp_st + j * cp_st for i in range(self.dp) for j in range(self.cp)]
+        return [r for d in self.group_ranks("dp", rank0) for r in self.group_ranks("cp", d)]
 
     def pipeline_ranks(self) -> list[int]:
         """Global ranks of the pipeline of the first replica (stage rank 0..pp-1)."""

@@ -120,7 +120,7 @@ def dp_ops(inp: DPInputs) -> DPOps:
 @lru_cache(maxsize=65536)
 def _stage_dp(st: DPSetting, params: float, expert_params: float,
               n_layers: int, forward_s: float = 0.0, moe_layers: int = 0) -> tuple[float | None, float, DPOps]:
-    """(gradient reduction seconds before overlap or None when dp = 1, the gradient bytes,
+    """(gradient reduction seconds before overlap or None when dp x cp = 1, the gradient bytes,
     the other ops and the bytes of all): what does not depend on the backward's length.
 
     Gradients are summed over the dp x cp ranks (``parallel.grad_degree``, ``groups.dp``).

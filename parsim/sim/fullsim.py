@@ -98,7 +98,7 @@ class _Job:
         ranks sum their gradients with the data-parallel ones, ``ParallelConfig.grad_degree``) or
         "edp" (the replicas holding the same experts: dp*cp/ep of them, as ``expert_dp_ranks``)."""
         par = self.par
-        key = (group, rep % par.ep if group == "edp" else 0)
+        key = (group, (rep % par.ep) if group == "edp" else 0)
         reps = self._replicas.get(key)
         if reps is None:  # every replica asks once per collective: O(dp) each, built once
             if group == "edp":
@@ -224,8 +224,8 @@ def run_full(sc, schedule: Schedule, costs, lump: bool = True) -> tuple[RawTimel
 
 def _dp_parts(job: _Job, stage: int, op: Op, nbytes: float) -> list[tuple[str, str, float]]:
     """(group, kind, bytes) of the collectives a DP action runs, one after the other, as the
-    cost model's data-parallel ops compose them: nothing without dp; the dense gradients over
-    dp (or through a parameter server), the expert gradients over the expert-dp group."""
+    cost model's data-parallel ops compose them: nothing when dp x cp = 1; the dense gradients
+    over dp x cp (or through a parameter server), the expert gradients over the expert-dp group."""
     par = job.par
     if par.grad_degree <= 1 or nbytes <= 0:
         return []
