@@ -355,17 +355,23 @@ def attention_for(row: dict, fam: str, profile: str) -> tuple[str | None, list[s
 
     Only on Hopper does the choice matter here (Ampere has FA2 only; Blackwell rows keep the
     device's FA4): Megatron-family stacks call Transformer Engine's DotProductAttention, whose
-    FusedAttention (cuDNN) backend is the one TE picks on sm90 -> ``cudnn``; llm-foundry's
-    ``attn_impl: flash`` is the flash-attn 2 package and torchtitan's SDPA dispatches to
-    PyTorch's built-in FlashAttention-2 kernels -> ``fa2``. Other stacks keep the device's FA3.
+    FusedAttention (cuDNN) backend is the one TE picks on sm90 -> ``cudnn``; torchtitan's SDPA
+    dispatches to PyTorch's built-in FlashAttention-2 kernels -> ``fa2``. llm-foundry's benchmark
+    tables ran ``attn_impl: triton`` (its submit_benchmarks.py default then) -> ``triton``, on A100
+    and H100 alike. Other stacks keep the device's FA3.
     """
+    fw = row["framework"]["name"].lower()
+    if ("llm-foundry" in fw or "composer" in fw) and (profile in HOPPER_PROFILES or "a100" in profile):
+        # the benchmark tables' runs: scripts/train/benchmarking/submit_benchmarks.py defaults
+        # --attn_impl to triton (at the commits that added the A100 and H100 tables) and sweep.sh
+        # does not override it; the pretrain yamls say attn_impl: triton too
+        return "triton", ["attention: llm-foundry attn_impl triton (flash_attn_triton.py)"]
     if profile not in HOPPER_PROFILES:
         return None, []
-    fw = row["framework"]["name"].lower()
     if fam == "megatron":
         return "cudnn", ["attention: TE FusedAttention (cuDNN)"]
-    if "llm-foundry" in fw or "composer" in fw or "torchtitan" in fw:
-        return "fa2", ["attention: FlashAttention-2 (flash-attn / SDPA)"]
+    if "torchtitan" in fw:
+        return "fa2", ["attention: FlashAttention-2 (SDPA)"]
     return None, []
 
 
@@ -607,9 +613,52 @@ def convert(row: dict) -> tuple[dict | Skip, list[str]]:
         "schedule": {"name": "Interleaved1F1B" if vpp > 1 else "1F1B", **split},
         "overlap": overlap,
     }
+    framework, grad_dtype, n = framework_states_for(row, fam, zero, precision)
+    notes += n
+    if framework != "zero":
+        doc["parallel"]["framework"] = framework
+    if grad_dtype is not None:
+        doc["parallel"]["grad_reduce_dtype"] = grad_dtype
     if moe is not None:
         doc["moe"] = moe
     return doc, notes
+
+
+def framework_states_for(row: dict, fam: str, zero: int, precision: str) -> tuple[str, str | None, list[str]]:
+    """(``parallel.framework``, ``parallel.grad_reduce_dtype`` or None, notes): whose model-state
+    memory and which gradient-reduction dtype the row's framework uses by default.
+
+    * Megatron family (Megatron-LM/Core, NeMo, Megatron-Bridge, MegaScale): with the
+      distributed optimizer (ZeRO-1) its memory layout is ``framework = "megatron"``. Megatron-LM
+      accumulates and reduces bf16/FP8 gradients in fp32 (its arguments.py forces
+      ``accumulate_allreduce_grads_in_fp32`` for bf16 unless ``--grad-reduce-in-bf16``); NeMo's
+      and Megatron-Bridge's performance recipes, which most of these rows are, reduce in bf16.
+    * torchtitan, NeMo AutoModel and Meta's stack: FSDP2 with ``reduce_dtype = float32``
+      (torchtitan's ``mixed_precision_reduce`` default; the Llama 3 paper reduce-scatters
+      gradients in FP32), ``framework = "fsdp"`` when parameters are sharded (ZeRO-3).
+    * Composer / llm-foundry: their benchmark configs run FSDP ``mixed_precision: PURE``
+      (bf16 reduction): the ZeRO paper's layout, 16-bit reduction (the defaults).
+    """
+    fw = row["framework"]["name"].lower()
+    if precision not in ("bf16", "fp8"):
+        return "zero", None, []
+    if fam == "megatron":
+        # NeMo's and Megatron-Bridge's performance recipes reduce in bf16 (NeMo's performance
+        # guide: "reduction in bf16 ensures improved performance at large scale training compared
+        # to the default precision of fp32"; ``optim.grad_sync_dtype=bf16``, Bridge's
+        # ``ddp.grad_reduce_in_fp32 = False``); plain Megatron-LM keeps its fp32 default
+        # (Megatron-LM's examples/llama table "follows those defined in NeMo Framework's performance scripts")
+        recipe = "nemo" in fw or "bridge" in fw or "nemo" in str(row["source"].get("release", "")).lower()
+        dtype = "bf16" if recipe else None
+        note = ["gradients reduced in bf16 (NeMo / Megatron-Bridge performance recipes)"] if dtype else []
+        if zero <= 1:
+            return "megatron", dtype, note
+        return "zero", dtype or "fp32", note or ["gradients reduced in fp32 (Megatron's default for bf16)"]
+    if "torchtitan" in fw or "automodel" in fw or "meta internal" in fw:
+        if zero == 3:
+            return "fsdp", None, []
+        return "zero", "fp32", ["gradients reduced in fp32 (FSDP2 reduce_dtype float32)"]
+    return "zero", None, []
 
 
 # --------------------------------------------------------------------------- running

@@ -347,6 +347,7 @@ def _parallel(t: dict, file: str, gpus: int) -> ParallelConfig:
     kw["grad_reduce"] = _typed(t, "grad_reduce", str, file, p, None)
     kw["dp_shard"] = _typed(t, "dp_shard", int, file, p, None)
     kw["framework"] = _typed(t, "framework", str, file, p, "zero")
+    kw["grad_reduce_dtype"] = _typed(t, "grad_reduce_dtype", str, file, p, None)
     if "order" in t:
         order = t["order"]
         if not isinstance(order, list) or sorted(order) != sorted(AXES):

@@ -39,8 +39,8 @@ def test_bucket_count_is_a_ceiling_and_defaults_follow_the_frameworks():
     assert n_buckets(0.0, 30.0) == 0
     # Megatron-core: max(40M, 1M x dp) parameters; bf16 gradients are 2 bytes
     assert megatron_bucket_params(16) == 40e6 and megatron_bucket_params(192) == 192e6
-    assert grad_bucket_bytes(0, 192, "bf16") == 192e6 * 2
-    assert grad_bucket_bytes(25 * 2 ** 20, 192, "bf16") == 25 * 2 ** 20  # stated (DDP's 25 MiB) wins
+    assert grad_bucket_bytes(0, 192, 2) == 192e6 * 2
+    assert grad_bucket_bytes(25 * 2 ** 20, 192, 2) == 25 * 2 ** 20  # stated (DDP's 25 MiB) wins
 
 
 def test_buckets_pay_one_latency_term_each_hand_computed():

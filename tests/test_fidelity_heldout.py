@@ -32,9 +32,11 @@ def test_megatron_bridge_llama3_70b_fp8_row():
                      "optimizer": "adam", "recompute": "none",
                      "attention_kernel": "cudnn",  # Transformer Engine's FusedAttention on Hopper
                      "cross_entropy_fusion": True},  # Megatron-Bridge's providers fuse the loss
-        # dp = 64 / (4*8*1) = 2; distributed optimizer (zero 1); SP because tp > 1 in Megatron
+        # dp = 64 / (4*8*1) = 2; distributed optimizer (zero 1); SP because tp > 1 in Megatron;
+        # Megatron's memory layout, gradients reduced in bf16 as Bridge's performance recipes set
         "parallel": {"dp": 2, "tp": 4, "pp": 8, "cp": 1, "ep": 1, "vpp": 5, "zero": 1,
-                     "sequence_parallel": True, "order": MEGATRON_ORDER},
+                     "sequence_parallel": True, "order": MEGATRON_ORDER, "framework": "megatron",
+                     "grad_reduce_dtype": "bf16"},
         "schedule": {"name": "Interleaved1F1B"},  # 80 layers over 8*5 stages: 2 each, even
         "overlap": MEGATRON_OVERLAP,
     }
@@ -44,7 +46,7 @@ def test_megatron_bridge_llama3_8b_fp8_row_with_the_fsdp_column_is_zero3():
     doc = fh.scenario_for(ROWS["mb-25.11-h100-llama38b-fp8cs"])
     assert doc["model"] == {"preset": "llama3-8b"}
     assert doc["parallel"] == {"dp": 8, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "vpp": 1, "zero": 3,
-                               "sequence_parallel": False, "order": MEGATRON_ORDER}
+                               "sequence_parallel": False, "order": MEGATRON_ORDER, "grad_reduce_dtype": "bf16"}
     assert doc["training"]["precision"] == "fp8" and doc["training"]["recompute"] == "none"
     assert doc["schedule"] == {"name": "1F1B"} and doc["overlap"] == MEGATRON_OVERLAP
 
@@ -59,7 +61,7 @@ def test_llm_foundry_mpt70b_row():
                   "tied_embeddings": True, "position": "learned", "max_seq_len": 2048},
         "training": {"global_batch": 1024, "microbatch_size": 8, "seq_len": 2048, "precision": "bf16",
                      "optimizer": "adam", "recompute": "full",  # "activation checkpointing ON"
-                     "attention_kernel": "fa2"},  # llm-foundry's attn_impl: flash (flash-attn 2)
+                     "attention_kernel": "triton"},  # the benchmark runs: attn_impl triton (submit_benchmarks.py default)
         "parallel": {"dp": 128, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "vpp": 1, "zero": 3,  # FULL_SHARD
                      "sequence_parallel": False, "order": MEGATRON_ORDER},
         "schedule": {"name": "1F1B"},

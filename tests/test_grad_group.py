@@ -55,7 +55,7 @@ def test_cp_only_job_reduces_its_gradients_over_the_cp_ranks():
     _, g, _ = state_bytes_per_param(sc.training.optimizer, sc.training.precision)
     params = mc.stage_costs[0].params
     # an all-reduce of the stage's gradients over ranks (0, 1), the cp pair, in Megatron's buckets
-    bucket = grad_bucket_bytes(0, 2, sc.training.precision)
+    bucket = grad_bucket_bytes(0, 2, 2)
     nb = n_buckets(params * g, bucket)
     _, per = select_algorithm(sc.hardware, "all_reduce", params * g / nb, [0, 1])
     assert reduce.duration_s > 0

@@ -82,8 +82,10 @@ def test_megatron_gpt3_example_simulates_like_the_bundled_scenario(tmp_path):
     assert r.returncode == 0, r.stderr
     imported = simulate(load_scenario(out)).to_json()
     # Megatron blocks on its pipeline sends unless --overlap-p2p-communication: the bundled
-    # scenario (asynchronous sends) says so with overlap.p2p = false
-    bundled = simulate(load_scenario(ROOT / "scenarios" / "gpt3-175b-1f1b.toml", ["overlap.p2p=false"])).to_json()
+    # scenario (asynchronous sends) says so with overlap.p2p = false; and Megatron keeps (and
+    # reduces) fp32 main gradients under bf16: parallel.framework = "megatron"
+    bundled = simulate(load_scenario(ROOT / "scenarios" / "gpt3-175b-1f1b.toml",
+                                     ["overlap.p2p=false", 'parallel.framework="megatron"'])).to_json()
     close(imported, bundled)
     # the padded GPT-2 vocabulary (51200) is the only difference in the weights
     assert imported["params"] - bundled["params"] == (51200 - 50257) * 12288
@@ -157,7 +159,9 @@ def test_megatron_parallel_settings():
                                    "--context-parallel-size", "2", "--sequence-parallel", "--micro-batch-size", "2",
                                    "--use-distributed-optimizer", "--overlap-param-gather", "--tp-comm-overlap",
                                    "--recompute-activations", "--fp8-format", "hybrid"], gpus=32).doc
-    assert doc["parallel"] == {"dp": 4, "tp": 2, "pp": 2, "cp": 2, "zero": 1, "sequence_parallel": True}
+    # Megatron's memory layout; FP8 runs with bf16 parameters: fp32 gradient reduction, its default
+    assert doc["parallel"] == {"dp": 4, "tp": 2, "pp": 2, "cp": 2, "zero": 1, "sequence_parallel": True,
+                               "framework": "megatron"}
     assert doc["training"]["global_batch"] == 8  # Megatron's default: micro batch * dp
     assert (doc["training"]["recompute"], doc["training"]["precision"]) == ("selective", "fp8")
     # no --overlap-p2p-communication: Megatron's pipeline sends block

@@ -246,10 +246,12 @@ def test_dp_collectives_agree_fast_and_full(extra):
         if key[0] != "REDUCE_GRAD" or "overlap.grad_reduce=false" in extra:
             assert full[key][0] == pytest.approx(dur, rel=0.01, abs=1e-9), key
     if "overlap.grad_reduce=false" in extra:
-        # one ring reduce-scatter's bandwidth term (0.3846 s) plus, per extra bucket, its 15
-        # latency steps: 17.6B gradients in Megatron's 40M-parameter buckets = 441 collectives,
-        # a step = NIC 4 us + 2 x one leaf switch 0.13 us (dgx-h100)
-        assert fast[("REDUCE_GRAD", 0)][0] == pytest.approx(0.3846 + 440 * 15 * (4.0e-6 + 2 * 0.13e-6), rel=1e-3)
+        # one ring reduce-scatter's bandwidth term (0.3846 s with the NIC at 0.86 of 50 GB/s,
+        # 0.3846 x 0.86 / 0.94 at the 47 GB/s NCCL's maintainers state for NDR) plus, per extra
+        # bucket, its 15 latency steps: 17.6B gradients in Megatron's 40M-parameter buckets = 441
+        # collectives, a step = NIC 4 us + 2 x one leaf switch 0.13 us (dgx-h100)
+        band = 0.3846 * 0.86 / 0.94
+        assert fast[("REDUCE_GRAD", 0)][0] == pytest.approx(band + 440 * 15 * (4.0e-6 + 2 * 0.13e-6), rel=1e-3)
 
 
 @pytest.mark.parametrize("path, over", [

@@ -48,6 +48,9 @@ def register(sub) -> None:
     a.add_argument("--batch", default="1", help="sequences (default 1)")
     a.add_argument("--causal", action="store_true", help="causal mask (FLOPs halved, as the FlashAttention papers count)")
     a.add_argument("--backward", action="store_true", help="the backward pass (2.5x the forward FLOPs)")
+    a.add_argument("--implementation", default=None,
+                   help="fa2 | fa3 | fa4 | cudnn | triton: the kernel a framework calls (training.attention_kernel; "
+                        "default the GPU's own)")
     _common(a, default_precision=None)
     a.set_defaults(func=cmd_attention)
     for q in (g, a):
@@ -117,8 +120,10 @@ def cmd_gemm(args) -> int:
 def cmd_attention(args) -> int:
     from parsim.cluster.attention_kernels import (
         ATTENTION_PRECISIONS,
+        IMPLEMENTATIONS,
         KERNELS,
         attention_flops,
+        resolve,
     )
 
     seq = _positive_int("--seq", args.seq)
@@ -136,9 +141,16 @@ def cmd_attention(args) -> int:
                           f"{dev.name} has no fused attention kernel (FlashAttention-2/3/4 need sm80 or newer)")
     if precision not in ATTENTION_PRECISIONS:
         raise ConfigError(WHERE, "--precision", f"fused attention runs {', '.join(ATTENTION_PRECISIONS)}, got {precision}")
+    impl = args.implementation
+    if impl is not None:
+        if impl not in IMPLEMENTATIONS:
+            raise ConfigError(WHERE, "--implementation", f"must be one of {', '.join(IMPLEMENTATIONS)}, got {impl!r}")
+        name = resolve(impl, dev.kernels.mma_style)
+        if name is None:
+            raise ConfigError(WHERE, "--implementation", f"{impl} is not modelled on {dev.name}")
     try:
         t = dev.attention_kernel_time(batch, seq, seq_k, heads, kv_heads, head_dim, args.causal, args.backward,
-                                      precision)
+                                      precision, impl)
     except ValueError as exc:
         raise ConfigError(WHERE, "--head-dim", str(exc)) from None
     flops = attention_flops(batch, seq, seq_k, heads, head_dim, args.causal, args.backward)

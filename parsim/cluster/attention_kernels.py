@@ -58,6 +58,11 @@ class PassModel:
     SM's share of HBM bandwidth."""
     diag_extra: float
     """Extra cost of a block the causal mask cuts, in inner-loop steps."""
+    mask_cost: float = 0.0
+    """Exposed mask arithmetic per score element on *every* block of a causal pass, in
+    special-function operations: kernels that apply the mask to all blocks rather than only to
+    the diagonal ones (the Triton FlashAttention kernel's ``tl.where`` in its inner loop); 0 for
+    the CUDA kernels, which mask the diagonal blocks only (``diag_extra``)."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,14 @@ class AttentionKernel:
     """(max head dim, Bq, Bk non-causal, Bk causal), first row whose head dim fits wins."""
     bwd_tiles: tuple[tuple[int, int, int], ...]
     """(max head dim, Bq, Bk) of the backward pass."""
+    mma_scale: tuple[tuple[int, float], ...] = ()
+    """(max head dim, factor) on both passes' ``mma_fraction``, first row whose head dim fits
+    wins; none: 1. For kernels whose launch configuration changes with the head dimension in a
+    way the tiles do not show (the Triton kernel: 4 warps up to head dim 64, 8 beyond)."""
+
+    def mma_factor(self, head_dim: int) -> float:
+        """The ``mma_scale`` factor for this head dimension (1 when none is given)."""
+        return next((f for d, f in self.mma_scale if head_dim <= d), 1.0)
 
     def tile(self, head_dim: int, causal: bool, backward: bool) -> tuple[int, int]:
         """(Bq, Bk) for this head dimension; ValueError beyond the kernel's largest."""
@@ -161,13 +174,41 @@ KERNELS: dict[str, AttentionKernel] = {
         fwd_tiles=((64, 192, 128, 128), (128, 128, 176, 128), (256, 128, 80, 80)),
         bwd_tiles=((64, 128, 128), (128, 64, 128), (256, 64, 80)),
     ),
+    "triton": AttentionKernel(
+        name="FlashAttention (Triton)",
+        source="Dao 2023, arXiv:2307.08691 Fig. 4, the 'FlashAttention Triton' bars (fwd+bwd, A100 80GB SXM4): "
+               "flash_attn_triton.py, the kernel llm-foundry's attn_impl: triton runs",
+        # benchmarks/fit_attention_fwd_bwd.py triton: BLOCK_M = BLOCK_N = 128 both passes; the
+        # backward tied to the forward by FA2's ratios; the mask applied on every block of a
+        # causal pass (its inner loop's tl.where); fit on panels (a)-(c), 18 bars: max error 8.0%,
+        # mean 3.2%; panel (d) (head dim 128, causal) held out: mean 9.6%, max 16% (seq 512)
+        forward=PassModel(mma_fraction=0.465, softmax_cost=0.941, cta_io=0.0, diag_extra=0.0, mask_cost=1.875),
+        backward=PassModel(mma_fraction=0.334, softmax_cost=1.280, cta_io=0.0, diag_extra=0.0, mask_cost=2.550),
+        fwd_tiles=((256, 128, 128, 128),),
+        bwd_tiles=((256, 128, 128),),
+        mma_scale=((64, 1.0), (256, 0.855)),  # 8 warps beyond head dim 64 (flash_attn_triton.py)
+    ),
+    "triton-hopper": AttentionKernel(
+        name="FlashAttention (Triton) on Hopper",
+        source="No published bars of the Triton kernel on H100: FlashAttention-1's H100 bars (the FA2 repository's "
+               "assets/flash2_h100_fwd_bwd_benchmark.png) as a proxy -- on A100, where both are published, the "
+               "Triton kernel is within -18%..+18% of FlashAttention-1, mean ratio 1.004 over 24 bars",
+        # benchmarks/fit_attention_fwd_bwd.py triton-hopper: fit on panels (a)-(c): max error 4.5%,
+        # mean 1.8%; panel (d) held out: mean 4.8%, max 10.1% (against the proxy bars)
+        forward=PassModel(mma_fraction=0.336, softmax_cost=2.851, cta_io=0.0, diag_extra=0.048, mask_cost=1.115),
+        backward=PassModel(mma_fraction=0.242, softmax_cost=3.878, cta_io=0.0, diag_extra=0.048, mask_cost=1.516),
+        fwd_tiles=((256, 128, 128, 128),),
+        bwd_tiles=((256, 128, 128),),
+        mma_scale=((64, 1.0), (256, 0.620)),
+    ),
 }
 
-IMPLEMENTATIONS = ("fa2", "fa3", "fa4", "cudnn")
+IMPLEMENTATIONS = ("fa2", "fa3", "fa4", "cudnn", "triton")
 """What ``training.attention_kernel`` may name: the implementation a framework calls."""
 VARIANTS: dict[tuple[str, str], str] = {
     ("fa2", "warp"): "fa2", ("fa2", "warpgroup"): "fa2-hopper",
     ("fa3", "warpgroup"): "fa3", ("fa4", "tile"): "fa4", ("cudnn", "warpgroup"): "cudnn-hopper",
+    ("triton", "warp"): "triton", ("triton", "warpgroup"): "triton-hopper",
 }
 """(implementation, the device's MMA style) -> the fitted kernel; missing pairs are not modelled
 (FA3 runs on Hopper only, FA4 on Blackwell; FA2 and cuDNN have published bars on Ampere/Hopper only)."""
@@ -212,9 +253,12 @@ def _rates(dev: Any, precision: str) -> tuple[float, float, float, int]:
     return clock, flop_clk, kf.sfu_op_per_clock_per_sm, kf.sm_count
 
 
-def _step_clocks(pm: PassModel, bq: int, bk: int, d: int, matmuls: int, flop_clk: float, sfu: float) -> float:
-    """Clocks of one inner-loop step: ``matmuls`` GEMMs of Bq x Bk x d plus exposed softmax."""
-    return 2.0 * matmuls * bq * bk * d / (flop_clk * pm.mma_fraction) + pm.softmax_cost * bq * bk / sfu
+def _step_clocks(pm: PassModel, bq: int, bk: int, d: int, matmuls: int, flop_clk: float, sfu: float,
+                 causal: bool = False) -> float:
+    """Clocks of one inner-loop step: ``matmuls`` GEMMs of Bq x Bk x d plus exposed softmax (and
+    the per-block mask of kernels that mask every block of a causal pass)."""
+    exposed = pm.softmax_cost + (pm.mask_cost if causal else 0.0)
+    return 2.0 * matmuls * bq * bk * d / (flop_clk * pm.mma_fraction) + exposed * bq * bk / sfu
 
 
 def _forward_groups(pm: PassModel, sq: int, sk: int, bq: int, bk: int, causal: bool) -> list[tuple[float, int]]:
@@ -282,7 +326,7 @@ def attention_time(dev: Any, batch: int, seq_q: int, seq_k: int, heads: int, kv_
     clock, flop_clk, sfu, sms = _rates(dev, precision)
     el = INPUT_BYTES[precision]
     bw = dev.effective_memory_bandwidth
-    step = _step_clocks(pm, bq, bk, head_dim, 5 if backward else 2, flop_clk, sfu)
+    step = _step_clocks(pm, bq, bk, head_dim, 5 if backward else 2, flop_clk * k.mma_factor(head_dim), sfu, causal)
     cta_bytes = ((4 * bk + 2 * bq) if backward else (2 * bq + 2 * bk)) * head_dim * el
     io = pm.cta_io * cta_bytes / (bw / sms / clock)
     groups = (_backward_groups if backward else _forward_groups)(pm, seq_q, seq_k, bq, bk, causal)

@@ -44,7 +44,6 @@ import math
 from dataclasses import dataclass
 
 from parsim.cluster.hardware import HardwareProfile
-from parsim.cluster.precision import PRECISION_TABLE
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "gather", "scatter",
          "all_to_all", "p2p")
@@ -182,7 +181,9 @@ def _nic_share(hw: HardwareProfile, pl: GroupPlacement, hops: int = 1) -> GroupP
     ``hops``: switches crossed (:func:`switch_hops`), each paid on the way and back."""
     node_bw = hw.nic.effective_bandwidth * hw.nics_per_node
     bw = node_bw / pl.concurrent
-    if pl.per_node > 1:
+    own_rail = hw.nic.effective_bandwidth * hw.nics_per_node / max(1, hw.gpus_per_node)
+    if pl.per_node > 1 or bw > own_rail:
+        # more than the GPU's own rail: the data reaches the other NICs over NVLink (NCCL's PXN)
         bw = min(bw, hw.nvlink.effective_bandwidth)
     if pl.leaves > 1:
         bw /= max(1.0, hw.spine_oversubscription)
@@ -290,12 +291,13 @@ DDP_BUCKET_BYTES = 25 * 2 ** 20
 """PyTorch DDP's default ``bucket_cap_mb`` = 25 (MiB)."""
 
 
-def grad_bucket_bytes(bucket_bytes: float, dp: int, precision: str) -> float:
+def grad_bucket_bytes(bucket_bytes: float, dp: int, grad_bytes: int) -> float:
     """The gradient bucket in bytes: ``bucket_bytes`` (``overlap.bucket_bytes``) when > 0, else
-    Megatron-core's default of max(40M, 1M x dp) parameters of ``precision``'s gradients."""
+    Megatron-core's default of max(40M, 1M x dp) parameters of ``grad_bytes``-byte gradients
+    (the dtype they are reduced in: ``parsim.costs.memory.grad_reduce_bytes``)."""
     if bucket_bytes > 0:
         return float(bucket_bytes)
-    return megatron_bucket_params(dp) * PRECISION_TABLE[precision].weight_bytes
+    return megatron_bucket_params(dp) * grad_bytes
 
 
 def bytes_sent_per_rank(kind: str, nbytes: float, n: int) -> float:

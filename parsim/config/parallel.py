@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from parsim.cluster.precision import PRECISION_TABLE
 from parsim.errors import ConfigError
 
 AXES = ("dp", "pp", "cp", "ep", "tp")
 CP_COMMS = ("p2p", "all_gather", "a2a")
 """Values of ``parallel.cp_comm`` (``parsim.costs.context``)."""
 FRAMEWORKS = ("zero", "megatron", "deepspeed", "fsdp")
+GRAD_REDUCE_DTYPES = ("fp32", "bf16", "fp16")
+"""Values of ``parallel.grad_reduce_dtype``."""
 """Memory conventions ``parallel.framework`` names (parsim.costs.framework)."""
 
 
@@ -67,6 +70,13 @@ class ParallelConfig:
     parameter, no buffers), "megatron" (fp32 main gradients, distributed-optimizer buffers),
     "deepspeed" (ZeRO's states plus its reduce/prefetch buckets), "fsdp" (FSDP2: fp32 sharded
     parameters and gradients, unit buffers). See parsim.costs.framework."""
+    grad_reduce_dtype: str | None = None
+    """Dtype the gradients are reduced in over dp x cp: "fp32" | "bf16" | "fp16"; None: the
+    framework's default (``parsim.costs.memory.grad_reduce_bytes``): fp32 under Megatron with
+    bf16/FP8 (its arguments force ``accumulate_allreduce_grads_in_fp32`` for bf16 unless
+    ``--grad-reduce-in-bf16``) and under FSDP2 (torchtitan's ``mixed_precision_reduce``
+    default); the 16-bit training dtype otherwise. Under ``framework = "megatron"`` it is also
+    the dtype of the main-gradient buffer."""
 
     @property
     def grad_degree(self) -> int:
@@ -161,6 +171,9 @@ def check_parallel(par: ParallelConfig, gpus: int, file: str | None) -> None:
     if par.framework == "megatron" and par.zero > 1:
         raise ConfigError(file, "parallel.framework", f"Megatron's distributed optimizer is ZeRO-1: needs zero <= 1, "
                                                       f"got {par.zero}")
+    if par.grad_reduce_dtype is not None and par.grad_reduce_dtype not in GRAD_REDUCE_DTYPES:
+        raise ConfigError(file, "parallel.grad_reduce_dtype", f"must be one of {', '.join(GRAD_REDUCE_DTYPES)}, "
+                                                              f"got {par.grad_reduce_dtype!r}")
     if par.world_size != gpus:
         raise ConfigError(
             file, "gpus",
@@ -267,3 +280,33 @@ def _what_would(n: int, S: int) -> str:
     _, f, l, q = best
     return (f"; [schedule] first_stage_layers = {f}, last_stage_layers = {l} "
             f"would leave {q} per other stage, or give layers_per_stage")
+
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+"""Bytes per element of the dtypes ``parallel.grad_reduce_dtype`` names."""
+
+
+def grad_reduce_bytes(framework: str, precision: str, dtype: str | None = None) -> int:
+    """Bytes per gradient element the data-parallel reduction moves (and, under Megatron, its
+    main-gradient buffer keeps).
+
+    ``dtype`` (``parallel.grad_reduce_dtype``) when given; else the framework's default:
+
+    * ``megatron`` -- fp32 with bf16 or FP8 training: Megatron-LM's argument checks set
+      ``accumulate_allreduce_grads_in_fp32`` for bf16 ("bfloat16 requires gradient
+      accumulation and all-reduce to be done in fp32", megatron/training/arguments.py) unless
+      ``--grad-reduce-in-bf16``; FP8 runs keep bf16 parameters (``--bf16``), so the same;
+      fp16 training reduces its fp16 gradients (the flag is off by default).
+    * ``fsdp`` -- fp32: torchtitan's ``training.mixed_precision_reduce`` defaults to float32
+      (FSDP2's ``MixedPrecisionPolicy(reduce_dtype=torch.float32)``).
+    * ``zero``, ``deepspeed`` -- the gradients' own 16-bit dtype (DeepSpeed reduces in the
+      model dtype unless ``communication_data_type`` says otherwise).
+    """
+    if dtype is not None:
+        return DTYPE_BYTES[dtype]
+    own = PRECISION_TABLE[precision].weight_bytes  # fp8 training keeps bf16 gradients
+    if framework == "megatron" and precision in ("bf16", "fp8"):
+        return 4
+    if framework == "fsdp":
+        return 4
+    return own

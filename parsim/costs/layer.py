@@ -88,7 +88,8 @@ def activation_options(inp: LayerInputs) -> ActivationOptions:
     """How activations are kept under these inputs (``parsim.costs.memory``)."""
     o = inp.options
     return ActivationOptions(o.recompute, o.flash_attention, inp.shard.sequence_parallel, o.dropout,
-                             bytes_per_element=PRECISION_TABLE[o.precision].activation_bytes)
+                             bytes_per_element=PRECISION_TABLE[o.precision].activation_bytes,
+                             fp8_linear_inputs=o.precision == "fp8")
 
 
 @lru_cache(maxsize=1024)

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from parsim.cluster.precision import PRECISION_TABLE
+from parsim.config.parallel import grad_reduce_bytes
 from parsim.model import ModelSpec
 
 # Optimizer state bytes per parameter beyond weights and gradients (K in ZeRO's
@@ -98,6 +99,11 @@ class ActivationOptions:
     bytes_per_element: int = 2
     """Bytes of one stored activation element: 2 for 16-bit training (Korthikanti's setting),
     4 for fp32 training (every 16-bit term doubles; 1-byte dropout masks stay 1 byte)."""
+    fp8_linear_inputs: bool = False
+    """The linear layers keep their inputs for the weight gradient as the FP8 tensors their
+    forward GEMM consumed, 1 byte per element (Transformer Engine under FP8: ``Linear`` saves
+    the quantised ``inputmat``, ``LayerNormLinear`` its FP8 ``ln_out``; MXFP8 adds one 8-bit
+    scale per 32 elements, neglected): the QKV and FC1 inputs, the projection's and FC2's."""
 
 
 def _per_token_parts(spec: ModelSpec, seq_len: int, tp: int, opts: ActivationOptions,
@@ -123,6 +129,11 @@ def _per_token_parts(spec: ModelSpec, seq_len: int, tp: int, opts: ActivationOpt
         f, ffn_mult = spec.d_ff, 1
     mlp = (6 * f if spec.ffn == "swiglu" else 4 * f) * ffn_mult
     sharded = (2 * q + 4 * kv + 2 * q + mlp) * e
+    if opts.fp8_linear_inputs:
+        # of the terms above, the QKV and FC1 inputs (2h each, replicated) and the projection's
+        # and FC2's inputs (2q; the 2f activation output per FFN visited) are kept at 1 byte
+        replicated -= (2 * h + 2 * h) * e - 2 * h
+        sharded -= (2 * q + 2 * f * ffn_mult) * e - (q + f * ffn_mult)
     # softmax output 2as, plus with dropout its 1-byte mask (as) and its output (2as);
     # without dropout the softmax output is what the scores x V product keeps: 2as only
     per_score = (2.0 * e + (1.0 + 2.0 * e if opts.dropout else 0.0))
@@ -173,7 +184,10 @@ def moe_dispatched_activation_bytes(spec: ModelSpec, rows: float, expert_tp: int
     """
     f = -(-spec.d_ff_expert_ // expert_tp)
     mlp = (3 * f if spec.ffn == "swiglu" else 2 * f)
-    return rows * (2 * spec.d_model + mlp) * opts.bytes_per_element
+    out = rows * (2 * spec.d_model + mlp) * opts.bytes_per_element
+    if opts.fp8_linear_inputs:  # the grouped GEMMs' inputs (permuted tokens, FC2's) kept in FP8
+        out -= rows * (spec.d_model + f) * (opts.bytes_per_element - 1)
+    return out
 
 
 def layer_recompute_transient_bytes(spec: ModelSpec, seq_len: int, microbatch: int, tp: int,
@@ -182,7 +196,7 @@ def layer_recompute_transient_bytes(spec: ModelSpec, seq_len: int, microbatch: i
     if opts.recompute != "full":
         return 0.0
     none = ActivationOptions("none", opts.flash_attention, opts.sequence_parallel, opts.dropout,
-                             opts.bytes_per_element)
+                             opts.bytes_per_element, opts.fp8_linear_inputs)
     return layer_activation_bytes(spec, seq_len, microbatch, tp, none, layer_index)
 
 
@@ -233,7 +247,7 @@ def nccl_buffer_bytes(n_communicators: int) -> float:
 
 def framework_states(framework: str, n_params: float, shard: int, zero: int, optimizer: str = "adam",
                      precision: str = "bf16", grad_per_microbatch: bool = False,
-                     unit_params: float = 0.0) -> dict[str, float]:
+                     unit_params: float = 0.0, grad_dtype: str | None = None) -> dict[str, float]:
     """Per-GPU model states and state buffers, by kind, as each framework keeps them.
 
     ``n_params``: parameters this GPU holds before ZeRO sharding; ``shard``: the ranks ZeRO
@@ -250,8 +264,9 @@ def framework_states(framework: str, n_params: float, shard: int, zero: int, opt
       16-bit parameters -- the unit buffers the UNSHARD actions hold -- and its 16-bit
       gradients, here grad_buckets).
     * ``megatron`` -- Megatron-LM with bf16: 16-bit weights, fp32 main gradients (its
-      default for bf16), the distributed optimizer's fp32 main parameters, m and v divided
-      by N (zero = 1): 6 + 12/N bytes per parameter (Megatron's distributed-optimizer docs).
+      default for bf16; ``grad_reduce_bytes``, ``grad_dtype`` overriding), the distributed
+      optimizer's fp32 main parameters, m and v divided by N (zero = 1): 6 + 12/N bytes per
+      parameter (Megatron's distributed-optimizer docs).
     * ``fsdp`` -- FSDP2 with bf16 compute and fp32 reduction (torchtitan's default): fp32
       sharded parameters and gradients and Adam's m, v, all over N (16 P / N); the 16-bit
       gathered units are the UNSHARD actions' buffers; a unit's 16-bit gradient and its fp32
@@ -272,7 +287,8 @@ def framework_states(framework: str, n_params: float, shard: int, zero: int, opt
             return {"params": w * P, "grads": g * P + 4 * P / N, "optimizer": opt, "grad_buckets": 0.0}
         return {"params": w * P, "grads": g * P, "optimizer": opt, "grad_buckets": 0.0}
     if framework == "megatron":
-        return {"params": w * P, "grads": 4 * P, "optimizer": k * P / (N if zero >= 1 else 1), "grad_buckets": 0.0}
+        main = grad_reduce_bytes(framework, precision, grad_dtype)
+        return {"params": w * P, "grads": main * P, "optimizer": k * P / (N if zero >= 1 else 1), "grad_buckets": 0.0}
     if framework == "fsdp":
         opt = max(0, k - 4)  # Adam's m and v: the fp32 master copy *is* the sharded parameter
         if grad_per_microbatch:

@@ -182,9 +182,10 @@ class ModelCosts:
         unit = max((self.stage_costs[s].params / max(1, self.stage_costs[s].n_layers) for s in stages), default=0.0)
         per_mb = par.grad_degree > 1 and par.grad_per_microbatch
         ms = framework_states(par.framework, n - ne, par.shard_degree, par.zero, tr.optimizer, tr.precision,
-                              per_mb, unit)
+                              per_mb, unit, par.grad_reduce_dtype)
         # experts: ZeRO shards them over the ranks that hold the same experts (dp*cp/ep)
-        me = framework_states(par.framework, ne, len(self.groups.edp), par.zero, tr.optimizer, tr.precision, per_mb)
+        me = framework_states(par.framework, ne, len(self.groups.edp), par.zero, tr.optimizer, tr.precision, per_mb,
+                              grad_dtype=par.grad_reduce_dtype)
         extra = self.weight_versions(rank) - 1  # PipeDream / 2BW stashed weight versions (16-bit copies)
         stash = extra * n * PRECISION_TABLE[tr.precision].weight_bytes
         buffers = {"grad_buckets": ms["grad_buckets"] + me["grad_buckets"]}

@@ -50,6 +50,7 @@ def import_megatron(argv: list[str], hardware: str | None = None, gpus: int | No
     parallel = {"dp": dp, "tp": tp, "pp": pp} | {k: x for k, x in (("cp", cp), ("ep", ep), ("vpp", vpp)) if x > 1}
     parallel["zero"] = _zero(v)
     parallel["sequence_parallel"] = bool(v.get("sequence_parallel")) and tp > 1  # Megatron drops it at tp=1
+    parallel.update(_grad_conventions(v, parallel["zero"], training["precision"]))
     schedule = {"name": "Interleaved1F1B" if vpp > 1 else "1F1B"}
     if pp > 1:
         per_stage = megatron_stage_layers(model["n_layers"], pp, vpp, v.get("first_layers"), v.get("last_layers"),
@@ -235,6 +236,19 @@ def _training(v: dict, dp: int, notes: list[str]) -> dict:
             "flash_attention": backend not in ("unfused", "local"),
             "dropout": v.get("attention_dropout", 0.1) > 0 or v.get("hidden_dropout", 0.1) > 0,
             "grad_accumulation_fusion": not v.get("no_grad_acc_fusion")}
+
+
+def _grad_conventions(v: dict, zero: int, precision: str) -> dict:
+    """``parallel.framework`` and ``grad_reduce_dtype`` of a Megatron job: its distributed optimizer
+    (or plain DDP) keeps Megatron's memory layout; with --use-torch-fsdp2 it is FSDP2's. For bf16
+    (and FP8, which runs with bf16 parameters) Megatron accumulates and reduces gradients in
+    fp32 (arguments.py sets ``accumulate_allreduce_grads_in_fp32``) unless --grad-reduce-in-bf16."""
+    out = {"framework": "fsdp" if zero == 3 else "megatron"}
+    if v.get("grad_reduce_in_bf16") and precision in ("bf16", "fp8"):
+        out["grad_reduce_dtype"] = "bf16"
+    elif v.get("grads_in_fp32") or (zero == 3 and precision in ("bf16", "fp8")):
+        out["grad_reduce_dtype"] = "fp32"
+    return out
 
 
 def _zero(v: dict) -> int:

@@ -142,6 +142,14 @@ def import_torchtitan(path: str | Path, hardware: str | None = None, gpus: int |
         else:
             notes.append(f"HSDP: torchtitan shards over dp_shard = {deg['shard']} ranks and replicates "
                          f"{deg['replicate']} times; parsim shards over all dp = {deg['dp']} (no parallel.dp_shard yet)")
+    reduce, rkey = c.get("training.mixed_precision_reduce", default="float32")
+    if parallel["zero"] == 3:
+        # FSDP2's memory layout (fp32 sharded parameters and gradients); its reduce-scatter in
+        # mixed_precision_reduce, float32 by default (parsim's "fsdp" default), else stated
+        parallel["framework"] = "fsdp"
+        if reduce == "bfloat16":
+            parallel["grad_reduce_dtype"] = "bf16"
+            keys["parallel.grad_reduce_dtype"] = rkey or "training.mixed_precision_reduce"
     if deg["shard"] == 1 and deg["cp"] > 1:
         notes.append("torchtitan shards parameters over the cp ranks (FSDP on dp_shard*cp); parsim shards over dp only")
     schedule = {"name": name}
