@@ -92,9 +92,11 @@ def test_all_to_all_time_is_the_collective_on_the_ep_group():
     res = simulate(sc)
     one = collective_time(sc.hardware, "all_to_all", SEQ * 2 * 1024 * 2, group)
     assert res.metrics["moe"]["layer_all_to_all_s"] == pytest.approx(one)
-    # 2 all-to-alls in forward, 2 in backward, per MoE layer
+    # 2 all-to-alls in forward, 2 in backward, per MoE layer; the forward first all-gathers
+    # every rank's int64 tokens-per-expert counts (the backward reuses them)
+    counts = collective_time(sc.hardware, "all_gather", len(group) * sc.model.n_experts * 8, group)
     tables = res.tables
-    assert tables.op(0, "F").parts.ep_comm == pytest.approx(4 * 2 * one)
+    assert tables.op(0, "F").parts.ep_comm == pytest.approx(4 * (2 * one + counts))
     assert tables.op(0, "I").parts.ep_comm == pytest.approx(4 * 2 * one)
 
 

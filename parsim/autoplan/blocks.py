@@ -122,7 +122,7 @@ def experts_op(st: Setting, mesh: Mesh, only: frozenset | None = None) -> Op:
         stash = ph.routed_rows * (m.d_model + m.ffn_matrices * f_e / t) * st_act_bytes(st)
         out.append(Strategy(tuple(roles), lay, part, part, f, b, per_mb, step,
                             _states(st, expert) / z + _states(st, router), stash, None, 2 * ph.all_to_all_s,
-                            transient_bytes=_gathered(st, expert, z)))
+                            transient_bytes=_gathered(st, expert, z), counts_s=ph.count_exchange_s))
     return Op("experts", "experts", m.d_model, tuple(out))
 
 

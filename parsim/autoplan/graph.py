@@ -74,6 +74,9 @@ class Strategy:
     a2a_s: float = 0.0
     """Seconds of the expert dispatch + combine all-to-alls of one forward (the backward runs as
     many again), exposed (``overlap.ep_comm`` off)."""
+    counts_s: float = 0.0
+    """Seconds of the forward's tokens-per-expert count exchange before its dispatch (the
+    backward reuses the counts): ``parsim.costs.moe.MoEPhase.count_exchange_s``."""
     transient_bytes: float = 0.0
     """Bytes alive only while the op runs: FSDP's gathered weight (and its gradient before the
     reduce-scatter), on top of everything kept at that liveness point."""
@@ -411,7 +414,7 @@ def op_time(s: Strategy, recompute: str, n_microbatches: int) -> float:
     unit's parameters while one computes: ``overlap.prefetch = 1``, FSDP2's default)."""
     again = recompute == "full"
     work = s.forward_s + s.backward_s + (s.forward_s if again else 0.0)
-    a2a = s.a2a_s * (3 if again else 2)
+    a2a = s.a2a_s * (3 if again else 2) + s.counts_s * (2 if again else 1)
     return work + max(0.0, s.comm_s - work) + a2a + s.step_comm_s / n_microbatches
 
 

@@ -129,5 +129,6 @@ def breakdown(hw: HardwareProfile, g: Graph, choice: tuple[int, ...]) -> Breakdo
         fc += fwd[choice[u]][choice[v]]
         bc += bwd[choice[u]][choice[v]]
     a2a = sum(s.a2a_s for s in ss)  # the experts' dispatch + combine, once per pass
-    return Breakdown(sum(s.forward_s for s in ss), sum(s.backward_s for s in ss), fc + a2a, bc + a2a,
+    counts = sum(s.counts_s for s in ss)  # the forward's count exchange before its dispatch
+    return Breakdown(sum(s.forward_s for s in ss), sum(s.backward_s for s in ss), fc + a2a + counts, bc + a2a,
                      sum(s.comm_s for s in ss), sum(s.step_comm_s for s in ss), sum(s.state_bytes for s in ss))

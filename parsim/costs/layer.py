@@ -195,7 +195,7 @@ def _layer_memory(inp: LayerInputs, li: int, ph) -> tuple[float, float, float]:
 def _moe_parts(inp: LayerInputs, ph, fwd: Parts, bwd_in: Parts, wgt: Parts, flops: float):
     """Add the slowest EP rank's MoE kernels (router, permute/unpermute, grouped GEMMs,
     activation, FP8 casts: ``parsim.costs.moe``) and its dispatch + combine all-to-alls (2
-    per pass); with ``overlap.ep_comm`` only what exceeds the pass's compute is exposed. The
+    per pass; the forward's token-count exchange before them); with ``overlap.ep_comm`` only what exceeds the pass's compute is exposed. The
     block's memory-bound model already counted the routed experts' activation, casts and
     permutations on the mean rank's tokens: that share comes back out (no double count)."""
     counted_f, counted_i = _routed_memory_counted(inp)
@@ -204,7 +204,8 @@ def _moe_parts(inp: LayerInputs, ph, fwd: Parts, bwd_in: Parts, wgt: Parts, flop
     wgt = wgt + Parts(compute=ph.backward_weight_s)
     a2a = 2 * ph.all_to_all_s
     hide = inp.options.overlap.ep_comm
-    ep_f = max(0.0, a2a - fwd.compute) if hide else a2a
+    # the forward first exchanges the token counts that size its dispatch (the backward reuses them)
+    ep_f = max(0.0, a2a + ph.count_exchange_s - fwd.compute) if hide else a2a + ph.count_exchange_s
     ep_i = max(0.0, a2a - bwd_in.compute - wgt.compute) if hide else a2a
     return (fwd + Parts(ep_comm=ep_f), bwd_in + Parts(ep_comm=ep_i), wgt, flops + ph.forward_flops)
 

@@ -408,6 +408,12 @@ class MoEPhase:
     """Assignments the slowest rank computes (its dispatched-token activations)."""
     routing_stash_bytes: float = 0.0
     """Routing map, probabilities and row-id map one layer keeps for the backward."""
+    count_exchange_s: float = 0.0
+    """The forward's exchange of tokens-per-expert counts that sizes the dispatch: an all-gather
+    of every EP rank's int64 count per expert (Megatron-Core's all-to-all dispatcher gathers
+    ``num_local_tokens_per_expert`` over the EP group before its all-to-all, and copies them to
+    the host; parsim's torch runtime does the same all-gather, ``validate.comm.exchange_counts``).
+    The backward reuses the counts. 0 with DeepEP (its layout is computed on the device)."""
 
     @property
     def forward_s(self) -> float:
@@ -453,6 +459,18 @@ def moe_phase(model, hw, cfg: MoEConfig, precision: str, tokens: int, group: tup
     else:
         buf = max(r.sent, float(r.received.max())) * m.d_model * bpe
         a2a = all_to_all_time(hw, buf, tuple(group))
+    counts = count_exchange_time(hw, m.n_experts, tuple(group)) if cfg.dispatcher != "deepep" else 0.0
     flops = 2.0 * float(r.kept.sum()) / g * m.ffn_matrices * m.d_model * f
     return MoEPhase(r, tuple(group), expert_tp, times, slowest, pieces[slowest], a2a, flops,
-                    float(r.received[slowest]), routing_stash_bytes(r.tokens_per_rank, m.n_experts))
+                    float(r.received[slowest]), routing_stash_bytes(r.tokens_per_rank, m.n_experts), counts)
+
+
+COUNT_BYTES = 8
+"""Bytes of one tokens-per-expert count (int64, as torch's bincount/histc results are kept)."""
+
+
+def count_exchange_time(hw, n_experts: int, group: tuple[int, ...]) -> float:
+    """Seconds of the all-gather of every EP rank's per-expert token counts (``MoEPhase.count_exchange_s``)."""
+    if len(group) <= 1:
+        return 0.0
+    return collective_time(hw, "all_gather", len(group) * n_experts * COUNT_BYTES, list(group))
