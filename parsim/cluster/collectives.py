@@ -294,7 +294,7 @@ DDP_BUCKET_BYTES = 25 * 2 ** 20
 def grad_bucket_bytes(bucket_bytes: float, dp: int, grad_bytes: int) -> float:
     """The gradient bucket in bytes: ``bucket_bytes`` (``overlap.bucket_bytes``) when > 0, else
     Megatron-core's default of max(40M, 1M x dp) parameters of ``grad_bytes``-byte gradients
-    (the dtype they are reduced in: ``parsim.costs.memory.grad_reduce_bytes``)."""
+    (the dtype they are reduced in: ``ParallelConfig.grad_bytes``)."""
     if bucket_bytes > 0:
         return float(bucket_bytes)
     return megatron_bucket_params(dp) * grad_bytes

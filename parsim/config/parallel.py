@@ -16,9 +16,9 @@ AXES = ("dp", "pp", "cp", "ep", "tp")
 CP_COMMS = ("p2p", "all_gather", "a2a")
 """Values of ``parallel.cp_comm`` (``parsim.costs.context``)."""
 FRAMEWORKS = ("zero", "megatron", "deepspeed", "fsdp")
+"""Memory conventions ``parallel.framework`` names (parsim.costs.framework)."""
 GRAD_REDUCE_DTYPES = ("fp32", "bf16", "fp16")
 """Values of ``parallel.grad_reduce_dtype``."""
-"""Memory conventions ``parallel.framework`` names (parsim.costs.framework)."""
 
 
 @dataclass(frozen=True)
@@ -72,11 +72,16 @@ class ParallelConfig:
     parameters and gradients, unit buffers). See parsim.costs.framework."""
     grad_reduce_dtype: str | None = None
     """Dtype the gradients are reduced in over dp x cp: "fp32" | "bf16" | "fp16"; None: the
-    framework's default (``parsim.costs.memory.grad_reduce_bytes``): fp32 under Megatron with
+    framework's default (:func:`grad_reduce_bytes`): fp32 under Megatron with
     bf16/FP8 (its arguments force ``accumulate_allreduce_grads_in_fp32`` for bf16 unless
     ``--grad-reduce-in-bf16``) and under FSDP2 (torchtitan's ``mixed_precision_reduce``
     default); the 16-bit training dtype otherwise. Under ``framework = "megatron"`` it is also
     the dtype of the main-gradient buffer."""
+
+    def grad_bytes(self, precision: str) -> int:
+        """Bytes per gradient element the dp x cp reduction moves under ``precision`` training:
+        :func:`grad_reduce_bytes` of this framework and ``grad_reduce_dtype``."""
+        return grad_reduce_bytes(self.framework, precision, self.grad_reduce_dtype)
 
     @property
     def grad_degree(self) -> int:
@@ -304,9 +309,6 @@ def grad_reduce_bytes(framework: str, precision: str, dtype: str | None = None) 
     """
     if dtype is not None:
         return DTYPE_BYTES[dtype]
-    own = PRECISION_TABLE[precision].weight_bytes  # fp8 training keeps bf16 gradients
-    if framework == "megatron" and precision in ("bf16", "fp8"):
+    if framework == "fsdp" or (framework == "megatron" and precision in ("bf16", "fp8")):
         return 4
-    if framework == "fsdp":
-        return 4
-    return own
+    return PRECISION_TABLE[precision].weight_bytes  # fp8 training keeps bf16 gradients

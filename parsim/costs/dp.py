@@ -17,7 +17,7 @@ from parsim.cluster.collectives import (
     parameter_server_time,
 )
 from parsim.cluster.contention import group_sms, slowdown_s
-from parsim.config.parallel import ParallelConfig, grad_reduce_bytes
+from parsim.config.parallel import ParallelConfig
 from parsim.config.scenario import OverlapConfig
 from parsim.costs.inputs import CachedHash, Cluster, Ranks, rank_groups
 from parsim.costs.layer import cached_collective_time
@@ -132,7 +132,7 @@ def _stage_dp(st: DPSetting, params: float, expert_params: float,
     hw, par = st.cluster, st.parallel
     groups = rank_groups(par)
     w, _, k = state_bytes_per_param(st.optimizer, st.precision)
-    g = reduce_bytes(st)  # the dtype gradients are accumulated and reduced in (fp32 under Megatron's bf16)
+    g = par.grad_bytes(st.precision)  # the dtype gradients are accumulated and reduced in (fp32 under Megatron's bf16)
     dense, expert = params - expert_params, expert_params
     n_g = par.grad_degree
     n_s = par.shard_degree if par.zero >= 1 else n_g
@@ -214,14 +214,8 @@ def dp_sms(st: DPSetting) -> int:
 
 def bucket_bytes(st: DPSetting) -> float:
     """The gradient bucket in bytes (``parsim.cluster.collectives.grad_bucket_bytes``)."""
-    return grad_bucket_bytes(st.overlap.bucket_bytes, st.parallel.grad_degree, reduce_bytes(st))
-
-
-def reduce_bytes(st: DPSetting) -> int:
-    """Bytes per gradient element the reduction moves (``grad_reduce_bytes``: the framework's
-    dtype, or ``parallel.grad_reduce_dtype``)."""
     par = st.parallel
-    return grad_reduce_bytes(par.framework, st.precision, par.grad_reduce_dtype)
+    return grad_bucket_bytes(st.overlap.bucket_bytes, par.grad_degree, par.grad_bytes(st.precision))
 
 
 @lru_cache(maxsize=65536)

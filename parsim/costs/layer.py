@@ -195,9 +195,10 @@ def _layer_memory(inp: LayerInputs, li: int, ph) -> tuple[float, float, float]:
 def _moe_parts(inp: LayerInputs, ph, fwd: Parts, bwd_in: Parts, wgt: Parts, flops: float):
     """Add the slowest EP rank's MoE kernels (router, permute/unpermute, grouped GEMMs,
     activation, FP8 casts: ``parsim.costs.moe``) and its dispatch + combine all-to-alls (2
-    per pass; the forward's token-count exchange before them); with ``overlap.ep_comm`` only what exceeds the pass's compute is exposed. The
-    block's memory-bound model already counted the routed experts' activation, casts and
-    permutations on the mean rank's tokens: that share comes back out (no double count)."""
+    per pass; the forward's token-count exchange before them); with ``overlap.ep_comm`` only
+    what exceeds the pass's compute is exposed. The block's memory-bound model already counted
+    the routed experts' activation, casts and permutations on the mean rank's tokens: that share
+    comes back out (no double count)."""
     counted_f, counted_i = _routed_memory_counted(inp)
     fwd = fwd + Parts(compute=ph.forward_s - counted_f)
     bwd_in = bwd_in + Parts(compute=ph.backward_input_s - counted_i)

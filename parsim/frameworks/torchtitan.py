@@ -149,7 +149,7 @@ def import_torchtitan(path: str | Path, hardware: str | None = None, gpus: int |
         parallel["framework"] = "fsdp"
         if reduce == "bfloat16":
             parallel["grad_reduce_dtype"] = "bf16"
-            keys["parallel.grad_reduce_dtype"] = rkey or "training.mixed_precision_reduce"
+            keys["parallel.grad_reduce_dtype"] = rkey
     if deg["shard"] == 1 and deg["cp"] > 1:
         notes.append("torchtitan shards parameters over the cp ranks (FSDP on dp_shard*cp); parsim shards over dp only")
     schedule = {"name": name}

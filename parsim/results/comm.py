@@ -31,7 +31,6 @@ def collective_algorithms(sc) -> dict[str, dict]:
     from parsim.cluster.collectives import grad_bucket_bytes, select_algorithm
     from parsim.cluster.precision import PRECISION_TABLE
     from parsim.costs.inputs import rank_groups
-    from parsim.costs.memory import grad_reduce_bytes
 
     par, m, tr, hw = sc.parallel, sc.model, sc.training, sc.hardware
     groups = rank_groups(par)
@@ -44,8 +43,8 @@ def collective_algorithms(sc) -> dict[str, dict]:
     if par.grad_degree > 1:  # dense gradients sum over dp x cp (groups.dp)
         n_s = par.shard_degree if par.zero >= 1 else par.grad_degree
         wanted.append(("dp", "reduce_scatter" if par.zero >= 1 else "all_reduce",
-                       grad_bucket_bytes(sc.overlap.bucket_bytes, par.grad_degree,
-                                         grad_reduce_bytes(par.framework, tr.precision, par.grad_reduce_dtype)), list(groups.dp)[:n_s]))
+                       grad_bucket_bytes(sc.overlap.bucket_bytes, par.grad_degree, par.grad_bytes(tr.precision)),
+                       list(groups.dp)[:n_s]))
     if par.cp > 1:
         kv = 2 * tokens * m.n_kv_heads * m.head_dim_ * act / par.tp
         kind = {"p2p": "p2p", "all_gather": "all_gather", "a2a": "all_to_all"}.get(par.cp_comm, "p2p")

@@ -52,7 +52,6 @@ import simpy
 
 from parsim.cluster.collectives import grad_bucket_bytes, n_buckets
 from parsim.cluster.contention import slowdown_s
-from parsim.config.parallel import grad_reduce_bytes
 from parsim.schedule.coverage import Coverage, Trait
 from parsim.schedule.ir import Op, Schedule, no_gc
 from parsim.schedule.passes import last_backward, last_backward_per_microbatch
@@ -162,7 +161,8 @@ class _Job:
         if kind not in ("all_reduce", "reduce_scatter"):
             return 1
         sc = self.sc
-        return n_buckets(nbytes, grad_bucket_bytes(sc.overlap.bucket_bytes, sc.parallel.grad_degree, _grad_bytes(sc)))
+        return n_buckets(nbytes, grad_bucket_bytes(sc.overlap.bucket_bytes, sc.parallel.grad_degree,
+                                                   sc.parallel.grad_bytes(sc.training.precision)))
 
     def _run(self, kind, nbytes, scale, rank, reps, done):
         """The collective's phases for every TP rank's group at once (fast mode's concurrent groups)."""
@@ -238,12 +238,6 @@ def _dp_parts(job: _Job, stage: int, op: Op, nbytes: float) -> list[tuple[str, s
     dense = "parameter_server" if par.dp_comm == "parameter_server" else kind
     parts = [("dp", dense, nbytes - expert), ("edp" if par.ep > 1 else "dp", kind, expert)]
     return [p for p in parts if p[2] > 0 and len(job.replicas(p[0], 0)) > 1]
-
-
-def _grad_bytes(sc) -> int:
-    """Bytes per gradient element the reduction moves (the framework's dtype)."""
-    par = sc.parallel
-    return grad_reduce_bytes(par.framework, sc.training.precision, par.grad_reduce_dtype)
 
 
 def _twin_bytes(job: _Job, stage: int, nbytes: float) -> float:
