@@ -31,13 +31,19 @@ VARIANTS = {
 }
 
 
-def test_terapipe_gradients_equal_single_process(tmp_path):
-    ranks = launch({"scenario": TINY, "backend": "gloo", "mode": "parity", "variants": list(VARIANTS.values()),
-                    "timeout": 60}, 2, tmp_path, 120)
-    for i, name in enumerate(VARIANTS):
-        sc = prepare(TINY, VARIANTS[name], "gloo")
+def _assert_parity(variants: dict, n_ranks: int, tmp_path, timeout: int, deadline: int) -> None:
+    """Run every variant on ``n_ranks`` gloo ranks in one launch; each one's gradients must equal
+    a single process's within 1e-6."""
+    ranks = launch({"scenario": TINY, "backend": "gloo", "mode": "parity", "variants": list(variants.values()),
+                    "timeout": timeout}, n_ranks, tmp_path, deadline)
+    for i, name in enumerate(variants):
+        sc = prepare(TINY, variants[name], "gloo")
         res = check_parity(sc, tmp_path, [r["variants"][i] for r in ranks], variant=i)
         assert res["max_abs_diff"] < 1e-6, name
+
+
+def test_terapipe_gradients_equal_single_process(tmp_path):
+    _assert_parity(VARIANTS, 2, tmp_path, 60, 120)
 
 
 FOUR_RANKS = {  # on top of tensor and data parallelism (pp=2 x tp=2, pp=2 x dp=2)
@@ -49,12 +55,7 @@ FOUR_RANKS = {  # on top of tensor and data parallelism (pp=2 x tp=2, pp=2 x dp=
 
 @pytest.mark.slow
 def test_terapipe_with_tp_and_dp_gradients_equal_single_process(tmp_path):
-    ranks = launch({"scenario": TINY, "backend": "gloo", "mode": "parity", "variants": list(FOUR_RANKS.values()),
-                    "timeout": 90}, 4, tmp_path, 200)
-    for i, name in enumerate(FOUR_RANKS):
-        sc = prepare(TINY, FOUR_RANKS[name], "gloo")
-        res = check_parity(sc, tmp_path, [r["variants"][i] for r in ranks], variant=i)
-        assert res["max_abs_diff"] < 1e-6, name
+    _assert_parity(FOUR_RANKS, 4, tmp_path, 90, 200)
 
 
 def _grads(stage, x, g_out, lengths, order):

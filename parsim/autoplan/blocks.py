@@ -59,12 +59,7 @@ def block_graph(st: Setting, mesh: Mesh, first: bool = False, last: bool = False
     widths = [m.d_model, qkv_w, m.n_heads * m.head_dim_, m.d_model, m.d_model, f_w]
     edges = [(i, i + 1, w) for i, w in enumerate(widths)]
     edges.append((6, 0, m.d_model))
-    if first:
-        ops.append(end_op(st, mesh, "embedding", lin))
-        edges.append((len(ops) - 1, 0, m.d_model))
-    if last:
-        ops.append(end_op(st, mesh, "lm_head", lin))
-        edges.append((6, len(ops) - 1, m.d_model))
+    _add_ends(st, mesh, lin, ops, edges, first, last, 6)
     tokens = st.microbatch * st.seq_len
     return Graph(tuple(ops), tuple(edges), mesh, tokens, PRECISION_TABLE[st.precision].wire_bytes)
 
@@ -126,6 +121,18 @@ def experts_op(st: Setting, mesh: Mesh, only: frozenset | None = None) -> Op:
     return Op("experts", "experts", m.d_model, tuple(out))
 
 
+def _add_ends(st: Setting, mesh: Mesh, lin, ops: list, edges: list, first: bool, last: bool, block_out: int) -> None:
+    """Append the embedding (feeding the block's first op, 0) on the first stage and the LM head
+    (fed by the block's output op ``block_out``) on the last, with their edges, in place."""
+    d = st.model.d_model
+    if first:
+        ops.append(end_op(st, mesh, "embedding", lin))
+        edges.append((len(ops) - 1, 0, d))
+    if last:
+        ops.append(end_op(st, mesh, "lm_head", lin))
+        edges.append((block_out, len(ops) - 1, d))
+
+
 def _moe_graph(st: Setting, mesh: Mesh, first: bool, last: bool, runnable: bool = False) -> Graph:
     """ln1 -> qkv -> attn -> out -> ln2 -> experts (-> the next block's ln1)."""
     m = st.model
@@ -137,11 +144,6 @@ def _moe_graph(st: Setting, mesh: Mesh, first: bool, last: bool, runnable: bool 
            linear_op(st, mesh, "out", lin), norm_op(st, mesh, "ln2"), experts_op(st, mesh, exp)]
     widths = [m.d_model, (m.n_heads + 2 * m.n_kv_heads) * m.head_dim_, m.n_heads * m.head_dim_, m.d_model, m.d_model]
     edges = [(i, i + 1, w) for i, w in enumerate(widths)] + [(5, 0, m.d_model)]
-    if first:
-        ops.append(end_op(st, mesh, "embedding", lin))
-        edges.append((len(ops) - 1, 0, m.d_model))
-    if last:
-        ops.append(end_op(st, mesh, "lm_head", lin))
-        edges.append((5, len(ops) - 1, m.d_model))
+    _add_ends(st, mesh, lin, ops, edges, first, last, 5)
     return Graph(tuple(ops), tuple(edges), mesh, st.microbatch * st.seq_len, PRECISION_TABLE[st.precision].wire_bytes,
                  m.n_experts)
