@@ -124,12 +124,14 @@ class Setting:
     recompute: str = "none"
     """none | full (the backward reruns the forward; only the block's input is kept)."""
     flash_attention: bool = True
+    dropout: bool | None = None
+    """Dropout masks (None: on for GeLU models, as ``training.dropout``'s default)."""
 
 
 def _inputs(st: Setting, mbs: int, tp: int, sp: bool, group: tuple[int, ...] = (0,)) -> LayerInputs:
     """LayerInputs of one device's piece: ``mbs`` local sequences, ``tp``-way head/feature split."""
     m = st.model
-    dropout = m.ffn == "gelu"
+    dropout = m.ffn == "gelu" if st.dropout is None else st.dropout
     shard = Shard(max(1, mbs), st.seq_len, tp, 1, 1, sp, Ranks(group), Ranks((group[0],)), Ranks(), 1)
     opts = TrainOptions(st.precision, st.flash_attention, dropout, st.recompute, False, True, st.optimizer,
                         OverlapConfig())

@@ -47,6 +47,10 @@ class AutoplanSpec:
     """Leaders by the estimate that are simulated (more, up to 4x, until one fits in the engine's memory)."""
     max_microbatch_per_gpu: int = 8
     """Largest microbatch, in sequences per GPU of a stage, considered."""
+    flash_attention: bool = True
+    """``training.flash_attention`` of every plan (false: the unfused s x s attention core)."""
+    dropout: bool | None = None
+    """``training.dropout`` of every plan (None: the model family's default)."""
 
 
 @dataclass(frozen=True)
@@ -139,10 +143,12 @@ def search(spec: AutoplanSpec, progress=None) -> tuple[list[Plan], dict]:
             stats["meshes"] += 1
             for mb in _microbatches(spec, d, pp):
                 sequences = spec.global_batch // mb
-                st_base = Setting(m, hw, sequences, spec.seq_len, spec.precision, spec.optimizer)
+                st_base = Setting(m, hw, sequences, spec.seq_len, spec.precision, spec.optimizer,
+                                  flash_attention=spec.flash_attention, dropout=spec.dropout)
                 graphs = _graphs(st_base, axes, pp)
                 for rc in spec.recompute:
-                    st = Setting(m, hw, sequences, spec.seq_len, spec.precision, spec.optimizer, rc)
+                    st = Setting(m, hw, sequences, spec.seq_len, spec.precision, spec.optimizer, rc,
+                                 flash_attention=spec.flash_attention, dropout=spec.dropout)
                     gs = graphs if rc == "none" else _graphs(st, axes, pp)
                     plan = _one(spec, gs, pp, mb, rc, budget, stats)
                     if plan is not None:
@@ -244,7 +250,9 @@ def scenario_doc(spec: AutoplanSpec, plan: Plan) -> dict:
     return {
         "name": f"{spec.model.name}-autoplan", "hardware": spec.hardware.name, "gpus": spec.gpus, "model": model,
         "training": {"global_batch": spec.global_batch, "seq_len": spec.seq_len, "microbatch_size": mbs,
-                     "precision": spec.precision, "optimizer": spec.optimizer, "recompute": plan.recompute},
+                     "precision": spec.precision, "optimizer": spec.optimizer, "recompute": plan.recompute,
+                     **({} if spec.flash_attention else {"flash_attention": False}),
+                     **({} if spec.dropout is None else {"dropout": spec.dropout})},
         "sharding": sharding_table(plan),
         "schedule": {"name": "1F1B", "n_microbatches": plan.n_microbatches,
                      **({"layers_per_stage": list(plan.pipeline.layers_per_stage)} if plan.pp > 1 else {})},

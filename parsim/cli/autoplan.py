@@ -27,6 +27,10 @@ def register(sub) -> None:
     p.add_argument("--seq-len", type=positive_int("--seq-len"), required=True, help="tokens per sequence")
     p.add_argument("--precision", help="compute precision (default: bf16, fp16 where the GPU has no bf16)")
     p.add_argument("--optimizer", default="adam", help="optimizer (adam, sgd, ...)")
+    p.add_argument("--no-flash-attention", dest="flash_attention", action="store_false",
+                   help="run the unfused attention core (training.flash_attention = false), as pre-2022 frameworks did")
+    p.add_argument("--no-dropout", dest="dropout", action="store_false", default=None,
+                   help="no dropout (training.dropout = false; default: the model family's)")
     p.add_argument("--recompute", default="none,full", help="comma-separated recompute modes among none, full")
     p.add_argument("--confirm", type=positive_int("--confirm"), default=4, help="leaders simulated (default 4)")
     p.add_argument("--no-grid", action="store_true", help="skip parsim plan's grid search beside the plan")
@@ -64,7 +68,7 @@ def build_spec(args):
         raise ConfigError(FILE, "--model", f"{model.name}: the op graph covers dense MHA/GQA blocks and blocks of "
                                            "routed experts only (no MLA, shared experts or dense layers between)")
     return AutoplanSpec(model, ref, hw, args.gpus, args.global_batch, args.seq_len, prec, args.optimizer, rc,
-                        args.confirm)
+                        args.confirm, flash_attention=args.flash_attention, dropout=args.dropout)
 
 
 def _grid(spec) -> dict | None:
@@ -73,7 +77,8 @@ def _grid(spec) -> dict | None:
     from parsim.plan.space import PlanSpec, default_schedules
     ps = PlanSpec(model=spec.model, model_ref=spec.model_ref, hardware=spec.hardware, gpus=spec.gpus,
                   global_batch=spec.global_batch, seq_len=spec.seq_len, schedules=default_schedules(),
-                  recompute=spec.recompute, precision=spec.precision, optimizer=spec.optimizer)
+                  recompute=spec.recompute, precision=spec.precision, optimizer=spec.optimizer,
+                  flash_attention=spec.flash_attention, dropout=spec.dropout)
     res = run_plan(ps, "time", top=1, confirm=4, workers=1, progress=False)
     if not res.rows:
         return None

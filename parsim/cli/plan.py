@@ -36,6 +36,10 @@ def register(sub) -> None:
     p.add_argument("--max-cp", type=positive_int("--max-cp"), default=8, help="largest context-parallel degree")
     p.add_argument("--precision", default="bf16", help="compute precision (bf16, fp16, fp8, fp32)")
     p.add_argument("--optimizer", default="adam", help="optimizer (adam, sgd, ...)")
+    p.add_argument("--no-flash-attention", dest="flash_attention", action="store_false",
+                   help="run the unfused attention core (training.flash_attention = false), as pre-2022 frameworks did")
+    p.add_argument("--no-dropout", dest="dropout", action="store_false", default=None,
+                   help="no dropout (training.dropout = false; default: the model family's)")
     p.add_argument("--objective", choices=("time", "mfu", "cost"), default="time",
                    help="time: shortest step; mfu: highest MFU; cost: fewest GPU-hours per token (tries N/2, N/4 GPUs too)")
     p.add_argument("--train-tokens", type=finite_positive("--train-tokens"), metavar="T",
@@ -131,7 +135,8 @@ def build_spec(args):
                     schedules=schedules, recompute=rc, zero=zero,
                     microbatch_sizes=_ints(args.microbatch_sizes, "--microbatch-sizes", (1, 2, 4)),
                     max_tp=args.max_tp, max_cp=args.max_cp, world_sizes=worlds,
-                    precision=args.precision, optimizer=args.optimizer)
+                    precision=args.precision, optimizer=args.optimizer, flash_attention=args.flash_attention,
+                    dropout=args.dropout)
 
 
 def cmd_plan(args) -> int:

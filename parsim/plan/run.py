@@ -54,6 +54,8 @@ def spec_digest(spec: PlanSpec) -> str:
     """Short hash of everything but the search space: results files are keyed with it."""
     d = {"model": asdict(spec.model), "hw": spec.hardware.name, "gb": spec.global_batch,
          "seq": spec.seq_len, "prec": spec.precision, "opt": spec.optimizer, "overlap": asdict(spec.overlap)}
+    if not spec.flash_attention or spec.dropout is not None:  # absent keeps the digests of older results files
+        d.update(flash=spec.flash_attention, dropout=spec.dropout)
     return hashlib.sha1(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:10]
 
 
@@ -373,7 +375,7 @@ microbatch_size = {row['microbatch_size']}
 precision = "{spec.precision}"
 optimizer = "{spec.optimizer}"
 recompute = "{row['recompute']}"
-
+{_attention_keys(spec.flash_attention, spec.dropout)}
 [parallel]
 dp = {p['dp']}
 tp = {p['tp']}
@@ -389,3 +391,9 @@ name = "{row['schedule']}"
 
 [overlap]
 """ + "\n".join(f"{k} = {str(v).lower()}" for k, v in ov.items()) + "\n"
+
+
+def _attention_keys(flash_attention: bool, dropout: bool | None) -> str:
+    """The ``[training]`` lines of a non-default attention setting (each ending in a newline)."""
+    return (("" if flash_attention else "flash_attention = false\n")
+            + ("" if dropout is None else f"dropout = {str(dropout).lower()}\n"))

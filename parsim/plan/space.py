@@ -62,6 +62,10 @@ class PlanSpec:
     """GPU counts to try (default: all ``gpus``; the cost objective also tries fewer)."""
     precision: str = "bf16"
     """Compute precision."""
+    flash_attention: bool = True
+    """``training.flash_attention`` of every candidate (false: the unfused s x s attention core)."""
+    dropout: bool | None = None
+    """``training.dropout`` of every candidate (None: the model family's default)."""
     optimizer: str = "adam"
     """Optimizer (sets the optimizer-state bytes)."""
     overlap: OverlapConfig = field(default_factory=OverlapConfig)
@@ -106,7 +110,7 @@ def make_scenario(spec: PlanSpec, c: Candidate) -> Scenario:
     par = ParallelConfig(dp=c.dp, tp=c.tp, pp=c.pp, cp=c.cp, ep=c.ep, vpp=c.vpp, zero=c.zero,
                          sequence_parallel=c.tp > 1)
     tr = TrainingConfig(spec.global_batch, spec.seq_len, c.microbatch_size, spec.precision,
-                        spec.optimizer, c.recompute)
+                        spec.optimizer, c.recompute, flash_attention=spec.flash_attention, dropout=spec.dropout)
     check_parallel(par, c.world, PLAN_FILE)
     _scn.check_model_parallel(spec.model, tr, par, PLAN_FILE)
     layers = partition_layers(spec.model.n_layers, par.n_stages, file=PLAN_FILE, interleaved=c.vpp > 1)
