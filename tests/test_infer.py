@@ -101,20 +101,34 @@ def test_prefetch_parallel_fetch_and_nvme_bounce_behave():
     assert cpu2["generate_tokens_per_s_per_gpu"] > cpu1["generate_tokens_per_s_per_gpu"]  # super-linear
 
 
+def test_parallel_fetch_copies_the_next_block_after_this_blocks_all_gather():
+    """DeepSpeed's ZeRO-3 fetch (all_gather_coalesced) copies a rank's partition host->device and
+    all-gathers it on one side stream: each block's copy starts when the previous block's
+    all-gather ends, so a block costs its share's copy plus its all-gather (hand-computed)."""
+    job, _, tl = infer(OPT, "gpus=2", "parallel.dp=2", "inference.batch=16")
+    hw, m = job.scenario.hardware, job.scenario.model
+    p0 = tl[(tl["microbatch"] == 1) & tl["op"].isin(["FETCH", "ALL_GATHER"])].sort_values("start_s")
+    fetches, gathers = p0[p0["op"] == "FETCH"], p0[p0["op"] == "ALL_GATHER"]
+    assert len(fetches) == len(gathers) > 3
+    for (_, g), (_, f) in zip(gathers.iloc[:-1].iterrows(), fetches.iloc[1:].iterrows()):
+        assert f["start_s"] == pytest.approx(g["end_s"], abs=1e-12)
+    block = total_params(m) * 2 / m.n_layers  # fp16 weights of one decoder block (embeddings aside)
+    layer = fetches.iloc[2]
+    assert layer["end_s"] - layer["start_s"] == pytest.approx(block / 2 / hw.pcie.effective_bandwidth, rel=0.02)
+
+
 # ---------------------------------------------------------------- published figures
 # measured when written (parsim minus published, relative): the gaps beyond the tolerance
 ZI_GAPS = {
     ("opt-30b", "cpu", "prefetch", 1): "+25.5%", ("opt-30b", "nvme", "prefetch", 1): "+58.8%",
     ("opt-175b", "nvme", "prefetch", 1): "+46.1%", ("bloom-176b", "nvme", "prefetch", 1): "+33.9%",
-    ("opt-30b", "cpu", "prefetch", 2): "+40.0%", ("opt-30b", "cpu", "prefetch", 4): "+78.9%",
-    ("opt-30b", "nvme", "prefetch", 2): "+90.2%", ("opt-30b", "nvme", "prefetch", 4): "+34.7%",
-    ("opt-175b", "cpu", "prefetch", 2): "+29.8%", ("opt-175b", "cpu", "prefetch", 4): "+50.6%",
-    ("opt-175b", "nvme", "prefetch", 2): "+75.2%", ("opt-175b", "nvme", "prefetch", 4): "+27.4%",
-    ("bloom-176b", "cpu", "prefetch", 2): "+29.8%", ("bloom-176b", "cpu", "prefetch", 4): "+55.9%",
-    ("bloom-176b", "nvme", "prefetch", 2): "+57.3%",
+    ("opt-30b", "cpu", "prefetch", 2): "+26.7%", ("opt-30b", "cpu", "prefetch", 4): "+36.2%",
+    ("opt-30b", "nvme", "prefetch", 2): "+73.8%", ("opt-175b", "nvme", "prefetch", 2): "+59.9%",
+    ("bloom-176b", "nvme", "prefetch", 2): "+43.8%",
 }
-WHY = ("parsim's parallel fetch scales each GPU's PCIe link and the NVMe prefetch pipelines the two hops fully; "
-       "the blog's runs gained far less (host-side contention and DeepSpeed's swap buffers are not modelled)")
+WHY = ("parsim's host copies run at the profile's PCIe rate (12.8 GB/s) where the blog's single-GPU CPU rows "
+       "imply 10-11 GB/s, and its NVMe prefetch pipelines the two hops fully where the blog gained 1.13-1.21x "
+       "(DeepSpeed issues the read-ahead only after the blocking host copy; its swap buffers are not modelled)")
 
 
 def _zi_cases():

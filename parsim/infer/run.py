@@ -10,7 +10,8 @@ microbatch = the token's index), the stage-to-stage activations on ``p2p``.
 Weights offloaded (``[offload] params = "cpu"|"nvme"``, ZeRO-Inference): no weights live on
 the GPU; every pass streams each block's weights in over the host link, each of the node's
 replicas fetching ``1/n`` of the block over its own PCIe link, then an all-gather over NVLink
-assembles it (``pcie``/``nvme`` and ``dp`` streams: ``FETCH``, ``ALL_GATHER``). With
+assembles it (``pcie``/``nvme`` and ``dp`` streams: ``FETCH``, ``ALL_GATHER``); as in DeepSpeed,
+the next block's copy waits for this block's all-gather (one side stream carries both). With
 ``prefetch`` block i+1 is fetched while block i computes (two block buffers); without it the
 fetch waits for the compute. From NVMe without GPUDirect Storage the bytes bounce through a
 pinned host buffer: the two hops pipeline with prefetch (the slower sets the pace) and add up
@@ -138,6 +139,11 @@ def _run_pass(job: InferJob, clocks: list[_Clock], spans: list, op: str, token: 
                 spans.append((stage, stream, "FETCH", stage, token, issue, c.fetch, wbytes / max(1, min(
                     par.dp, hw.gpus_per_node))))
                 gathered = c.fetch + g
+                # DeepSpeed's ZeRO-3 fetch (partition_parameters.all_gather_coalesced, v0.7) copies a
+                # rank's partition host->device and launches the all-gather on one side stream, and
+                # waits for the all-gather on that stream before the next module's copy: the next
+                # block's host copy starts when this block's all-gather ends
+                c.fetch = gathered
                 if g:
                     spans.append((stage, "dp", "ALL_GATHER", stage, token, c.fetch, gathered, wbytes))
                 begin = max(begin, gathered)
