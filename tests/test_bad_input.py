@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from parsim.cli.main import main
+from parsim.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "scenarios" / "tiny-cpu.toml"
@@ -136,6 +137,35 @@ def test_scalar_or_array_where_a_table_goes_and_the_reverse(tmp_path, capsys, ed
 ])
 def test_the_same_through_set(capsys, override, key):
     refused(capsys, ["simulate", TINY, "--set", override], key)
+
+
+@pytest.mark.parametrize("override,key", [
+    ("model.capacity_factor=1e400", "model.capacity_factor"), ("model.capacity_factor=nan", "model.capacity_factor"),
+])
+def test_capacity_factor_nan_or_inf(capsys, override, key):
+    refused(capsys, ["simulate", ROOT / "scenarios" / "tiny-moe-cpu.toml", "--set", override], key)
+
+
+@pytest.mark.parametrize("scenario,override,key", [
+    # found by fuzzing every scenario key with 99999999: each ran out of memory (or recursion) as an internal error
+    ("alpa-gpt-2.6b-p3.toml", "schedule.n_microbatches=99999999", "schedule.n_microbatches"),
+    ("pipedream-rr-p3.toml", "training.global_batch=99999999", "training.global_batch"),
+    ("gpt3-175b-terapipe-p3.toml", "training.global_batch=99999999", "training.global_batch"),
+    ("tiny-cpu.toml", "model.n_layers=99999999", "model.n_layers"),
+])
+def test_schedules_and_models_larger_than_parsim_simulates(capsys, scenario, override, key):
+    refused(capsys, ["simulate", ROOT / "scenarios" / scenario, "--set", override], key, "more than parsim")
+
+
+def test_the_schedule_bound_is_on_actions():
+    """Exactly at the bound a 2-stage 1F1B scenario loads; one microbatch more is refused."""
+    from parsim.config.scenario import MAX_SCHEDULE_ACTIONS
+    from parsim.scenario import load_scenario
+    n = MAX_SCHEDULE_ACTIONS // (2 * 3)  # pp 2, vpp 1, F/B/W
+    path = ROOT / "scenarios" / "alpa-gpt-2.6b-p3.toml"
+    assert load_scenario(path, [f"schedule.n_microbatches={n}"]).n_microbatches == n
+    with pytest.raises(ConfigError, match="more than parsim simulates"):
+        load_scenario(path, [f"schedule.n_microbatches={n + 1}"])
 
 
 @pytest.mark.parametrize("key,value", [

@@ -240,3 +240,15 @@ def check_batch(sc: Scenario) -> None:
                           f"{tr.global_batch} is not divisible by dp*microbatch_size = {per_replica}")
     if sc.n_microbatches < 1:
         raise ConfigError(sc.file, "schedule.n_microbatches", "must be at least 1")
+    slices = sc.schedule.token_slices if isinstance(sc.schedule.token_slices, int) else 1
+    actions = sc.n_microbatches * par.pp * par.vpp * 3 * max(1, slices)
+    if actions > MAX_SCHEDULE_ACTIONS:
+        key = "schedule.n_microbatches" if sc.schedule.n_microbatches is not None else "training.global_batch"
+        raise ConfigError(sc.file, key, f"{sc.n_microbatches:,} microbatches make ~{actions:,} schedule actions per step "
+                                        f"(microbatches x stages x F/B/W{' x token slices' if slices > 1 else ''}), "
+                                        f"more than parsim simulates ({MAX_SCHEDULE_ACTIONS:,})")
+
+
+MAX_SCHEDULE_ACTIONS = 2_000_000
+"""Largest schedule (actions per step) a scenario may ask for: ~10x the largest real one (16k GPUs,
+pp 16 x vpp 8, 512 microbatches, F/B/W: ~200k); the engine needs ~0.8 kB and ~5 us per action."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from numbers import Integral, Real
 
@@ -159,6 +160,11 @@ _POS_INT = ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size"
             "max_seq_len", "top_k", "moe_every")
 
 
+MAX_LAYERS = 100_000
+"""Most blocks a model may have: 100x the deepest published transformer (DeepNet, 1,000 layers);
+the per-layer cost tables and stage partitions are sized by it."""
+
+
 _OPT_POS_INT = ("head_dim", "d_ff_expert", "d_ff_shared")
 
 
@@ -195,6 +201,8 @@ def _validate(s: ModelSpec) -> None:
             raise bad(key, f"expected an integer, got {v!r}")
         if v < 0 or (v == 0 and key not in _NONNEG_INT):
             raise bad(key, f"must be {'>= 0' if key in _NONNEG_INT else 'positive'}, got {v}")
+    if s.n_layers > MAX_LAYERS:
+        raise bad("n_layers", f"{s.n_layers:,} blocks is more than parsim models ({MAX_LAYERS:,}; per-layer tables)")
     for key in _BOOL:
         if not isinstance(getattr(s, key), bool):
             raise bad(key, f"expected true or false, got {getattr(s, key)!r}")
@@ -202,8 +210,8 @@ def _validate(s: ModelSpec) -> None:
         if getattr(s, key) not in allowed:
             raise bad(key, f"{getattr(s, key)!r} is not one of {', '.join(allowed)}")
     cf = s.capacity_factor
-    if not isinstance(cf, Real) or isinstance(cf, bool) or not cf > 0:
-        raise bad("capacity_factor", f"expected a positive number, got {cf!r}")
+    if not isinstance(cf, Real) or isinstance(cf, bool) or not 0 < cf < math.inf:
+        raise bad("capacity_factor", f"expected a positive finite number, got {cf!r}")
     if s.n_heads % s.n_kv_heads:
         raise bad("n_kv_heads", f"n_heads={s.n_heads} is not divisible by n_kv_heads={s.n_kv_heads}")
     if s.head_dim is None and not s.is_mla and s.d_model % s.n_heads:
