@@ -112,6 +112,8 @@ def test_parallel_fetch_copies_the_next_block_after_this_blocks_all_gather():
     assert len(fetches) == len(gathers) > 3
     for (_, g), (_, f) in zip(gathers.iloc[:-1].iterrows(), fetches.iloc[1:].iterrows()):
         assert f["start_s"] == pytest.approx(g["end_s"], abs=1e-12)
+    for (_, f), (_, g) in zip(fetches.iterrows(), gathers.iterrows()):  # each all-gather follows its own copy
+        assert g["start_s"] == pytest.approx(f["end_s"], abs=1e-12) and g["end_s"] > g["start_s"]
     block = total_params(m) * 2 / m.n_layers  # fp16 weights of one decoder block (embeddings aside)
     layer = fetches.iloc[2]
     assert layer["end_s"] - layer["start_s"] == pytest.approx(block / 2 / hw.pcie.effective_bandwidth, rel=0.02)

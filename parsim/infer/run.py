@@ -139,13 +139,13 @@ def _run_pass(job: InferJob, clocks: list[_Clock], spans: list, op: str, token: 
                 spans.append((stage, stream, "FETCH", stage, token, issue, c.fetch, wbytes / max(1, min(
                     par.dp, hw.gpus_per_node))))
                 gathered = c.fetch + g
+                if g:
+                    spans.append((stage, "dp", "ALL_GATHER", stage, token, c.fetch, gathered, wbytes))
                 # DeepSpeed's ZeRO-3 fetch (partition_parameters.all_gather_coalesced, v0.7) copies a
                 # rank's partition host->device and launches the all-gather on one side stream, and
                 # waits for the all-gather on that stream before the next module's copy: the next
                 # block's host copy starts when this block's all-gather ends
                 c.fetch = gathered
-                if g:
-                    spans.append((stage, "dp", "ALL_GATHER", stage, token, c.fetch, gathered, wbytes))
                 begin = max(begin, gathered)
             end = begin + secs
             spans.append((stage, "compute", op, stage, token, begin, end, 0.0))
