@@ -33,7 +33,7 @@ import parsim.costs.layer as _layer
 from parsim.autoplan.mesh import Layout, Mesh, collective, reshard_time
 from parsim.cluster.hardware import HardwareProfile
 from parsim.cluster.precision import PRECISION_TABLE
-from parsim.config.scenario import OverlapConfig
+from parsim.config.scenario import OverlapConfig, dropout_enabled
 from parsim.costs.inputs import LayerInputs, Ranks, Shard, TrainOptions, cluster_of
 from parsim.costs.memory import state_bytes_per_param
 from parsim.costs.stage import embedding_cost, head_cost
@@ -131,10 +131,9 @@ class Setting:
 def _inputs(st: Setting, mbs: int, tp: int, sp: bool, group: tuple[int, ...] = (0,)) -> LayerInputs:
     """LayerInputs of one device's piece: ``mbs`` local sequences, ``tp``-way head/feature split."""
     m = st.model
-    dropout = m.ffn == "gelu" if st.dropout is None else st.dropout
     shard = Shard(max(1, mbs), st.seq_len, tp, 1, 1, sp, Ranks(group), Ranks((group[0],)), Ranks(), 1)
-    opts = TrainOptions(st.precision, st.flash_attention, dropout, st.recompute, False, True, st.optimizer,
-                        OverlapConfig())
+    opts = TrainOptions(st.precision, st.flash_attention, dropout_enabled(m, st.dropout), st.recompute, False, True,
+                        st.optimizer, OverlapConfig())
     return LayerInputs(m, cluster_of(st.hardware), shard, opts, None)
 
 
@@ -283,7 +282,7 @@ def _attn_stash(st: Setting, inp: LayerInputs, heads: int) -> float:
     tokens = sh.microbatch_size * st.seq_len
     out = tokens * 4 * heads * m.head_dim_ * a
     if not st.flash_attention:
-        out += sh.microbatch_size * heads * st.seq_len ** 2 * (a + (1 if m.ffn == "gelu" else 0))
+        out += sh.microbatch_size * heads * st.seq_len ** 2 * (a + (1 if inp.options.dropout else 0))
     return out
 
 

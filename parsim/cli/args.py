@@ -44,6 +44,15 @@ def _number(option: str, text: str, conv, what: str):
     return v
 
 
+def add_attention_flags(p: argparse.ArgumentParser) -> None:
+    """``--no-flash-attention`` and ``--no-dropout``: the searches' ``training.flash_attention`` and
+    ``training.dropout`` (``args.flash_attention``: bool; ``args.dropout``: False or None, the default)."""
+    p.add_argument("--no-flash-attention", dest="flash_attention", action="store_false",
+                   help="run the unfused attention core (training.flash_attention = false), as pre-2022 frameworks did")
+    p.add_argument("--no-dropout", dest="dropout", action="store_false", default=None,
+                   help="no dropout (training.dropout = false; default: the model family's)")
+
+
 def positive_int(option: str, minimum: int = 1):
     """An integer option >= ``minimum`` (1: positive; 0: non-negative)."""
     what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"

@@ -11,7 +11,7 @@ FILE = "parsim autoplan"
 
 
 def register(sub) -> None:
-    from parsim.cli.args import positive_int
+    from parsim.cli.args import add_attention_flags, positive_int
 
     p = sub.add_parser("autoplan", help="automatic parallelization: Alpa-style intra-op ILP + stage DP, simulated",
                        description="Search sharding (Megatron TP/SP, DP, FSDP, EP as annotations on a device mesh) with "
@@ -27,10 +27,7 @@ def register(sub) -> None:
     p.add_argument("--seq-len", type=positive_int("--seq-len"), required=True, help="tokens per sequence")
     p.add_argument("--precision", help="compute precision (default: bf16, fp16 where the GPU has no bf16)")
     p.add_argument("--optimizer", default="adam", help="optimizer (adam, sgd, ...)")
-    p.add_argument("--no-flash-attention", dest="flash_attention", action="store_false",
-                   help="run the unfused attention core (training.flash_attention = false), as pre-2022 frameworks did")
-    p.add_argument("--no-dropout", dest="dropout", action="store_false", default=None,
-                   help="no dropout (training.dropout = false; default: the model family's)")
+    add_attention_flags(p)
     p.add_argument("--recompute", default="none,full", help="comma-separated recompute modes among none, full")
     p.add_argument("--confirm", type=positive_int("--confirm"), default=4, help="leaders simulated (default 4)")
     p.add_argument("--no-grid", action="store_true", help="skip parsim plan's grid search beside the plan")

@@ -12,7 +12,7 @@ FORMATS = ("table", "csv", "json", "md")
 
 
 def register(sub) -> None:
-    from parsim.cli.args import finite_positive, positive_int
+    from parsim.cli.args import add_attention_flags, finite_positive, positive_int
 
     p = sub.add_parser("plan", help="what-if capacity planning: rank parallel configurations for N GPUs",
                        description="Rank parallel configurations (dp, tp, pp, cp, ep, schedule, ZeRO, recompute, "
@@ -36,10 +36,7 @@ def register(sub) -> None:
     p.add_argument("--max-cp", type=positive_int("--max-cp"), default=8, help="largest context-parallel degree")
     p.add_argument("--precision", default="bf16", help="compute precision (bf16, fp16, fp8, fp32)")
     p.add_argument("--optimizer", default="adam", help="optimizer (adam, sgd, ...)")
-    p.add_argument("--no-flash-attention", dest="flash_attention", action="store_false",
-                   help="run the unfused attention core (training.flash_attention = false), as pre-2022 frameworks did")
-    p.add_argument("--no-dropout", dest="dropout", action="store_false", default=None,
-                   help="no dropout (training.dropout = false; default: the model family's)")
+    add_attention_flags(p)
     p.add_argument("--objective", choices=("time", "mfu", "cost"), default="time",
                    help="time: shortest step; mfu: highest MFU; cost: fewest GPU-hours per token (tries N/2, N/4 GPUs too)")
     p.add_argument("--train-tokens", type=finite_positive("--train-tokens"), metavar="T",

@@ -202,9 +202,7 @@ class Scenario:
 
     @property
     def dropout(self) -> bool:
-        if self.training.dropout is not None:
-            return self.training.dropout
-        return self.model.ffn == "gelu"
+        return dropout_enabled(self.model, self.training.dropout)
 
     @property
     def tokens_per_step(self) -> int:
@@ -230,6 +228,12 @@ def check_model_parallel(model: ModelSpec, tr: TrainingConfig, par: ParallelConf
         raise ConfigError(file, "parallel.ep", f"ep={par.ep} but model {model.name} has no experts")
     if model.is_moe and model.n_experts % par.ep:
         raise ConfigError(file, "parallel.ep", f"{model.n_experts} experts are not divisible by ep={par.ep}")
+
+
+def dropout_enabled(model: ModelSpec, dropout: bool | None) -> bool:
+    """``training.dropout``, or its default when None: on for GeLU (GPT-style) models, off for
+    SwiGLU (Llama-style) ones."""
+    return model.ffn == "gelu" if dropout is None else dropout
 
 
 def check_batch(sc: Scenario) -> None:
