@@ -21,12 +21,12 @@ Rules
 -----
 
 * Hardware, from the GPU string (each profile is loaded at run time; a row whose profile
-  does not load is skipped with that reason): "power-limited"/"power limit" parts (H100 96GB
-  HBM2e at 500 W, power-capped B200) have no profile -> not expressible; GB300 ->
+  does not load is skipped with that reason): the H100 96GB HBM2e at its 500 W limit
+  (torchtitan's Grand Teton hosts) -> ``grand-teton-h100``; other power-capped parts (a B200
+  whose limit is not stated) have no profile -> not expressible; GB300 ->
   ``gb300-nvl72``; GB200 -> ``gb200-nvl72``; B200 -> ``dgx-b200`` when it loads, else
   ``hgx-b200``; H800 -> ``dgx-h800``; H200 -> ``dgx-h200``; H100 (SXM/DGX/80GB/unqualified)
-  -> ``dgx-h100``; A100 80GB -> ``dgx-a100-80g``; A100 40GB -> ``dgx-a100-40g`` only if such a
-  profile loads (none does today) -> not expressible; "Ampere GPUs" with the SKU unnamed
+  -> ``dgx-h100``; A100 80GB -> ``dgx-a100-80g``; A100 40GB -> ``dgx-a100-40g``; "Ampere GPUs" with the SKU unnamed
   (MegaScale: A100-class by the implied 312 TFLOP/s peak) -> ``dgx-a100-80g``, marked as an
   assumption. A row without a GPU count is skipped.
 * Model: a parsim preset when the row names a model parsim has (checked against
@@ -74,7 +74,7 @@ Rules
   the first and last chunks share the rest (Megatron's custom ``pp_layout`` for DeepSeek-V3:
   1, 2 x 30, 0); vpp = 1 falls back to parsim's as-even-as-possible split.
 * Recompute: as stated (full / selective / none; "activation checkpointing ON" is full,
-  torchtitan's per-op SAC is selective). Not stated: NeMo AutoModel rows -> ``full`` (its
+  torchtitan's per-op SAC is ``op``: its policy, not Megatron's selective). Not stated: NeMo AutoModel rows -> ``full`` (its
   benchmark YAMLs set activation_checkpointing: true); every other row -> ``none``. For the
   Megatron-family rows this is the perf recipes' setting
   (Megatron-Bridge scripts/performance/configs/*/..._workload_base_configs.py set no full
@@ -88,6 +88,8 @@ Rules
   parsim models them: ZeRO-3 gathers each stage's parameters asynchronously ahead of its
   first forward) and ``tp_comm`` = the row's async-TP flag.
 * Optimizer: Adam (LAMB keeps the same two moments: counted as Adam, noted).
+* Kernels: torchtitan rows its tables call eager (no torch.compile) run the memory-bound ops
+  unfused (``training.fused_kernels = false``, noted); compiled and other rows fused.
 
 Rows from the Megatron-LM README weak-scaling table (``megatronlm-weakscale-*``) are the same
 runs as ``tests/data/published.json``'s ``megatron-core-h100-weak-*``, on which dgx-h100's
@@ -192,7 +194,11 @@ def hardware_for(gpu: str) -> tuple[str | None, Skip | None, list[str]]:
     """(profile, None, notes) or (None, Skip, notes) for a GPU string."""
     g = gpu.lower()
     notes: list[str] = []
-    if "power-limited" in g or "power limit" in g or "power limited" in g:
+    capped = "power-limited" in g or "power limit" in g or "power limited" in g
+    if capped and "h100" in g and "hbm2e" in g and "500w" in g.replace(" ", ""):
+        # torchtitan's Grand Teton hosts: H100 96GB HBM2e at the 500 W default limit
+        return "grand-teton-h100", None, notes
+    if capped:
         return None, Skip("hardware: power-limited GPU",
                           f"{gpu!r}: a power-capped part, no parsim profile for it"), notes
     if "gb300" in g:
@@ -347,7 +353,7 @@ def precision_for(row: dict) -> tuple[str, list[str]]:
 
 
 # --------------------------------------------------------------------------- recompute
-HOPPER_PROFILES = ("dgx-h100", "dgx-h200", "dgx-h800")
+HOPPER_PROFILES = ("dgx-h100", "dgx-h200", "dgx-h800", "grand-teton-h100")
 
 
 def attention_for(row: dict, fam: str, profile: str) -> tuple[str | None, list[str]]:
@@ -385,6 +391,10 @@ def recompute_for(row: dict, fam: str) -> tuple[str, list[str]]:
         return "none", ["recompute not stated: none"]
     t = r.lower()
     notes = ["recompute inferred by the data set, not verified"] if ("not verified" in t or "inferred" in t) else []
+    if "torchtitan" in row["framework"]["name"].lower() and "selective" in t and ("per-op" in t or "op policy" in t):
+        # torchtitan's selective_ac_option = "op": matmul and SDPA outputs saved, every second
+        # matmul and all other ops rerun (parsim's recompute = "op")
+        return "op", notes
     if "disabled" in t or re.search(r"\boff\b", t) or "mode: none" in t or t.startswith("none"):
         return "none", notes
     if "selective" in t:
@@ -529,6 +539,8 @@ def convert(row: dict) -> tuple[dict | Skip, list[str]]:
         return Skip("no parallel layout", "tp/pp/cp not stated"), notes
     tp, pp = tp or 1, pp or 1
     cp, ep, vpp = _int(p.get("cp")) or 1, _int(p.get("ep")) or 1, _int(p.get("vp")) or 1
+    if p.get("ep_note"):
+        notes.append("expert parallelism inferred by the data set, not verified")
     if gpus % (tp * pp * cp):
         return Skip("layout does not divide", f"{gpus} GPUs over tp*pp*cp = {tp * pp * cp}"), notes
     dp = gpus // (tp * pp * cp)
@@ -578,6 +590,11 @@ def convert(row: dict) -> tuple[dict | Skip, list[str]]:
     # NeMo 2.0's GPTConfig and Megatron-Bridge's model providers default cross_entropy_loss_fusion
     # to True; Megatron-LM's --cross-entropy-loss-fusion is off unless given
     ce_fusion = "bridge" in fw_name or "nemo 2" in fw_name or "nemo framework" in fw_name
+    # torchtitan's tables name eager runs (no torch.compile): the norms, rotary and SwiGLU then
+    # run op by op (the others compile, which fuses them)
+    eager = "torchtitan" in fw_name and "eager" in row["id"]
+    if eager:
+        notes.append("eager PyTorch: memory-bound ops unfused")
     if "lamb" in str(t.get("optimizer") or "").lower():
         notes.append("LAMB counted as Adam (same optimizer state)")
     sp = tp > 1 and (fam == "megatron" or bool(p.get("sequence_parallel")))
@@ -604,7 +621,8 @@ def convert(row: dict) -> tuple[dict | Skip, list[str]]:
         "training": {"global_batch": gbs, "microbatch_size": mbs, "seq_len": seq, "precision": precision,
                      "optimizer": "adam", "recompute": recompute,
                      **({"attention_kernel": attention} if attention else {}),
-                     **({"cross_entropy_fusion": True} if ce_fusion else {})},
+                     **({"cross_entropy_fusion": True} if ce_fusion else {}),
+                     **({"fused_kernels": False} if eager else {})},
         "parallel": {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "ep": ep, "vpp": vpp, "zero": zero,
                      "sequence_parallel": sp, "order": order,
                      # Megatron-family ZeRO-2 (MegaScale, Fig. 1 and Sec. 3.1): the reduce-scatter runs

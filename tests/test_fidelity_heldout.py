@@ -81,7 +81,7 @@ def test_mpt_fields_reproduce_the_published_parameter_counts():
 
 
 @pytest.mark.parametrize("rid, kind, words", [
-    ("tt2412-llama31-8b-fsdp8-eager-bf16", "hardware: power-limited GPU", "power-capped"),
+    ("tt-mxfp8doc-b200-8gpu-none-bfloat16", "hardware: power-limited GPU", "power-capped"),
     ("deepseekv3-report-h800-2048-pretrain", "global batch not one number", "ramp"),
     ("megatronlm-strongscale-h100-gpt177b-96gpu", "no per-GPU throughput published", "mfu"),
     ("megatronlm-dsv3-gb200-guide-mxfp8", "no GPU count", "number of GPUs"),
@@ -93,12 +93,23 @@ def test_rows_that_must_be_skipped_say_why(rid, kind, words):
     assert skip.kind == kind and words in skip.reason
 
 
-def test_a100_40gb_needs_a_profile_of_its_own():
+def test_a100_40gb_rows_run_on_their_own_profile():
     out = fh.scenario_for(ROWS["llmfoundry-a10040gb-mpt70b-seq2048-128gpu"])
-    if fh.profile_loads("dgx-a100-40g"):
-        assert out["hardware"] == "dgx-a100-40g"
-    else:
-        assert isinstance(out, fh.Skip) and "dgx-a100-40g" in out.reason
+    assert out["hardware"] == "dgx-a100-40g"
+
+
+def test_torchtitan_grand_teton_rows_as_torchtitan_ran_them():
+    # the 500 W H100 96GB HBM2e of torchtitan's 2024-12 tables has a profile of its own
+    eager, notes = fh.convert(ROWS["tt2412-llama31-8b-fsdp8-eager-bf16"])
+    assert eager["hardware"] == "grand-teton-h100"
+    # "Selective activation checkpointing" with the default op policy; no torch.compile
+    assert eager["training"]["recompute"] == "op" and eager["training"]["fused_kernels"] is False
+    assert eager["training"]["attention_kernel"] == "fa2"  # SDPA's FlashAttention-2 on Hopper
+    assert "eager PyTorch: memory-bound ops unfused" in notes
+    compiled, _ = fh.convert(ROWS["tt2412-llama31-8b-fsdp8-compile-bf16"])
+    assert compiled["training"]["recompute"] == "op" and "fused_kernels" not in compiled["training"]
+    full, _ = fh.convert(ROWS["tt2412-llama31-8b-cp1-seq32k"])
+    assert full["training"]["recompute"] == "full"
 
 
 def test_expert_parallel_group_with_tp_maps_to_parsim_ep_and_expert_tp_1():
@@ -135,5 +146,5 @@ def test_one_row_end_to_end():
     assert r["status"] == "compared" and r["metric"] == "tokens/s/GPU" and r["published"] == 14451.0
     assert r["error"] == pytest.approx((r["predicted"] - 14451.0) / 14451.0)
     assert 0.0 <= r["compute_frac"] <= 1.0 and 0.0 <= r["bubble_frac"] <= 1.0
-    s = fh.summarise([r, fh.run_row(ROWS["tt2412-llama31-8b-fsdp8-eager-bf16"])])
+    s = fh.summarise([r, fh.run_row(ROWS["tt-mxfp8doc-b200-8gpu-none-bfloat16"])])
     assert s["compared"] == 1 and s["skipped"] == 1 and s["skip_reasons"] == {"hardware: power-limited GPU": 1}

@@ -28,8 +28,8 @@ from parsim.cluster.hardware import (
 from parsim.errors import ConfigError
 
 PUBLISHED_PATH = Path(__file__).resolve().parent / "data" / "published.json"
-BUNDLED = ["cpu-gloo", "dgx-a100-80g", "dgx-h100", "dgx-h200", "dgx-h800", "hgx-b200", "dgx-b200",
-           "gb200-nvl72", "gb300-nvl72", "aws-p3.16xlarge", "dgx2-v100"]
+BUNDLED = ["cpu-gloo", "dgx-a100-80g", "dgx-a100-40g", "dgx-h100", "dgx-h200", "dgx-h800", "hgx-b200", "dgx-b200",
+           "gb200-nvl72", "gb300-nvl72", "aws-p3.16xlarge", "dgx2-v100", "grand-teton-h100"]
 GPU_PROFILES = [n for n in BUNDLED if n != "cpu-gloo"]
 GB = 1e9
 GiB = 2.0**30
@@ -417,3 +417,35 @@ def test_kernel_facts_round_trip_through_dumps(tmp_path, name):
     path = tmp_path / "rt.toml"
     path.write_text(dumps_profile(hw))
     assert load_profile(str(path)).device == hw.device
+
+
+# ---------------------------------------------------------------- same die, other memory or power
+def test_a100_40gb_is_a100_compute_with_its_own_memory():
+    small, big = load_profile("dgx-a100-40g"), load_profile("dgx-a100-80g")
+    # NVIDIA A100 datasheet: 40 GB HBM2 at 1,555 GB/s; PyTorch reports 39.59 GiB
+    assert small.device.memory_bytes == pytest.approx(39.59 * GiB)
+    assert small.device.memory_time(1e9) / big.device.memory_time(1e9) == pytest.approx(2.039 / 1.555)
+    # the same GA100 and the same measured MAMF: a compute-bound GEMM takes the same time to
+    # 0.5% (the kernel model's pipeline fill reads HBM, so each profile's main-loop rate
+    # calibrates to the MAMF a little differently)
+    t40, t80 = small.device.gemm_time(8192, 8192, 8192), big.device.gemm_time(8192, 8192, 8192)
+    assert t40 == pytest.approx(t80, rel=0.005)
+    assert small.nic == big.nic and small.nvlink == big.nvlink and small.nics_per_node == big.nics_per_node
+
+
+def test_grand_teton_h100_is_rated_between_the_sxm_and_nvl_datasheets():
+    gt, sxm = load_profile("grand-teton-h100"), load_profile("dgx-h100")
+    # NVIDIA ratings of the same 132-SM die: H100 SXM 989.4 dense BF16 at 700 W, H100 NVL
+    # 1,671 sparse = 835.5 dense at 400 W; the 500 W part on the line between them
+    sxm_w, nvl_w, sxm_tf, nvl_tf = 700.0, 400.0, 989.4, 1671.0 / 2
+    at_500 = nvl_tf + (sxm_tf - nvl_tf) * (500.0 - nvl_w) / (sxm_w - nvl_w)
+    assert gt.device.peak("bf16") == pytest.approx(at_500 * 1e12, rel=1e-3)
+    # dynamic power ~ f^3 (voltage tracking frequency) gives the same clock within 0.3% and
+    # reproduces the NVL rating from the SXM one within 2%: the interpolation is physical
+    assert sxm_tf * (500.0 / sxm_w) ** (1 / 3) == pytest.approx(at_500, rel=3e-3)
+    assert sxm_tf * (nvl_w / sxm_w) ** (1 / 3) == pytest.approx(nvl_tf, rel=0.02)
+    # torchtitan's benchmark hardware: 96 GB HBM2e at 2.4 TB/s
+    assert gt.device.memory_time(2.4e12 * gt.device.memory_efficiency) == pytest.approx(1.0)
+    # a compute-bound GEMM runs at the 500 W clock: slower by the rated ratio
+    ratio = gt.device.gemm_time(8192, 8192, 8192) / sxm.device.gemm_time(8192, 8192, 8192)
+    assert ratio == pytest.approx(sxm_tf / at_500, rel=0.01)

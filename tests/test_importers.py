@@ -233,7 +233,7 @@ def test_torchtitan_later_spelling_is_the_same_job():
     toml_doc = import_torchtitan(TITAN_TOML, "dgx-a100-80g", 64).doc
     json_doc = import_torchtitan(TITAN_JSON, "dgx-a100-80g", 64).doc
     assert toml_doc == json_doc
-    assert toml_doc["parallel"]["zero"] == 3 and toml_doc["training"]["recompute"] == "selective"
+    assert toml_doc["parallel"]["zero"] == 3 and toml_doc["training"]["recompute"] == "op"
 
 
 def _titan(tmp_path, text: str, gpus=None, **kw):

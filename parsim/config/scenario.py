@@ -20,7 +20,7 @@ PRECISIONS = TRAINING_PRECISIONS
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "muon", "adafactor")
 
 
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "op", "full")
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,9 @@ class TrainingConfig:
     optimizer: str = "adam"
     """sgd | momentum | adam | adamw | muon | adafactor."""
     recompute: str = "none"
-    """Activation recomputation: none | selective | full."""
+    """Activation recomputation: none | selective (Megatron: the attention core) | op (torchtitan's
+    op-level selective checkpointing: matmul and attention outputs kept, every second matmul and
+    all other ops rerun) | full (only each block's input kept)."""
     flash_attention: bool = True
     """FlashAttention-style attention: scores never stored; causal blocks skipped."""
     dropout: bool | None = None

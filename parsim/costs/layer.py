@@ -187,7 +187,7 @@ def _layer_memory(inp: LayerInputs, li: int, ph) -> tuple[float, float, float]:
         act += ph.routing_stash_bytes
     wstash = _weight_grad_stash(m, sh.tokens, sh.tp, sh.sequence_parallel)
     transient = 0.0
-    if inp.options.recompute == "full":
+    if inp.options.recompute in ("full", "op"):
         transient = layer_recompute_transient_bytes(m, seq, sh.microbatch_size, sh.tp, opts, li)
     return act, wstash, transient
 
@@ -340,6 +340,37 @@ def selective_recompute_time(inp: LayerInputs) -> float:
     return inp.hardware.device.attention_time(flops, o.precision, fused=False)
 
 
+OP_SAC_RECOMPUTED = ("attn_out", "fc2")
+"""Of a four-matmul (GeLU) block under torchtitan's op-level checkpointing, the matmuls at an
+even position of the per-block count (second and fourth): always recomputed."""
+
+
+@lru_cache(maxsize=4096)
+def op_recompute_time(inp: LayerInputs, moe_layer: bool) -> float:
+    """Seconds torchtitan's op-level selective checkpointing reruns per block in the backward.
+
+    The policy (``memory.op_checkpoint_bytes_per_token``) saves matmul and attention outputs and
+    recomputes every other op, so the rerun is the block's memory-bound forward work (norms,
+    rotary, activations, residual adds) plus the matmuls it did not save: of a SwiGLU block's
+    seven (count odd) each one every other step, half the forward GEMM time on average; of a GeLU
+    block's four, the second and fourth (the projection and FC2) every step. The attention core
+    is saved, not rerun. Routed experts (MoE blocks) are not counted.
+    """
+    m, sh, dev = inp.model, inp.shard, inp.hardware.device
+    gemms = layer_gemms(m, sh.tokens, sh.tp, representative_layer(m, moe_layer))
+    gemms = tuple(g for g in gemms if not g.name.startswith("expert_") and g.name != "router")
+    share = 0.5 if m.ffn == "swiglu" else (
+        sum(g.flops for g in gemms if g.name in OP_SAC_RECOMPUTED) / max(1.0, sum(g.flops for g in gemms)))
+    prec = inp.options.precision
+    if dev.kernels is not None:
+        bc = _compute.block_compute(inp, gemms, moe_layer)
+        return share * bc.gemm[0] + bc.memory[0]
+    f_gemm = sum(dev.gemm_time(g.m, g.n, g.k, prec, g.count) for g in gemms)
+    f_mem = dev.memory_time(layer_elementwise_bytes(m, sh.tokens, sh.tp, sh.sequence_parallel,
+                                                    PRECISION_TABLE[prec].activation_bytes))
+    return share * f_gemm + f_mem
+
+
 def scores_pass_bytes(batch_heads: int, s_q: int, s_k: int, precision: str, dropout: bool = False) -> float:
     """Bytes one forward pass of unfused attention moves through memory for its s x s
     scores (:func:`scores_traffic`; the backward moves twice as many): the fused
@@ -371,6 +402,6 @@ def _weight_grad_stash(m: ModelSpec, tokens: int, tp: int, sp: bool) -> float:
 
 def clear_caches() -> None:
     """Empty this module's caches (a cold start)."""
-    for fn in (moe_phase, cached_collective_time, layer_cost):
+    for fn in (moe_phase, cached_collective_time, layer_cost, op_recompute_time):
         fn.cache_clear()
     _context.clear_caches()

@@ -89,7 +89,8 @@ class ActivationOptions:
     """How activations are kept."""
 
     recompute: str = "none"
-    """none | selective (attention core recomputed) | full (only each layer's input kept)."""
+    """none | selective (attention core recomputed) | op (torchtitan's op-level policy: block input,
+    every other matmul output and the attention output kept) | full (only each layer's input kept)."""
     flash_attention: bool = True
     """FlashAttention-style kernel: the s x s scores are never stored."""
     sequence_parallel: bool = False
@@ -158,6 +159,8 @@ def layer_activation_bytes(spec: ModelSpec, seq_len: int, microbatch: int, tp: i
         per_token = opts.bytes_per_element * spec.d_model / (tp if opts.sequence_parallel else 1)
         return tokens * per_token
     routed = routed_rows is None
+    if opts.recompute == "op":
+        return tokens * op_checkpoint_bytes_per_token(spec, tp, opts)
     replicated, sharded, scores = _per_token_parts(spec, seq_len, tp, opts, layer_index, routed)
     if opts.recompute == "selective":
         scores = 0.0
@@ -166,6 +169,37 @@ def layer_activation_bytes(spec: ModelSpec, seq_len: int, microbatch: int, tp: i
     if not routed and layer_index is not None and spec.is_moe and _is_moe(spec, layer_index):
         out += moe_dispatched_activation_bytes(spec, routed_rows, expert_tp or tp, opts)
     return out
+
+
+def op_checkpoint_bytes_per_token(spec: ModelSpec, tp: int, opts: ActivationOptions) -> float:
+    """Bytes per token one block keeps under torchtitan's op-level selective checkpointing.
+
+    torchtitan (``parallelize_llama._apply_ac_to_transformer_block``, ``selective_ac_option = "op"``)
+    wraps each block in ``checkpoint`` with a policy that saves the outputs of ``aten.mm`` and of
+    the SDPA kernels (and ``abs``/``max`` for FP8 scales) and recomputes every other op; of the
+    matmuls it saves only those at an odd position of a running per-block count. A Llama block
+    runs seven (wq, wk, wv, wo, w1, w3, w2), so the saved set alternates between {wq, wv, w1, w2}
+    and {wk, wo, w3} from one forward to the next; memory is the larger set. Kept: the block
+    input (``checkpoint`` saves it), those matmul outputs, the attention output and its fp32
+    log-sum-exp. A GeLU block (four matmuls: qkv, proj, fc1, fc2) saves qkv and fc1 each time.
+    MoE blocks are counted as dense blocks of the expert FFN width times the experts each token
+    visits (the grouped expert GEMMs taken as matmuls).
+    """
+    h = spec.d_model
+    q = spec.n_heads * spec.head_dim_ / tp
+    kv = spec.n_kv_heads * spec.head_dim_ / tp
+    if spec.is_moe:
+        f = (spec.top_k * spec.d_ff_expert_ + spec.n_shared_experts * spec.d_ff_shared_) / tp
+    else:
+        f = spec.d_ff / tp
+    e = opts.bytes_per_element
+    if spec.ffn == "swiglu":
+        saved = max(q + kv + f + h, kv + h + f)  # {wq, wv, w1, w2} vs {wk, wo, w3}
+    else:
+        saved = (q + 2 * kv) + f  # qkv, fc1: the first and third of four
+    block_input = h / (tp if opts.sequence_parallel else 1)
+    lse = 4.0 * spec.n_heads / tp  # fp32 log-sum-exp per head
+    return e * (block_input + saved + q) + lse
 
 
 def _is_moe(spec: ModelSpec, layer_index: int) -> bool:
@@ -192,8 +226,9 @@ def moe_dispatched_activation_bytes(spec: ModelSpec, rows: float, expert_tp: int
 
 def layer_recompute_transient_bytes(spec: ModelSpec, seq_len: int, microbatch: int, tp: int,
                                     opts: ActivationOptions, layer_index: int | None = None) -> float:
-    """Extra bytes alive while one layer is recomputed and back-propagated (full recompute)."""
-    if opts.recompute != "full":
+    """Extra bytes alive while one layer is recomputed and back-propagated (full or op-level
+    recompute: the block's whole forward set is rebuilt for its backward)."""
+    if opts.recompute not in ("full", "op"):
         return 0.0
     none = ActivationOptions("none", opts.flash_attention, opts.sequence_parallel, opts.dropout,
                              opts.bytes_per_element, opts.fp8_linear_inputs)

@@ -174,3 +174,20 @@ def loss_work(logits: float, activation_bytes: float, fused_kernels: bool,
     if fused_kernels:
         return MemoryWork(logits * (a + 32), 6), MemoryWork(logits * (12 + a), 2)
     return MemoryWork(logits * (a + 16), 3), MemoryWork(logits * (20 + a), 4)
+
+
+def loss_transient_bytes_per_logit(activation_bytes: float, fused_kernels: bool, cross_entropy_fusion: bool) -> float:
+    """Bytes per logit the loss holds for a moment beyond the fp32 copy it keeps for the backward
+    (4 bytes, counted with the stage's activations), at its worst point in the backward.
+
+    * Eager PyTorch (``CrossEntropyLoss(logits.float())``): ``log_softmax_backward`` reads the NLL
+      gradient (an fp32 tensor of the logits' shape) and the saved output and writes the input
+      gradient (fp32): two fp32 temporaries, 8 bytes (the forward's worst, the bf16 logits and
+      their fp32 copy beside the saved output, is a + 4, less);
+    * Megatron-Core's vocabulary-parallel cross-entropy: the backward scales the saved softmax in
+      place and writes the logits' gradient at ``activation_bytes``: a;
+    * fused (``cross_entropy_fusion``): chunked over the vocabulary, nothing of the logits' size.
+    """
+    if cross_entropy_fusion:
+        return 0.0
+    return activation_bytes if fused_kernels else 8.0

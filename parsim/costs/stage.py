@@ -18,11 +18,12 @@ from parsim.costs.inputs import LayerInputs
 from parsim.costs.layer import (
     activation_options,
     layer_cost,
+    op_recompute_time,
     selective_recompute_time,
     tp_allreduce_time,
 )
 from parsim.costs.memory import logits_bytes, state_bytes_per_param
-from parsim.costs.memory_ops import loss_work
+from parsim.costs.memory_ops import loss_transient_bytes_per_logit, loss_work
 from parsim.costs.parts import AxisBytes, Parts
 from parsim.model import (
     ModelSpec,
@@ -175,6 +176,8 @@ def stage_cost(inp: LayerInputs, shape: StageShape) -> StageCost:
         ib = ib + layers_fb  # the rerun forward sends its collectives again
     elif recompute == "selective":
         i = i + Parts(recompute=len(shape.kinds) * selective_recompute_time(inp))
+    elif recompute == "op":
+        i = i + Parts(recompute=sum(op_recompute_time(inp, k) for k in shape.kinds))
     if not o.grad_accumulation_fusion:
         # unfused accumulation: grad += dW reads the gradient buffer and dW, writes the buffer
         grad_bytes = state_bytes_per_param(o.optimizer, o.precision)[1]
@@ -182,6 +185,8 @@ def stage_cost(inp: LayerInputs, shape: StageShape) -> StageCost:
     sh, m = inp.shard, inp.model
     p2p = sh.tokens * m.d_model * PRECISION_TABLE[o.precision].wire_bytes / (sh.tp if sh.sequence_parallel else 1)
     transient = layer_cost(inp, shape.kinds[0]).recompute_transient_bytes if shape.kinds else 0.0
+    if shape.last:  # the loss's backward temporaries come before any block is recomputed
+        transient = max(transient, loss_transient_bytes(inp))
     parts = {Op.F: f, Op.I: i, Op.W: w, Op.B: i + w}
     wstash = min(act, bl[_WSTASH])
     return StageCost(len(shape.kinds), sum(shape.kinds), params, bl[_EXPERT], parts,
@@ -230,6 +235,16 @@ def embedding_cost(inp: LayerInputs) -> EndCost:
     tp = tp_allreduce_time(inp, out_bytes) if sh.tp > 1 else 0.0
     return EndCost(Parts(compute=emb, tp_comm=tp), Parts(), Parts(compute=dev.memory_time(tokens * m.d_model * 4)),
                    0.0, AxisBytes(tp=bytes_sent_per_rank("all_reduce", out_bytes, sh.tp)), 0.0)
+
+
+def loss_transient_bytes(inp: LayerInputs) -> float:
+    """Bytes the cross-entropy holds for a moment in its backward beyond the logits it keeps
+    (``memory_ops.loss_transient_bytes_per_logit``), on this rank's vocabulary shard."""
+    m, sh, o = inp.model, inp.shard, inp.options
+    prec = "bf16" if o.precision == "fp8" else o.precision
+    logits = logits_bytes(m, sh.seq_len // sh.cp, sh.microbatch_size, sh.tp) / 4.0
+    return logits * loss_transient_bytes_per_logit(PRECISION_TABLE[prec].activation_bytes, o.fused_kernels,
+                                                   o.cross_entropy_fusion)
 
 
 @lru_cache(maxsize=4096)

@@ -165,11 +165,16 @@ def import_torchtitan(path: str | Path, hardware: str | None = None, gpus: int |
                          f"({m_per_run} microbatches each); parsim runs one schedule of {runs * m_per_run}, "
                          "paying fill and drain once")
     tp_comm = _async_tp(c)
+    compiled, ckey = c.get("compile.enable", "training.compile", default=False)
+    if ckey in c.flat:
+        keys["training.fused_kernels"] = ckey
     training = {"global_batch": global_batch, "microbatch_size": mbs, "seq_len": seq,
                 "precision": _precision(c, notes), "optimizer": _optimizer(c, notes),
                 "recompute": _recompute(c, notes),
                 # eager autograd adds each further microbatch's weight gradient in a separate kernel
-                "grad_accumulation_fusion": global_batch == deg["dp"] * mbs}
+                "grad_accumulation_fusion": global_batch == deg["dp"] * mbs,
+                # torch.compile fuses the norms, rotary and SwiGLU; eager runs them op by op
+                "fused_kernels": bool(compiled)}
     doc = {"name": f"torchtitan-{preset}", "hardware": hardware, "gpus": deg["gpus"], "model": {"preset": preset},
            "training": training, "parallel": parallel, "schedule": schedule,
            "overlap": {"grad_reduce": True, "tp_comm": tp_comm}}
@@ -377,7 +382,7 @@ def _recompute(c: _Config, notes: list[str]) -> str:
     if mode != "selective":
         raise ConfigError(c.file, mkey, f"{mode!r} is not one of none, selective, full, memory_budget")
     if str(option) == "op":
-        return "selective"
+        return "op"  # matmul/SDPA outputs saved, every second matmul and the rest rerun
     if not str(option).isdigit() or int(option) < 1:
         raise ConfigError(c.file, "activation_checkpoint.selective_ac_option", f"expected 'op' or a positive "
                                                                                 f"integer, got {option!r}")
