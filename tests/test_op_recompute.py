@@ -13,7 +13,11 @@ import pytest
 import parsim.costs.compute as _compute
 from parsim.costs.inputs import cost_inputs, layer_inputs
 from parsim.costs.layer import op_recompute_time, representative_layer
-from parsim.costs.memory import ActivationOptions, layer_activation_bytes, op_checkpoint_bytes_per_token
+from parsim.costs.memory import (
+    ActivationOptions,
+    layer_activation_bytes,
+    op_checkpoint_bytes_per_token,
+)
 from parsim.model import PRESETS
 from parsim.model.shapes import layer_gemms
 from parsim.simulate import simulate
