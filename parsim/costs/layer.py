@@ -108,6 +108,26 @@ def cached_collective_time(cluster: Cluster, kind: str, nbytes: float, group: Ra
     return collective_time(cluster.profile, kind, nbytes, group)
 
 
+def block_gemms(inp: LayerInputs, moe_layer: bool) -> tuple:
+    """The forward GEMMs one block's own cost counts: ``layer_gemms`` of its kind, less the router
+    and the routed experts when ``parsim.costs.moe`` costs those (the tokens actually routed)."""
+    m, sh = inp.model, inp.shard
+    gemms = layer_gemms(m, sh.tokens, sh.tp, representative_layer(m, moe_layer))
+    if moe_layer and inp.moe is not None:
+        gemms = [g for g in gemms if not g.name.startswith("expert_") and g.name != "router"]
+    return tuple(gemms)
+
+
+def plain_forward_times(inp: LayerInputs, gemms: tuple) -> tuple[float, float]:
+    """(GEMM, memory-bound) seconds of one block's forward on a profile without kernel facts
+    (cpu-gloo): the calibrated two-knob GEMM model and the elementwise bytes at HBM bandwidth."""
+    m, dev, sh, prec = inp.model, inp.hardware.device, inp.shard, inp.options.precision
+    f_gemm = sum(dev.gemm_time(g.m, g.n, g.k, prec, g.count) for g in gemms)
+    f_mem = dev.memory_time(layer_elementwise_bytes(m, sh.tokens, sh.tp, sh.sequence_parallel,
+                                                    PRECISION_TABLE[prec].activation_bytes))
+    return f_gemm, f_mem
+
+
 @lru_cache(maxsize=4096)
 def layer_cost(inp: LayerInputs, moe_layer: bool) -> LayerCost:
     """Cost of one block of the given kind (``moe_layer``: it has a routed-expert FFN)."""
@@ -115,15 +135,13 @@ def layer_cost(inp: LayerInputs, moe_layer: bool) -> LayerCost:
     prec = o.precision
     li = representative_layer(m, moe_layer)
     b, tokens = sh.microbatch_size, sh.tokens
-    gemms = layer_gemms(m, tokens, sh.tp, li)
+    gemms = block_gemms(inp, moe_layer)
     ph = moe_phase(inp) if moe_layer and inp.moe is not None else None
-    if ph is not None:  # router and routed experts are costed by parsim.costs.moe (tokens actually routed)
-        gemms = tuple(g for g in gemms if not g.name.startswith("expert_") and g.name != "router")
     gemm_flops = sum(g.flops for g in gemms)
     # attention core: this rank's seq/cp queries against all keys of the sequence
     attn_flops = _attention_flops(inp) / sh.cp
     if dev.kernels is not None:  # every kernel through its own model (parsim.costs.compute)
-        bc = _compute.block_compute(inp, tuple(gemms), moe_layer)
+        bc = _compute.block_compute(inp, gemms, moe_layer)
         f_gemm, i_gemm, w_gemm = bc.gemm
         f_attn = bc.attention[0] + scores_traffic(inp, 1.0) + head_layout_traffic(inp)
         i_attn = bc.attention[1] + scores_traffic(inp, 2.0)
@@ -136,7 +154,7 @@ def layer_cost(inp: LayerInputs, moe_layer: bool) -> LayerCost:
         i_mem += max(0.0, bc.kernels[1] * host - (i_gemm + i_attn + i_mem))
         w_gemm = max(w_gemm, bc.kernels[2] * host)
     else:  # a profile without kernel facts (cpu-gloo): the calibrated two-knob models
-        f_gemm = sum(dev.gemm_time(g.m, g.n, g.k, prec, g.count) for g in gemms)
+        f_gemm, f_mem = plain_forward_times(inp, gemms)
         i_gemm = sum(dev.gemm_time(g.m, g.k, g.n, prec, g.count) for g in gemms)
         w_gemm = sum(dev.gemm_time(g.k, g.n, g.m, prec, g.count) for g in gemms)
         fused = o.flash_attention
@@ -145,8 +163,6 @@ def layer_cost(inp: LayerInputs, moe_layer: bool) -> LayerCost:
         f_attn = dev.attention_time(executed, prec, fused) + scores_traffic(inp, 1.0) + head_layout_traffic(inp)
         i_attn = dev.attention_time(executed * bwd_ratio, prec, fused) + scores_traffic(inp, 2.0)
         f_attn, i_attn = f_attn + launch_gaps(inp, 1), i_attn + launch_gaps(inp, 2)
-        f_mem = dev.memory_time(layer_elementwise_bytes(m, tokens, sh.tp, sh.sequence_parallel,
-                                                        PRECISION_TABLE[prec].activation_bytes))
         i_mem = 2 * f_mem
     act_bytes = tokens * m.d_model * PRECISION_TABLE[prec].wire_bytes
     tp_fwd, f_slow = tp_layer_comm(inp, act_bytes, f_gemm)
@@ -356,18 +372,13 @@ def op_recompute_time(inp: LayerInputs, moe_layer: bool) -> float:
     block's four, the second and fourth (the projection and FC2) every step. The attention core
     is saved, not rerun. Routed experts (MoE blocks) are not counted.
     """
-    m, sh, dev = inp.model, inp.shard, inp.hardware.device
-    gemms = layer_gemms(m, sh.tokens, sh.tp, representative_layer(m, moe_layer))
-    gemms = tuple(g for g in gemms if not g.name.startswith("expert_") and g.name != "router")
-    share = 0.5 if m.ffn == "swiglu" else (
+    gemms = block_gemms(inp, moe_layer)
+    share = 0.5 if inp.model.ffn == "swiglu" else (
         sum(g.flops for g in gemms if g.name in OP_SAC_RECOMPUTED) / max(1.0, sum(g.flops for g in gemms)))
-    prec = inp.options.precision
-    if dev.kernels is not None:
+    if inp.hardware.device.kernels is not None:
         bc = _compute.block_compute(inp, gemms, moe_layer)
         return share * bc.gemm[0] + bc.memory[0]
-    f_gemm = sum(dev.gemm_time(g.m, g.n, g.k, prec, g.count) for g in gemms)
-    f_mem = dev.memory_time(layer_elementwise_bytes(m, sh.tokens, sh.tp, sh.sequence_parallel,
-                                                    PRECISION_TABLE[prec].activation_bytes))
+    f_gemm, f_mem = plain_forward_times(inp, gemms)
     return share * f_gemm + f_mem
 
 

@@ -186,7 +186,7 @@ def stage_cost(inp: LayerInputs, shape: StageShape) -> StageCost:
     p2p = sh.tokens * m.d_model * PRECISION_TABLE[o.precision].wire_bytes / (sh.tp if sh.sequence_parallel else 1)
     transient = layer_cost(inp, shape.kinds[0]).recompute_transient_bytes if shape.kinds else 0.0
     if shape.last:  # the loss's backward temporaries come before any block is recomputed
-        transient = max(transient, loss_transient_bytes(inp))
+        transient = max(transient, head_cost(inp).transient_bytes)
     parts = {Op.F: f, Op.I: i, Op.W: w, Op.B: i + w}
     wstash = min(act, bl[_WSTASH])
     return StageCost(len(shape.kinds), sum(shape.kinds), params, bl[_EXPERT], parts,
@@ -223,6 +223,9 @@ class EndCost:
     """Bytes sent in F (the embedding's vocabulary-parallel all-reduce)."""
     activation_bytes: float
     """Stash added (the head's fp32 logits and inputs)."""
+    transient_bytes: float = 0.0
+    """Bytes held for a moment in the backward beyond the stash (the loss's temporaries,
+    ``memory_ops.loss_transient_bytes_per_logit``)."""
 
 
 @lru_cache(maxsize=4096)
@@ -237,16 +240,6 @@ def embedding_cost(inp: LayerInputs) -> EndCost:
                    0.0, AxisBytes(tp=bytes_sent_per_rank("all_reduce", out_bytes, sh.tp)), 0.0)
 
 
-def loss_transient_bytes(inp: LayerInputs) -> float:
-    """Bytes the cross-entropy holds for a moment in its backward beyond the logits it keeps
-    (``memory_ops.loss_transient_bytes_per_logit``), on this rank's vocabulary shard."""
-    m, sh, o = inp.model, inp.shard, inp.options
-    prec = "bf16" if o.precision == "fp8" else o.precision
-    logits = logits_bytes(m, sh.seq_len // sh.cp, sh.microbatch_size, sh.tp) / 4.0
-    return logits * loss_transient_bytes_per_logit(PRECISION_TABLE[prec].activation_bytes, o.fused_kernels,
-                                                   o.cross_entropy_fusion)
-
-
 @lru_cache(maxsize=4096)
 def head_cost(inp: LayerInputs) -> EndCost:
     """The LM head GEMM, softmax, loss and its gradient."""
@@ -257,8 +250,8 @@ def head_cost(inp: LayerInputs) -> EndCost:
     # the loss over this rank's vocabulary shard (parsim.costs.memory_ops.loss_work): bytes at
     # HBM bandwidth, and the launches when the host would be slower than they run
     o = inp.options
-    lf, lb = loss_work(logits_bytes(m, seq, b, sh.tp) / 4.0, PRECISION_TABLE[prec].activation_bytes,
-                       o.fused_kernels, o.cross_entropy_fusion)
+    logits, out_bytes = logits_bytes(m, seq, b, sh.tp) / 4.0, PRECISION_TABLE[prec].activation_bytes
+    lf, lb = loss_work(logits, out_bytes, o.fused_kernels, o.cross_entropy_fusion)
     loss_f = max(dev.memory_time(lf.bytes), lf.kernels * dev.kernel_launch_s)
     loss_b = max(dev.memory_time(lb.bytes), lb.kernels * dev.kernel_launch_s)
     # fp32 logits for the loss, plus the final norm's input and the LM head's input
@@ -267,7 +260,8 @@ def head_cost(inp: LayerInputs) -> EndCost:
     return EndCost(Parts(compute=dev.gemm_time(g.m, g.n, g.k, prec) + loss_f),
                    Parts(compute=dev.gemm_time(g.m, g.k, g.n, prec) + loss_b),
                    Parts(compute=dev.gemm_time(g.k, g.n, g.m, prec)), g.flops, AxisBytes(),
-                   logits_bytes(m, seq, b, sh.tp) + head_inputs / (sh.tp if sh.sequence_parallel else 1))
+                   logits_bytes(m, seq, b, sh.tp) + head_inputs / (sh.tp if sh.sequence_parallel else 1),
+                   logits * loss_transient_bytes_per_logit(out_bytes, o.fused_kernels, o.cross_entropy_fusion))
 
 
 def _ends(inp: LayerInputs, shape: StageShape, f, i, w, ff, fi, fw, fb, act):

@@ -165,7 +165,7 @@ def import_torchtitan(path: str | Path, hardware: str | None = None, gpus: int |
                          f"({m_per_run} microbatches each); parsim runs one schedule of {runs * m_per_run}, "
                          "paying fill and drain once")
     tp_comm = _async_tp(c)
-    compiled, ckey = c.get("compile.enable", "training.compile", default=False)
+    compiled, ckey = _compiled(c)
     if ckey in c.flat:
         keys["training.fused_kernels"] = ckey
     training = {"global_batch": global_batch, "microbatch_size": mbs, "seq_len": seq,
@@ -174,7 +174,7 @@ def import_torchtitan(path: str | Path, hardware: str | None = None, gpus: int |
                 # eager autograd adds each further microbatch's weight gradient in a separate kernel
                 "grad_accumulation_fusion": global_batch == deg["dp"] * mbs,
                 # torch.compile fuses the norms, rotary and SwiGLU; eager runs them op by op
-                "fused_kernels": bool(compiled)}
+                "fused_kernels": compiled}
     doc = {"name": f"torchtitan-{preset}", "hardware": hardware, "gpus": deg["gpus"], "model": {"preset": preset},
            "training": training, "parallel": parallel, "schedule": schedule,
            "overlap": {"grad_reduce": True, "tp_comm": tp_comm}}
@@ -334,10 +334,16 @@ def titan_stage_layers(n_layers: int, n_stages: int, input_weight: int, output_w
     return counts
 
 
+def _compiled(c: _Config) -> tuple[bool, str]:
+    """(torch.compile on, the key it was read from): ``[compile] enable``, ``training.compile`` before."""
+    on, key = c.get("compile.enable", "training.compile", default=False)
+    return bool(on), key
+
+
 def _async_tp(c: _Config) -> bool:
     on, _ = c.get("compile.enable_async_tensor_parallel", "parallelism.enable_async_tensor_parallel",
                   "experimental.enable_async_tensor_parallel", default=False)
-    compiled, _ = c.get("compile.enable", "training.compile", default=False)
+    compiled, _ = _compiled(c)
     return bool(on) and bool(compiled)  # torchtitan's async TP needs torch.compile
 
 
