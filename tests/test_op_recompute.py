@@ -8,6 +8,8 @@ other op, and of the matmuls save only those at an odd position of a running per
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import parsim.costs.compute as _compute
@@ -101,3 +103,12 @@ def test_the_loss_backward_peak_by_hand(training, per_logit):
     # against a fused (chunked) loss, which holds nothing of the logits' size: tokens x vocabulary
     extra = peak(**training) - peak(**training, cross_entropy_fusion=True)
     assert extra == per_logit * 4096 * 128256
+
+
+def test_a_moe_models_dense_blocks_keep_their_own_ffn_width():
+    # DeepSeek-V3 with its three dense blocks' FFN narrowed, so that they differ from a routed
+    # block's 8 x 2048 + 2048: the dense block keeps w1 of d_ff, the routed one of the experts'
+    spec = dataclasses.replace(PRESETS["deepseek-v3"], d_ff=12288)
+    opts = ActivationOptions("op", flash_attention=True, dropout=False)
+    dense, routed = (op_checkpoint_bytes_per_token(spec, 1, opts, li) for li in (0, spec.n_layers - 1))
+    assert routed - dense == 2 * ((8 * 2048 + 2048) - 12288)

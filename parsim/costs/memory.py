@@ -160,7 +160,7 @@ def layer_activation_bytes(spec: ModelSpec, seq_len: int, microbatch: int, tp: i
         return tokens * per_token
     routed = routed_rows is None
     if opts.recompute == "op":
-        return tokens * op_checkpoint_bytes_per_token(spec, tp, opts)
+        return tokens * op_checkpoint_bytes_per_token(spec, tp, opts, layer_index)
     replicated, sharded, scores = _per_token_parts(spec, seq_len, tp, opts, layer_index, routed)
     if opts.recompute == "selective":
         scores = 0.0
@@ -171,7 +171,8 @@ def layer_activation_bytes(spec: ModelSpec, seq_len: int, microbatch: int, tp: i
     return out
 
 
-def op_checkpoint_bytes_per_token(spec: ModelSpec, tp: int, opts: ActivationOptions) -> float:
+def op_checkpoint_bytes_per_token(spec: ModelSpec, tp: int, opts: ActivationOptions,
+                                  layer_index: int | None = None) -> float:
     """Bytes per token one block keeps under torchtitan's op-level selective checkpointing.
 
     torchtitan (``parallelize_llama._apply_ac_to_transformer_block``, ``selective_ac_option = "op"``)
@@ -182,13 +183,14 @@ def op_checkpoint_bytes_per_token(spec: ModelSpec, tp: int, opts: ActivationOpti
     and {wk, wo, w3} from one forward to the next; memory is the larger set. Kept: the block
     input (``checkpoint`` saves it), those matmul outputs, the attention output and its fp32
     log-sum-exp. A GeLU block (four matmuls: qkv, proj, fc1, fc2) saves qkv and fc1 each time.
-    MoE blocks are counted as dense blocks of the expert FFN width times the experts each token
-    visits (the grouped expert GEMMs taken as matmuls).
+    A routed-expert block (``layer_index`` one, as ``_per_token_parts`` decides) is counted as a
+    dense block of the expert FFN width times the experts each token visits (the grouped expert
+    GEMMs taken as matmuls); a MoE model's dense blocks keep their own FFN width.
     """
     h = spec.d_model
     q = spec.n_heads * spec.head_dim_ / tp
     kv = spec.n_kv_heads * spec.head_dim_ / tp
-    if spec.is_moe:
+    if layer_index is not None and spec.is_moe and _is_moe(spec, layer_index):
         f = (spec.top_k * spec.d_ff_expert_ + spec.n_shared_experts * spec.d_ff_shared_) / tp
     else:
         f = spec.d_ff / tp
