@@ -83,6 +83,61 @@ def test_efficiency_above_one_raises_the_peak_instead():
     assert d.peak("fp32") * d.gemm_efficiency == pytest.approx(fast.peak("fp32") * 0.5, rel=0.02)
 
 
+def _update_rows(dev, sizes=(1e6, 4e6, 16e6)) -> pd.DataFrame:
+    rows = [{"kind": "update", "name": "add_", "bytes": b, "seconds": dev.update_time(b)} for b in sizes]
+    rows += [{"kind": "optimizer", "name": "adam", "bytes": b, "seconds": dev.optimizer_time(b)} for b in sizes]
+    return pd.DataFrame(rows)
+
+
+def test_fit_recovers_in_place_and_optimizer_rates():
+    """Streaming ops with fresh outputs, in-place updates and the optimizer step each get
+    their own measured rate over the same bandwidth (closed form: rows made by the model)."""
+    base = load_profile("cpu-gloo")
+    truth = dataclasses.replace(base.device, memory_efficiency=0.35, update_efficiency=0.9, optimizer_efficiency=0.6)
+    data = pd.concat([_synthetic(truth, 50e-6, 3e9), _update_rows(truth)], ignore_index=True)
+    d = fit_profile(base, data, "rates").profile.device
+    assert (d.memory_efficiency, d.update_efficiency, d.optimizer_efficiency) == pytest.approx((0.35, 0.9, 0.6))
+    assert d.update_time(8e6) == pytest.approx(8e6 / (base.device.memory_bandwidth * 0.9))
+
+
+def test_update_faster_than_the_bandwidth_raises_it_and_keeps_both_rates():
+    base = load_profile("cpu-gloo")
+    bw = base.device.memory_bandwidth
+    truth = dataclasses.replace(base.device, memory_bandwidth=2 * bw, memory_efficiency=0.25,
+                                update_efficiency=1.0, optimizer_efficiency=0.5)
+    data = pd.concat([_synthetic(truth, 50e-6, 3e9), _update_rows(truth)], ignore_index=True)
+    d = fit_profile(base, data, "fast-update").profile.device
+    assert d.memory_bandwidth == pytest.approx(2 * bw)
+    assert d.effective_memory_bandwidth == pytest.approx(0.5 * bw)  # the streaming rate is unchanged
+    assert d.update_efficiency == pytest.approx(1.0) and d.optimizer_efficiency == pytest.approx(0.5)
+
+
+def test_in_place_rates_default_to_the_streaming_rate_and_round_trip(tmp_path):
+    base = load_profile("cpu-gloo").device
+    assert base.update_efficiency is None and base.optimizer_efficiency is None
+    assert base.update_time(1e6) == base.optimizer_time(1e6) == base.memory_time(1e6)
+    only_update = dataclasses.replace(base, update_efficiency=1.0)
+    assert only_update.optimizer_time(1e6) == only_update.update_time(1e6) < base.memory_time(1e6)
+    fit = fit_profile(load_profile("cpu-gloo"), pd.concat([_synthetic(base, 5e-5, 3e9), _update_rows(
+        dataclasses.replace(base, update_efficiency=0.8, optimizer_efficiency=0.3))], ignore_index=True), "rt")
+    path = tmp_path / "rt.toml"
+    path.write_text(dumps_profile(fit.profile, fit.sources, {"data": "rt.csv"}))
+    again = load_profile(str(path)).device
+    assert (again.update_efficiency, again.optimizer_efficiency) == pytest.approx((0.8, 0.3))
+
+
+def test_sink_keeps_the_newest_results_up_to_its_limit():
+    torch = pytest.importorskip("torch")
+    from parsim.validate.bench import Sink
+    sink = Sink(limit_bytes=10 * 4096)
+    calls = sink.wrap(lambda: torch.zeros(1024))  # 4 KiB each
+    outs = [calls() for _ in range(25)]
+    assert len(sink.held) == 10 and sink.bytes == 10 * 4096
+    assert sink.held[-1][0] is outs[-1] and sink.held[0][0] is outs[15]
+    sink.keep((torch.zeros(2048), torch.zeros(2048)))  # a tuple of results counts every tensor
+    assert sink.bytes <= 10 * 4096 and sink.held[-1][1] == 2 * 8192
+
+
 def test_alpha_beta_pure_latency():
     df = pd.DataFrame({"bytes": [1e3, 1e4, 1e5], "seconds": [1e-4, 1e-4, 1e-4]})
     alpha, beta = fit_alpha_beta(df)
@@ -114,7 +169,8 @@ def test_calibrate_quick_run_writes_profile_and_data(tmp_path):
     prof = load_profile(str(tmp_path / "quick-cpu.toml"))
     assert 0 < prof.device.gemm_efficiency <= 1 and prof.nvlink.latency_s > 0
     data = pd.read_csv(tmp_path / "quick-cpu.csv")
-    assert {"gemm", "memory", "attention", "p2p", "collective"} <= set(data["kind"])
+    assert {"gemm", "memory", "update", "optimizer", "attention", "p2p", "collective"} <= set(data["kind"])
+    assert 0 < prof.device.update_efficiency <= 1 and 0 < prof.device.optimizer_efficiency <= 1
     assert {"seconds", "predicted_s", "relative_error"} <= set(data.columns)
     # the collectives the runtime runs, each fitted on the 2-rank group
     assert {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"} <= set(data[data["kind"] == "collective"]["name"])

@@ -300,6 +300,18 @@ def test_elementwise_bytes_estimate():
     assert layer_elementwise_bytes(spec, 8192) == 2 * base
 
 
+def test_elementwise_bytes_rotate_only_rotary_models():
+    """Hand count per token (elements): norms 2 x (d + d), residual adds 2 x 3d, GeLU 2 d_ff,
+    and RoPE's read + write of q and k only when positions are rotary."""
+    from dataclasses import replace
+    gpt = ModelSpec(name="t", n_layers=2, d_model=256, n_heads=4, n_kv_heads=4, d_ff=1024, vocab_size=1024,
+                    ffn="gelu", position="learned", norm="layernorm")
+    assert layer_elementwise_bytes(gpt, 10, bytes_per_el=4) == 10 * (4 * 256 + 6 * 256 + 2 * 1024) * 4
+    rotary = replace(gpt, position="rope")
+    assert layer_elementwise_bytes(rotary, 10, bytes_per_el=4) - layer_elementwise_bytes(gpt, 10, bytes_per_el=4) \
+        == 10 * 2 * (4 + 4) * 64 * 4
+
+
 # ---------------------------------------------------------------- HF import
 @pytest.mark.parametrize("directory,preset", [
     ("Meta-Llama-3-8B", "llama3-8b"),

@@ -8,6 +8,8 @@ weigh alike):
   ``t = max(2mnk / (peak * eff * u(m)u(n)u(k)), bytes / (bw * mem_eff))``, u(d) = d/(d+h)
   (grid over h, closed-form eff for each h, roofline floor included);
 * streaming ops -> ``memory_efficiency`` (median achieved bytes/s over the datasheet bandwidth);
+* in-place updates -> ``update_efficiency`` (the same median over that bandwidth: gradient
+  accumulation), Adam steps -> ``optimizer_efficiency`` (the optimizer step);
 * attention core -> ``attention_efficiency`` from the fused (SDPA) cases and
   ``unfused_attention_efficiency`` from the explicit ones (scores + mask, softmax, @V: what
   runs with ``flash_attention = false``), each the geometric mean of achieved FLOP/s over
@@ -230,6 +232,22 @@ def fit_profile(base: HardwareProfile, data: pd.DataFrame, name: str, precision:
         src["device.memory_efficiency"] = f"{tag}: median streaming bytes/s over {len(kinds['memory'])} ops (add, layernorm, gelu)"
         src["device.memory_tbyte_per_s"] = (f"{tag}: measured streaming bandwidth" if bw != base.device.memory_bandwidth
                                             else "carried over (datasheet-style estimate); efficiency fitted against it")
+    if "update" in kinds:
+        upd = kinds["update"]
+        achieved = float(np.median(upd["bytes"].to_numpy(float) / upd["seconds"].to_numpy(float)))
+        if achieved > dev.memory_bandwidth:  # the bandwidth becomes the measured one, both rates kept
+            src["device.memory_tbyte_per_s"] = f"{tag}: measured in-place update bandwidth"
+            dev = dataclasses.replace(dev, memory_bandwidth=achieved,
+                                      memory_efficiency=dev.memory_efficiency * dev.memory_bandwidth / achieved)
+        dev = dataclasses.replace(dev, update_efficiency=achieved / dev.memory_bandwidth)
+        src["device.update_efficiency"] = (f"{tag}: median bytes/s of {len(upd)} in-place updates "
+                                           "(add_, mul_ + addcmul_) over the bandwidth above")
+    if "optimizer" in kinds:
+        opt = kinds["optimizer"]
+        achieved = float(np.median(opt["bytes"].to_numpy(float) / opt["seconds"].to_numpy(float)))
+        dev = dataclasses.replace(dev, optimizer_efficiency=min(1.0, achieved / dev.memory_bandwidth))
+        src["device.optimizer_efficiency"] = (f"{tag}: median bytes/s of {len(opt)} Adam steps (as the runtime "
+                                              "builds them; bytes as parsim.costs.dp counts) over the bandwidth above")
     if "gemm" in kinds:
         eff, h, peak = fit_gemm(dev, kinds["gemm"], precision)
         if peak != dev.peak(precision):
@@ -289,6 +307,10 @@ def predictions(prof: HardwareProfile, data: pd.DataFrame, precision: str,
             p = dev.gemm_time(int(r["m"]), int(r["n"]), int(r["k"]), precision)
         elif kind == "memory":
             p = dev.memory_time(float(r["bytes"]))
+        elif kind == "update":
+            p = dev.update_time(float(r["bytes"]))
+        elif kind == "optimizer":
+            p = dev.optimizer_time(float(r["bytes"]))
         elif kind == "attention":
             name = str(r["name"])
             p = (dev.attention_time(float(r["flops"]), precision, fused=not name.startswith("explicit"))

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 MAD_TO_SIGMA = 1.4826
-FAMILY_OF_KIND = {"gemm": "compute", "attention": "compute", "memory": "memory", "launch": "memory",
+FAMILY_OF_KIND = {"gemm": "compute", "attention": "compute", "memory": "memory", "update": "memory", "optimizer": "memory", "launch": "memory",
                   "collective": "collective", "p2p": "p2p"}
 
 

@@ -89,6 +89,21 @@ class Device:
     attention is *not* fused (``training.flash_attention = false``); the s x s scores'
     softmax/mask traffic is costed separately as memory-bound. Optional key
     ``device.unfused_attention_efficiency``; ``None``: the same as ``attention_efficiency``."""
+    update_efficiency: float | None = None
+    """Fraction of ``memory_bandwidth`` that in-place read-modify-write kernels reach: the
+    optimizer step, gradient accumulation into existing buffers. A kernel writing a *fresh*
+    output on a write-allocate cache (a CPU) first reads every line it writes (a read for
+    ownership) -- the streaming ops behind ``memory_efficiency`` pay it, an update in place
+    does not. Optional key ``device.update_efficiency`` (``parsim calibrate`` measures it);
+    ``None``: ``memory_efficiency`` (GPUs write L2 sectors without fetching them)."""
+    optimizer_efficiency: float | None = None
+    """Fraction of ``memory_bandwidth`` the optimizer step's kernel reaches over the bytes the
+    cost model counts for it (``parsim.costs.dp``: states read and written, gradients read,
+    weights written, and read too without a master copy). Where the step is bandwidth-bound
+    (a fused Adam on a GPU) it is the in-place rate; on a CPU core fused Adam's per-element
+    arithmetic (a square root, a division) holds it lower. Optional key
+    ``device.optimizer_efficiency`` (``parsim calibrate`` times the fused step); ``None``: the
+    in-place rate (``update_efficiency``)."""
     kernels: KernelFacts | None = field(default=None, hash=False)
     """Facts the kernel models need (SM count, per-clock rates, GEMM tiles, MAMF, attention
     kernel); ``None`` when the profile gives none (``kernel_*`` methods then refuse)."""
@@ -118,6 +133,23 @@ class Device:
     def effective_memory_bandwidth(self) -> float:
         """Bytes/s that streaming kernels reach."""
         return self.memory_bandwidth * self.memory_efficiency
+
+    def update_time(self, nbytes: float) -> float:
+        """Seconds for an in-place memory-bound kernel that reads + writes ``nbytes`` in total
+        (optimizer steps, gradient accumulation): see ``update_efficiency``."""
+        if nbytes < 0:
+            raise ValueError(f"update_time: nbytes={nbytes} must be >= 0")
+        eff = self.memory_efficiency if self.update_efficiency is None else self.update_efficiency
+        return nbytes / (self.memory_bandwidth * eff)
+
+    def optimizer_time(self, nbytes: float) -> float:
+        """Seconds of an optimizer step over ``nbytes`` of state, gradients and weights (see
+        ``optimizer_efficiency``)."""
+        if self.optimizer_efficiency is None:
+            return self.update_time(nbytes)
+        if nbytes < 0:
+            raise ValueError(f"optimizer_time: nbytes={nbytes} must be >= 0")
+        return nbytes / (self.memory_bandwidth * self.optimizer_efficiency)
 
     def gemm_shape_factor(self, m: int, n: int, k: int) -> float:
         """``u(m) u(n) u(k)`` with ``u(d) = d / (d + gemm_half_dim)``, in (0, 1]."""
@@ -311,7 +343,9 @@ _SCHEMA: dict[str, dict[str, tuple[str, bool]]] = {
         "gemm_efficiency": ("frac", _REQ), "gemm_half_dim": ("nonneg", _REQ),
         "memory_efficiency": ("frac", _REQ), "attention_efficiency": ("frac", _REQ),
         "kernel_launch_us": ("nonneg", _REQ),
-        "unfused_attention_efficiency": ("frac", _OPT), "mxfp8_tflops": ("pos", _OPT),
+        "unfused_attention_efficiency": ("frac", _OPT), "update_efficiency": ("frac", _OPT),
+        "optimizer_efficiency": ("frac", _OPT),
+        "mxfp8_tflops": ("pos", _OPT),
         # kernel-model facts (parsim.cluster.kernels, attention_kernels): all or none
         "sm_count": ("int", _OPT), "tensor_flop_per_clock_per_sm": ("pos", _OPT),
         "sfu_op_per_clock_per_sm": ("pos", _OPT), "smem_byte_per_clock_per_sm": ("pos", _OPT),
@@ -449,6 +483,7 @@ def parse_profile(data: Mapping[str, Any], file: str = "<profile>") -> HardwareP
         memory_efficiency=d["memory_efficiency"], attention_efficiency=d["attention_efficiency"],
         kernel_launch_s=to_si("kernel_launch_us", d["kernel_launch_us"]),
         unfused_attention_efficiency=d.get("unfused_attention_efficiency"),
+        update_efficiency=d.get("update_efficiency"), optimizer_efficiency=d.get("optimizer_efficiency"),
         kernels=kernels.facts_from_table(d, peaks, PRECISIONS, file), gemm_model=d.get("gemm_model", "kernel"),
     )
 
@@ -561,6 +596,10 @@ def profile_to_tables(profile: HardwareProfile) -> dict[str, dict[str, Any]]:
     })
     if d.unfused_attention_efficiency is not None:
         dev["unfused_attention_efficiency"] = d.unfused_attention_efficiency
+    if d.update_efficiency is not None:
+        dev["update_efficiency"] = d.update_efficiency
+    if d.optimizer_efficiency is not None:
+        dev["optimizer_efficiency"] = d.optimizer_efficiency
     dev.update(kernels.facts_to_table(d.kernels))
     if d.gemm_model != "kernel":
         dev["gemm_model"] = d.gemm_model

@@ -167,7 +167,10 @@ def _stage_dp(st: DPSetting, params: float, expert_params: float,
         sent["REDUCE_GRAD"] = sent.get("REDUCE_GRAD", 0.0) + bytes_sent_per_rank("all_reduce", twin_bytes, 2)
     shard = dense / (n_s if par.zero >= 1 else 1)
     shard += expert / (len(groups.edp) if par.zero >= 1 else 1)
-    step_bytes = shard * (2 * k + g + w)  # read+write optimizer state, read grads, write weights
+    # the step reads and writes the optimizer state (under mixed precision with the fp32 master
+    # weights), reads the gradients and writes the weights; pure fp32 training keeps no master
+    # copy, so it also reads the weights it updates
+    step_bytes = shard * (2 * k + g + (2 * w if st.precision == "fp32" else w))
     then, then_bytes = 0.0, 0.0
     if par.zero in (1, 2) and n_g > 1 and n_s > 1:
         # ZeRO-1/2: all-gather of the updated parameter shards (reduce-scatter + all-gather
@@ -178,7 +181,7 @@ def _stage_dp(st: DPSetting, params: float, expert_params: float,
         if st.overlap.param_gather:
             exposed = param_gather_exposed(then, then_bytes, bucket_bytes(st), forward_s)
             then = exposed + slowdown_s(dev, sms, then - exposed, forward_s)
-    update_s = hw.profile.device.memory_time(step_bytes) + newton_schulz_s(st, n_layers, moe_layers)
+    update_s = hw.profile.device.optimizer_time(step_bytes) + newton_schulz_s(st, n_layers, moe_layers)
     ops[Op.STEP] = OpCost(update_s, then_comm_s=then, then_comm_bytes=then_bytes)
     if par.zero == 3 and n_g > 1 and n_s > 1:
         gathered = params * w

@@ -180,8 +180,9 @@ def stage_cost(inp: LayerInputs, shape: StageShape) -> StageCost:
         i = i + Parts(recompute=sum(op_recompute_time(inp, k) for k in shape.kinds))
     if not o.grad_accumulation_fusion:
         # unfused accumulation: grad += dW reads the gradient buffer and dW, writes the buffer
+        # in place
         grad_bytes = state_bytes_per_param(o.optimizer, o.precision)[1]
-        w = w + Parts(compute=inp.hardware.device.memory_time(3 * params * grad_bytes))
+        w = w + Parts(compute=inp.hardware.device.update_time(3 * params * grad_bytes))
     sh, m = inp.shard, inp.model
     p2p = sh.tokens * m.d_model * PRECISION_TABLE[o.precision].wire_bytes / (sh.tp if sh.sequence_parallel else 1)
     transient = layer_cost(inp, shape.kinds[0]).recompute_transient_bytes if shape.kinds else 0.0

@@ -253,7 +253,7 @@ def layer_elementwise_bytes(spec: ModelSpec, tokens: int, tp: int = 1, sp: bool 
 
     Per token, in elements: two norms (read d, write d), two residual adds (read 2d,
     write d) -- split over tp only with sequence parallelism; RoPE on q and k (read +
-    write); the FFN activation (gelu: read f, write f; swiglu: read 2f, write f) on the
+    write; rotary models only: learned or ALiBi positions rotate nothing); the FFN activation (gelu: read f, write f; swiglu: read 2f, write f) on the
     local f = d_ff/tp shard; for MoE layers the token dispatch and combine permutations
     (4*top_k*d). Dropout is assumed off; GEMM epilogues (bias adds) and the fused
     flash-attention kernel are left out. Counts the first MoE layer when layer_index is None.
@@ -262,7 +262,7 @@ def layer_elementwise_bytes(spec: ModelSpec, tokens: int, tp: int = 1, sp: bool 
     replicated = (2 * 2 * d + 2 * 3 * d) / (tp if sp else 1)
     rope_dim = spec.qk_rope_head_dim if spec.is_mla else spec.head_dim_
     kv_heads = 1 if spec.is_mla else spec.n_kv_heads
-    rope = 2 * (spec.n_heads + kv_heads) * rope_dim / tp
+    rope = 2 * (spec.n_heads + kv_heads) * rope_dim / tp if spec.position == "rope" else 0.0
     act = 3 if spec.ffn == "swiglu" else 2
     if spec.is_moe and spec.n_moe_layers:
         f_local = (spec.top_k * spec.d_ff_expert_ + spec.n_shared_experts * spec.d_ff_shared_) / tp

@@ -25,7 +25,7 @@ def _chain_len(sc: Scenario) -> int:
 
 def reference_steps(sc: Scenario, n_steps: int = 1, seed: int = 0, optimizer=None) -> list[tuple[float, dict]]:
     """Per step: (mean loss over all dp x m microbatches, {position: {parameter name: gradient}})."""
-    from parsim.validate.worker import optimizer_factory
+    from parsim.validate.optim import optimizer_factory
 
     tr, par = sc.training, sc.parallel
     n = sc.n_microbatches * par.dp

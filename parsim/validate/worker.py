@@ -25,6 +25,7 @@ from parsim.validate.bench import probe
 from parsim.validate.comm import Group
 from parsim.validate.layout import all_groups
 from parsim.validate.model import build_stages, microbatch_data, set_token_dropping
+from parsim.validate.optim import optimizer_factory
 from parsim.validate.probe import stage_activation_bytes
 from parsim.validate.ring import zigzag_positions
 from parsim.validate.runtime import Layout, RankRuntime
@@ -34,28 +35,6 @@ from parsim.validate.tensor_parallel import Par
 from parsim.validate.timing import join_group, start_worker
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def optimizer_factory(name: str, lr: float = 1e-3):
-    fused = {"fused": True} if _fused_ok() else {}
-
-    def make(params):
-        if name in ("sgd",):
-            return torch.optim.SGD(params, lr=lr)
-        if name == "momentum":
-            return torch.optim.SGD(params, lr=lr, momentum=0.9)
-        if name == "adamw":
-            return torch.optim.AdamW(params, lr=lr, **fused)
-        return torch.optim.Adam(params, lr=lr, **fused)  # adam, and the rest approximated by Adam
-    return make
-
-
-def _fused_ok() -> bool:
-    try:
-        torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], fused=True)
-        return True
-    except (RuntimeError, TypeError, ValueError):
-        return False
 
 
 def recv_mode(backend: str, recv: str | None = None) -> str:
