@@ -159,9 +159,14 @@ def dev_bytes(dev: Device, m, n, k, precision: str) -> np.ndarray:
     return np.array([dev.gemm_bytes(int(a), int(b), int(c), precision) for a, b, c in zip(m, n, k)])
 
 
+def median_rate(rows: pd.DataFrame) -> float:
+    """Median achieved bytes/s of benchmark rows (``bytes`` / ``seconds``)."""
+    return float(np.median(rows["bytes"].to_numpy(float) / rows["seconds"].to_numpy(float)))
+
+
 def fit_memory(dev: Device, rows: pd.DataFrame) -> tuple[float, float]:
     """(memory_efficiency, memory bandwidth B/s)."""
-    achieved = float(np.median(rows["bytes"].to_numpy(float) / rows["seconds"].to_numpy(float)))
+    achieved = median_rate(rows)
     eff = achieved / dev.memory_bandwidth
     return (eff, dev.memory_bandwidth) if eff <= 1.0 else (1.0, achieved)
 
@@ -234,7 +239,7 @@ def fit_profile(base: HardwareProfile, data: pd.DataFrame, name: str, precision:
                                             else "carried over (datasheet-style estimate); efficiency fitted against it")
     if "update" in kinds:
         upd = kinds["update"]
-        achieved = float(np.median(upd["bytes"].to_numpy(float) / upd["seconds"].to_numpy(float)))
+        achieved = median_rate(upd)
         if achieved > dev.memory_bandwidth:  # the bandwidth becomes the measured one, both rates kept
             src["device.memory_tbyte_per_s"] = f"{tag}: measured in-place update bandwidth"
             dev = dataclasses.replace(dev, memory_bandwidth=achieved,
@@ -244,8 +249,7 @@ def fit_profile(base: HardwareProfile, data: pd.DataFrame, name: str, precision:
                                            "(add_, mul_ + addcmul_) over the bandwidth above")
     if "optimizer" in kinds:
         opt = kinds["optimizer"]
-        achieved = float(np.median(opt["bytes"].to_numpy(float) / opt["seconds"].to_numpy(float)))
-        dev = dataclasses.replace(dev, optimizer_efficiency=min(1.0, achieved / dev.memory_bandwidth))
+        dev = dataclasses.replace(dev, optimizer_efficiency=min(1.0, median_rate(opt) / dev.memory_bandwidth))
         src["device.optimizer_efficiency"] = (f"{tag}: median bytes/s of {len(opt)} Adam steps (as the runtime "
                                               "builds them; bytes as parsim.costs.dp counts) over the bandwidth above")
     if "gemm" in kinds:

@@ -60,6 +60,13 @@ def canonical_precision(precision: str) -> str:
     return precision_row(str(precision).lower()).name
 
 
+def _bytes_time(what: str, nbytes: float, rate: float) -> float:
+    """``nbytes`` at ``rate`` bytes/s; ValueError naming ``what`` for a negative size."""
+    if nbytes < 0:
+        raise ValueError(f"{what}: nbytes={nbytes} must be >= 0")
+    return nbytes / rate
+
+
 @dataclass(frozen=True)
 class Device:
     """One accelerator (or, for ``cpu-gloo``, one CPU core)."""
@@ -90,8 +97,9 @@ class Device:
     softmax/mask traffic is costed separately as memory-bound. Optional key
     ``device.unfused_attention_efficiency``; ``None``: the same as ``attention_efficiency``."""
     update_efficiency: float | None = None
-    """Fraction of ``memory_bandwidth`` that in-place read-modify-write kernels reach: the
-    optimizer step, gradient accumulation into existing buffers. A kernel writing a *fresh*
+    """Fraction of ``memory_bandwidth`` that in-place read-modify-write kernels reach (gradient
+    accumulation into existing buffers; the optimizer step too unless
+    ``optimizer_efficiency`` is given). A kernel writing a *fresh*
     output on a write-allocate cache (a CPU) first reads every line it writes (a read for
     ownership) -- the streaming ops behind ``memory_efficiency`` pay it, an update in place
     does not. Optional key ``device.update_efficiency`` (``parsim calibrate`` measures it);
@@ -136,20 +144,16 @@ class Device:
 
     def update_time(self, nbytes: float) -> float:
         """Seconds for an in-place memory-bound kernel that reads + writes ``nbytes`` in total
-        (optimizer steps, gradient accumulation): see ``update_efficiency``."""
-        if nbytes < 0:
-            raise ValueError(f"update_time: nbytes={nbytes} must be >= 0")
+        (gradient accumulation): see ``update_efficiency``."""
         eff = self.memory_efficiency if self.update_efficiency is None else self.update_efficiency
-        return nbytes / (self.memory_bandwidth * eff)
+        return _bytes_time("update_time", nbytes, self.memory_bandwidth * eff)
 
     def optimizer_time(self, nbytes: float) -> float:
         """Seconds of an optimizer step over ``nbytes`` of state, gradients and weights (see
         ``optimizer_efficiency``)."""
         if self.optimizer_efficiency is None:
             return self.update_time(nbytes)
-        if nbytes < 0:
-            raise ValueError(f"optimizer_time: nbytes={nbytes} must be >= 0")
-        return nbytes / (self.memory_bandwidth * self.optimizer_efficiency)
+        return _bytes_time("optimizer_time", nbytes, self.memory_bandwidth * self.optimizer_efficiency)
 
     def gemm_shape_factor(self, m: int, n: int, k: int) -> float:
         """``u(m) u(n) u(k)`` with ``u(d) = d / (d + gemm_half_dim)``, in (0, 1]."""
@@ -224,9 +228,7 @@ class Device:
 
     def memory_time(self, nbytes: float) -> float:
         """Seconds for a memory-bound kernel that reads + writes ``nbytes`` in total."""
-        if nbytes < 0:
-            raise ValueError(f"memory_time: nbytes={nbytes} must be >= 0")
-        return nbytes / self.effective_memory_bandwidth
+        return _bytes_time("memory_time", nbytes, self.effective_memory_bandwidth)
 
     def attention_time(self, flops: float, precision: str = "bf16", fused: bool = True) -> float:
         """Seconds for the attention core doing ``flops`` FLOP: fused (Flash; scores never

@@ -37,6 +37,7 @@ during the run compared with during the calibration.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import socket
@@ -282,12 +283,8 @@ class Bench:
         opts = [make([p]) for p in params]
         for o in opts:  # states allocated before timing
             o.step()
-        state = {"i": 0}
-
-        def step():
-            state["i"] = (state["i"] + 1) % len(opts)
-            opts[state["i"]].step()
-        return step
+        turn = itertools.cycle(opts)
+        return lambda: next(turn).step()
 
     def attention(self):
         cases = []
