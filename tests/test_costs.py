@@ -94,6 +94,27 @@ def test_dp_ops_cache_equals_fresh():
     assert warm.sent == fresh.sent and set(warm.ops) == {Op.REDUCE_GRAD, Op.STEP, Op.UNSHARD, Op.RESHARD}
 
 
+def test_step_zeroes_the_gradient_buffer_below_zero3():
+    """The step time is the optimizer's traffic plus, for ZeRO 0-2 (a persistent gradient
+    buffer, Megatron's zero_grad_buffer), one in-place write of every local gradient; ZeRO-3
+    keeps no full buffer. Hand-computed from the device's rates."""
+    from parsim.costs.memory import state_bytes_per_param
+    for zero in (0, 1, 3):
+        sc = scenario(pp=1, dp=4, m=4, hardware="dgx-h100", parallel={"zero": zero})
+        mc = ModelCosts.from_scenario(sc)
+        st, ci = mc.stage_costs[0], mc.inputs
+        setting = DPSetting(ci.cluster, ci.parallel, ci.training.optimizer, ci.training.precision, ci.overlap)
+        ops = dp_ops(DPInputs(setting, st.params, st.expert_params, st.parts[Op.B].total, st.n_layers)).ops
+        w, _, k = state_bytes_per_param(ci.training.optimizer, ci.training.precision)
+        g = ci.parallel.grad_bytes(ci.training.precision)
+        dev = ci.cluster.profile.device
+        shard = st.params / (4 if zero >= 1 else 1)
+        expected = dev.optimizer_time(shard * (2 * k + g + w))
+        if zero < 3:
+            expected += dev.update_time(st.params * g)
+        assert ops[Op.STEP].duration_s == pytest.approx(expected, rel=1e-12)
+
+
 def test_layer_inputs_do_not_depend_on_the_data_parallel_setting():
     """dp, ZeRO and the optimizer leave a block's cost alone: one cache entry serves them all."""
     a = layer_inputs(cost_inputs(scenario(pp=2, dp=2, tp=2, m=4, parallel={"zero": 0})))

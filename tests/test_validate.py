@@ -231,3 +231,31 @@ def test_gqa_attention_equals_repeated_kv_heads(flash):
     p = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(hd) + mask, dim=-1)
     want = blk.proj((p @ v).transpose(1, 2).reshape(2, 16, nh * hd))
     assert torch.allclose(got, want, atol=1e-10)
+
+
+def test_flat_params_keep_gradients_in_one_buffer_as_megatron_ddp():
+    """Every .grad views the persistent buffer: backward adds into it in place (two
+    microbatches sum), a step's reduction reads it without a copy, a per-microbatch reduction
+    takes a copy and leaves zeros, and the step's clear zeroes it with the views kept."""
+    import torch
+
+    from parsim.validate.params import FlatParams
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(3, 2)
+    params = list(lin.parameters())
+    fp = FlatParams(params, None, 3, 0, 0, lambda ps: torch.optim.SGD(ps, lr=0.1))
+    assert fp.padded == 9 and fp.grads.numel() == 9  # 8 values padded to a multiple of 3
+    x1, x2 = torch.randn(4, 3), torch.randn(5, 3)
+    lin(x1).sum().backward()
+    lin(x2).sum().backward()
+    want_w = torch.ones(4, 2).t() @ x1 + torch.ones(5, 2).t() @ x2  # d(sum)/dW by hand
+    assert torch.allclose(lin.weight.grad, want_w)
+    assert lin.weight.grad.data_ptr() == fp.grads.data_ptr()  # still the buffer's view
+    assert torch.allclose(fp.flat_grads()[:6], want_w.reshape(-1)) and fp.flat_grads() is fp.grads
+    assert float(fp.grads[8]) == 0.0  # padding stays zero
+    taken = fp.take_grads()
+    assert torch.allclose(taken[:6], want_w.reshape(-1)) and float(fp.grads.abs().sum()) == 0.0
+    fp.set_grads(taken * 2)
+    assert torch.allclose(lin.weight.grad, 2 * want_w)
+    fp.clear_grads()
+    assert float(lin.bias.grad.abs().sum()) == 0.0 and lin.bias.grad.data_ptr() == fp.grads.data_ptr() + 6 * 4

@@ -182,6 +182,10 @@ def _stage_dp(st: DPSetting, params: float, expert_params: float,
             exposed = param_gather_exposed(then, then_bytes, bucket_bytes(st), forward_s)
             then = exposed + slowdown_s(dev, sms, then - exposed, forward_s)
     update_s = hw.profile.device.optimizer_time(step_bytes) + newton_schulz_s(st, n_layers, moe_layers)
+    if par.zero < 3:
+        # the step zeroes the persistent gradient buffer every backward adds into (Megatron-Core's
+        # zero_grad_buffer; the torch runtime's FlatParams): a write of every local gradient, in place
+        update_s += hw.profile.device.update_time(params * g)
     ops[Op.STEP] = OpCost(update_s, then_comm_s=then, then_comm_bytes=then_bytes)
     if par.zero == 3 and n_g > 1 and n_s > 1:
         gathered = params * w

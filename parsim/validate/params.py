@@ -3,7 +3,12 @@
 * :class:`FlatParams`: one reduction group's parameters of a stage (the dense ones over
   the data x context parallel ranks, and the other model copy's with two chains; routed
   experts over their expert-data-parallel ranks) seen as one flat buffer, padded to a
-  multiple of the group size, with its optimizer (ZeRO >= 1: on this rank's shard only);
+  multiple of the group size, with its optimizer (ZeRO >= 1: on this rank's shard only).
+  Their gradients live in one persistent flat buffer, every ``.grad`` a view of it, as
+  Megatron-Core's DDP grad buffer (and PyTorch DDP's ``gradient_as_bucket_view``) keeps
+  them: every microbatch's backward adds into it in place, the step's reduction runs on it
+  with no flattening copy, and the step zeroes it (Megatron's ``zero_grad_buffer``) -- what
+  the cost model charges (``parsim.costs.stage``'s accumulation, ``parsim.costs.dp``'s step);
 * :class:`Versions`: weight stashing (PipeDream, PipeDream-2BW). The step's forwards and
   backwards run on the version ``delay`` updates old, kept from when it was current;
   STEP updates the newest version in place (a fresh copy of it: the old one stays
@@ -29,6 +34,9 @@ class FlatParams:
         self.group, self.size, self.index, self.zero = group, size, index, zero
         p0 = params[0]
         self.dtype, self.device = p0.dtype, p0.device
+        self.grads = torch.zeros(self.padded, dtype=self.dtype, device=self.device)
+        """The persistent gradient buffer (padding included); every parameter's ``.grad`` views it."""
+        self._attach_grads()
         if zero >= 1:
             lo = index * self.shard
             self.master = torch.nn.Parameter(self.flat_params()[lo:lo + self.shard].clone())
@@ -40,10 +48,23 @@ class FlatParams:
         flat = torch.cat([p.detach().reshape(-1) for p in self.params])
         return torch.nn.functional.pad(flat, (0, self.padded - self.numel))
 
+    def _attach_grads(self) -> None:
+        off = 0
+        for p in self.params:
+            n = p.numel()
+            p.grad = self.grads[off:off + n].view_as(p)
+            off += n
+
     def flat_grads(self) -> torch.Tensor:
-        gs = [p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), dtype=p.dtype, device=p.device)
-              for p in self.params]
-        return torch.nn.functional.pad(torch.cat(gs), (0, self.padded - self.numel))
+        """The gradient buffer itself (a step's reduction runs on it in place)."""
+        return self.grads
+
+    def take_grads(self) -> torch.Tensor:
+        """A copy of the gradients so far, the buffer zeroed: a per-microbatch reduction runs
+        on the copy while the next microbatch's backward adds into the buffer."""
+        out = self.grads.clone()
+        self.grads.zero_()
+        return out
 
     def my_shard(self, flat: torch.Tensor) -> torch.Tensor:
         return flat[self.index * self.shard:(self.index + 1) * self.shard]
@@ -66,15 +87,13 @@ class FlatParams:
             off += n
 
     def set_grads(self, flat: torch.Tensor) -> None:
-        off = 0
-        for p in self.params:
-            n = p.numel()
-            p.grad = flat[off:off + n].view_as(p).clone()
-            off += n
+        """The gradients become ``flat`` (the reduced sum of per-microbatch parts)."""
+        if flat is not self.grads:
+            self.grads.copy_(flat)
 
     def clear_grads(self) -> None:
-        for p in self.params:
-            p.grad = None
+        """Zero the buffer for the next step (the views stay the parameters' ``.grad``)."""
+        self.grads.zero_()
 
 
 def sum_partial_grads(params: list, all_reduce) -> None:
@@ -88,7 +107,11 @@ def sum_partial_grads(params: list, all_reduce) -> None:
     off = 0
     for p in params:
         n = p.numel()
-        p.grad = flat[off:off + n].view_as(p).clone()
+        part = flat[off:off + n].view_as(p)
+        if p.grad is None:
+            p.grad = part.clone()
+        else:  # in place: the grad may be a view of its FlatParams buffer
+            p.grad.copy_(part)
         off += n
 
 

@@ -364,7 +364,8 @@ class RankRuntime:
         for fp in self.flat[a.stage]:
             if fp.size == 1:
                 continue  # nothing to reduce (the simulator gives it zero time too)
-            buf = fp.flat_grads()
+            # a step's reduction runs on the gradient buffer in place; a microbatch's on a copy
+            buf = fp.take_grads() if a.microbatch is not None else fp.flat_grads()
             if self.zero >= 1:
                 out = torch.empty(fp.shard, dtype=buf.dtype, device=buf.device)
                 work = reduce_scatter_flat(out, buf, fp.group, async_op=True)
@@ -372,8 +373,6 @@ class RankRuntime:
             else:
                 work = dist.all_reduce(buf, group=fp.group, async_op=True)
             st.reduces.setdefault((a.stage, fp.kind), []).append((work, buf))
-            if a.microbatch is not None:
-                fp.clear_grads()  # the next microbatch's gradients are reduced on their own
             nbytes += fp.padded * buf.element_size()
         if work is not None:
             self.timer.record_async(a, t0, work, nbytes)

@@ -50,14 +50,17 @@ class WeightGradStore:
         return False
 
     def flush(self) -> None:
-        """Run the deferred weight-gradient GEMMs (the W action) and free the stash."""
-        for weight, bias, x, g in self.items:
-            x2, g2 = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
-            dw = g2.t() @ x2
-            weight.grad = dw if weight.grad is None else weight.grad.add_(dw)
-            if bias is not None:
-                db = g2.sum(0)
-                bias.grad = db if bias.grad is None else bias.grad.add_(db)
+        """Run the deferred weight-gradient GEMMs (the W action) and free the stash. Outside
+        autograd (the stashed input requires grad; nothing differentiates a gradient), each
+        adds into its parameter's ``.grad`` in place (a view of the gradient buffer)."""
+        with torch.no_grad():
+            for weight, bias, x, g in self.items:
+                x2, g2 = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
+                dw = g2.t() @ x2
+                weight.grad = dw if weight.grad is None else weight.grad.add_(dw)
+                if bias is not None:
+                    db = g2.sum(0)
+                    bias.grad = db if bias.grad is None else bias.grad.add_(db)
         self.items = []
 
 
