@@ -173,10 +173,12 @@ def test_calibrate_quick_run_writes_profile_and_data(tmp_path):
     assert 0 < prof.device.update_efficiency <= 1 and 0 < prof.device.optimizer_efficiency <= 1
     assert {"seconds", "predicted_s", "relative_error"} <= set(data.columns)
     # the collectives the runtime runs, each fitted on the 2-rank group
-    assert {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"} <= set(data[data["kind"] == "collective"]["name"])
+    # and the context-parallel ring step (both directions at once, K and V as two sends)
+    assert {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p"} <= set(
+        data[data["kind"] == "collective"]["name"])
     import tomllib
     cal = tomllib.loads((tmp_path / "quick-cpu.toml").read_text())["calibration"]
-    for kind in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
+    for kind in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p"):
         rows = cal[f"collective_{kind}_2"]
         assert rows and all(len(r) == 3 and r[1] >= 0 and r[2] > 0 for r in rows)
 

@@ -228,3 +228,32 @@ def test_cp_comm_key_is_checked():
     with pytest.raises(ConfigError, match="parallel.cp_comm: a2a splits heads"):
         scenario_from_dict(doc(tp=8, cp=8, comm="a2a", gpus=64), "cp.toml")  # 4 heads per TP rank over 8
     assert scenario_from_dict(doc(), "cp.toml").parallel.cp_comm == "p2p"
+
+
+def test_plain_ring_charges_the_measured_ring_step_and_the_merges(tmp_path):
+    """Without kernel facts (cpu-gloo) the flat attention is spread over the ring's steps and
+    every step after the first adds its merge (forward: read the step's output and LSE, read and
+    write the running ones) or its gradient accumulation (backward), memory-bound. The K/V
+    transfer is the calibrated ring step (``collective_p2p_2``) when the profile measured one,
+    else one latency plus the chunk on the link. Hand-computed for the tiny model at cp = 2:
+    rank 0's second step is its later chunk's 32 queries on rank 1's 64 keys."""
+    from parsim.cluster.hardware import dumps_profile, load_profile
+    from parsim.scenario import load_scenario
+    base = load_profile("cpu-gloo")
+    fitted = tmp_path / "ring.toml"
+    fitted.write_text(dumps_profile(base, {}, {"collective_p2p_2": [[float("inf"), 800.0, 1.5]]}))
+    for hw in ("cpu-gloo", str(fitted)):
+        sc = load_scenario("scenarios/tiny-cpu.toml", [f"hardware={hw}", "parallel.pp=1", "parallel.cp=2",
+                                                       "training.flash_attention=true"])
+        inp = layer_inputs(cost_inputs(sc))
+        dev, b, heads, d = inp.hardware.device, 2, 4, 64  # microbatch 2, 4 heads of 64, no GQA
+        flat = (0.004, 0.008)
+        ca = C.cp_attention(inp, flat)
+        merge = dev.memory_time(b * 32 * heads * (d * (2 + 4 + 4) + 3 * 4))
+        accumulate = dev.memory_time(b * d * (32 * heads * (2 + 4 + 4) + 2 * 64 * heads * 3 * 2))
+        assert ca.forward_s == pytest.approx(flat[0] + merge, rel=1e-12)
+        assert ca.backward_s == pytest.approx(flat[1] + accumulate, rel=1e-12)
+        chunk = 2 * b * heads * 64 * d * 4  # K and V of the rank's 64 tokens, fp32
+        assert C.kv_chunk_bytes(inp) == chunk
+        want = 800e-6 + chunk / 1.5e9 if hw != "cpu-gloo" else base.nvlink.latency_s + chunk / base.nvlink.effective_bandwidth
+        assert C.p2p_step_s(inp) == pytest.approx(want, rel=1e-12)

@@ -33,7 +33,11 @@ which is where long-context CP loses against one big attention. Attention runs i
 the training runs in fp16 (Transformer Engine keeps dot-product attention out of FP8 unless
 ``fp8_dpa`` is set). Without a fused kernel (``training.flash_attention = false``) or kernel facts
 in the profile the caller's attention time (its FLOP model) stands in, spread evenly over the
-ring's steps.
+ring's steps, each later step still paying its merge / gradient accumulation (memory-bound). The
+ring step's transfer is the link's latency plus the chunk at its bandwidth, or, on a calibrated
+profile that measured it (``collective_p2p_<cp>``), the ring step as the torch runtime runs it:
+on one CPU host both directions at once cost about 1 ms for 2 x 128 KiB (the link's one-way fit
+said 0.18 ms).
 
 K/V heads per rank follow tensor parallelism (``n_kv_heads / tp``, or one replicated head when
 there are fewer KV heads than TP ranks): GQA shrinks the bytes on the ring.
@@ -45,7 +49,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from parsim.cluster.attention_kernels import ATTENTION_PRECISIONS
-from parsim.cluster.collectives import collective_time, group_path
+from parsim.cluster.collectives import collective_time
 from parsim.cluster.precision import PRECISION_TABLE
 from parsim.config.parallel import CP_COMMS
 from parsim.costs.inputs import Cluster, LayerInputs, Ranks
@@ -238,9 +242,12 @@ def _collective(cluster: Cluster, kind: str, nbytes: float, group: Ranks) -> flo
 
 def p2p_step_s(inp: LayerInputs) -> float:
     """One ring step's K/V transfer on the CP group's bottleneck link (every rank sends to
-    its successor and receives from its predecessor at once; the slowest pair sets the pace)."""
-    path = group_path(inp.hardware, inp.shard.cp_group)
-    return kv_chunk_bytes(inp) / path.bandwidth + path.latency_s
+    its successor and receives from its predecessor at once; the slowest pair sets the pace).
+    A calibrated profile that measured the ring step itself (``collective_p2p_<cp>``: both
+    directions at once, K and V as two sends, as the torch runtime runs it) is charged that;
+    otherwise one latency plus the chunk at the link's bandwidth (full duplex: the way back
+    costs nothing more)."""
+    return collective_time(inp.hardware, "p2p", kv_chunk_bytes(inp), list(inp.shard.cp_group))
 
 
 @lru_cache(maxsize=4096)
@@ -276,7 +283,12 @@ def _ring(inp: LayerInputs, fallback: tuple[float, float] | None) -> CPAttention
         bwd = [share * (_block_s(inp, s, heads, kv, True) + (_accumulate_s(inp, s, heads, kv) if k else 0.0))
                for k, s in enumerate(steps)]
     else:
-        fwd, bwd = [fallback[0] / cp] * cp, [fallback[1] / cp] * cp
+        # the caller's flat attention spread over the steps, each step after the first merging
+        # its partial output (forward) and adding its partial gradients (backward) as above
+        heads, kv = local_heads(inp)
+        steps = zigzag_steps(sh.seq_len, cp, 0)
+        fwd = [fallback[0] / cp + (_correction_s(inp, st, heads) if k else 0.0) for k, st in enumerate(steps)]
+        bwd = [fallback[1] / cp + (_accumulate_s(inp, st, heads, kv) if k else 0.0) for k, st in enumerate(steps)]
     t = p2p_step_s(inp)
     chunk = kv_chunk_bytes(inp)
     return CPAttention(sum(fwd), sum(bwd), ring_exposed(fwd, forward_transfers(cp, t)),
