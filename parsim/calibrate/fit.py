@@ -17,6 +17,8 @@ weigh alike):
   separately (``parsim.costs.scores_pass_bytes``: once forward, twice backward) is taken
   off first, so prediction = fitted GEMM part + modelled traffic;
 * the one-element op -> ``kernel_launch_us``;
+* a GEMM loop beside an in-flight all-reduce (``core_share``) -> ``transport_core_share`` (its
+  slowdown over the all-reduce's own time, median over sizes);
 * one-way p2p with the sender computing after its isend (``p2p``) -> link ``latency`` alpha
   and ``bandwidth`` beta of ``t = alpha + S/beta`` (the ping-pong ``p2p_idle`` rows are reported)
   (non-negative least squares on relative error);
@@ -223,6 +225,15 @@ def _rel(pred, meas) -> np.ndarray:
     return (np.asarray(pred, float) - np.asarray(meas, float)) / np.asarray(meas, float)
 
 
+def fit_core_share(rows: pd.DataFrame) -> float | None:
+    """``Device.transport_core_share``: the median over sizes of (compute slowdown beside the
+    collective) / (the collective's own time), clipped to [0, 1]; None when it rounds to no
+    sharing (below 1%: the transport does not run on the compute's processor)."""
+    ratios = (rows["seconds"] / rows["comm_s"]).clip(lower=0.0, upper=1.0)
+    share = float(ratios.median())
+    return share if share >= 0.01 else None
+
+
 def fit_profile(base: HardwareProfile, data: pd.DataFrame, name: str, precision: str = "fp32",
                 backend: str = "gloo") -> Fit:
     """Refit ``base`` to the rows of ``data`` (columns of parsim.validate.bench)."""
@@ -274,6 +285,13 @@ def fit_profile(base: HardwareProfile, data: pd.DataFrame, name: str, precision:
     if "launch" in kinds:
         dev = dataclasses.replace(dev, kernel_launch_s=float(kinds["launch"]["seconds"].median()))
         src["device.kernel_launch_us"] = f"{tag}: one-element op, median"
+    if "core_share" in kinds:
+        share = fit_core_share(kinds["core_share"])
+        if share is not None:
+            dev = dataclasses.replace(dev, transport_core_share=share)
+            src["device.transport_core_share"] = (
+                f"{tag}: median over {len(kinds['core_share'])} all-reduce sizes of a GEMM loop's slowdown beside "
+                "the in-flight all-reduce over the all-reduce's own time")
     prof = dataclasses.replace(base, name=name, device=dev,  # source_path: "carried over from <base>"
                                description=f"{base.description.split(' (')[0]} (calibrated by {tag})")
     if "p2p" in kinds:
@@ -321,6 +339,8 @@ def predictions(prof: HardwareProfile, data: pd.DataFrame, precision: str,
                  + scores_traffic_s(dev, name, r["m"], r["n"], precision))
         elif kind == "launch":
             p = dev.kernel_launch_s
+        elif kind == "core_share":
+            p = (dev.transport_core_share or 0.0) * float(r["comm_s"])
         elif kind in ("p2p", "p2p_idle"):  # p2p_idle: reported against the fitted (busy-sender) link
             p = prof.nvlink.transfer_time(float(r["bytes"]))
         elif kind == "collective":

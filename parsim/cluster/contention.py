@@ -18,6 +18,12 @@ when ``C <= W N / (N - s)``, else ``W s / (N - s)`` later (the compute, slowed a
 ends before the collective). Profiles state ``s`` per device (``device.collective_ctas``
 inside a node, ``device.collective_ctas_net`` for groups that span nodes); a profile
 without them takes overlapped communication as free, as before.
+
+A CPU rank has no SMs to split: its gloo threads share the rank's core with the compute
+beside them. ``device.transport_core_share`` (what ``parsim calibrate`` measures as a GEMM
+loop's slowdown beside an all-reduce over the all-reduce's own time) is the same fraction of
+the compute's rate, applied to data-parallel collectives the same way
+(:func:`transport_slowdown_s`; the engines slow compute while their rank's dp stream is busy).
 """
 from __future__ import annotations
 
@@ -54,9 +60,24 @@ def slowdown_s(dev: Device, sms: float, comm_s: float, compute_s: float) -> floa
     """Seconds ``compute_s`` of compute takes longer while ``comm_s`` of a collective holding
     ``sms`` SMs runs beside it (module docstring)."""
     kf = dev.kernels
-    if kf is None or sms <= 0 or comm_s <= 0.0 or compute_s <= 0.0:
+    if kf is None or sms <= 0:
         return 0.0
-    n = kf.sm_count
-    if comm_s * (n - sms) <= compute_s * n:
-        return comm_s * sms / n
-    return compute_s * sms / (n - sms)
+    return shared_slowdown_s(sms / kf.sm_count, comm_s, compute_s)
+
+
+def shared_slowdown_s(share: float, comm_s: float, compute_s: float) -> float:
+    """Seconds ``compute_s`` of compute takes longer while ``comm_s`` of a collective that takes
+    ``share`` of the compute's rate runs beside it: ``comm_s * share`` when the collective ends
+    first, else the compute, slowed all along, loses ``compute_s * share / (1 - share)``."""
+    if share <= 0.0 or comm_s <= 0.0 or compute_s <= 0.0:
+        return 0.0
+    if share >= 1.0 or comm_s * (1.0 - share) <= compute_s:
+        return comm_s * min(share, 1.0)
+    return compute_s * share / (1.0 - share)
+
+
+def transport_slowdown_s(dev: Device, comm_s: float, compute_s: float) -> float:
+    """Seconds compute takes longer beside ``comm_s`` of a data-parallel collective on a device
+    whose transport shares the rank's processor (``Device.transport_core_share``: gloo on CPU
+    ranks); 0 elsewhere."""
+    return shared_slowdown_s(dev.transport_core_share or 0.0, comm_s, compute_s)

@@ -112,6 +112,15 @@ class Device:
     arithmetic (a square root, a division) holds it lower. Optional key
     ``device.optimizer_efficiency`` (``parsim calibrate`` times the fused step); ``None``: the
     in-place rate (``update_efficiency``)."""
+    transport_core_share: float | None = None
+    """Fraction of a rank's compute rate that an asynchronous data-parallel collective takes
+    while it is in flight, on a device whose transport runs on the rank's own processor: gloo
+    on a CPU host with one core per rank, where the collective's socket copies and reductions
+    are threads that share the core with the compute beside them (a 7.4 MB all-reduce of
+    8.4 ms slowed a GEMM loop beside it by 4.7 ms on this 2-core VM). The fast engine runs
+    compute at ``1 - share`` of its rate while its rank's dp stream is busy. Optional key
+    ``device.transport_core_share`` (``parsim calibrate`` times GEMMs beside all-reduces);
+    ``None``: no such sharing (a GPU's collectives hold SMs instead: ``parsim.cluster.contention``)."""
     kernels: KernelFacts | None = field(default=None, hash=False)
     """Facts the kernel models need (SM count, per-clock rates, GEMM tiles, MAMF, attention
     kernel); ``None`` when the profile gives none (``kernel_*`` methods then refuse)."""
@@ -346,7 +355,7 @@ _SCHEMA: dict[str, dict[str, tuple[str, bool]]] = {
         "memory_efficiency": ("frac", _REQ), "attention_efficiency": ("frac", _REQ),
         "kernel_launch_us": ("nonneg", _REQ),
         "unfused_attention_efficiency": ("frac", _OPT), "update_efficiency": ("frac", _OPT),
-        "optimizer_efficiency": ("frac", _OPT),
+        "optimizer_efficiency": ("frac", _OPT), "transport_core_share": ("frac", _OPT),
         "mxfp8_tflops": ("pos", _OPT),
         # kernel-model facts (parsim.cluster.kernels, attention_kernels): all or none
         "sm_count": ("int", _OPT), "tensor_flop_per_clock_per_sm": ("pos", _OPT),
@@ -486,6 +495,7 @@ def parse_profile(data: Mapping[str, Any], file: str = "<profile>") -> HardwareP
         kernel_launch_s=to_si("kernel_launch_us", d["kernel_launch_us"]),
         unfused_attention_efficiency=d.get("unfused_attention_efficiency"),
         update_efficiency=d.get("update_efficiency"), optimizer_efficiency=d.get("optimizer_efficiency"),
+        transport_core_share=d.get("transport_core_share"),
         kernels=kernels.facts_from_table(d, peaks, PRECISIONS, file), gemm_model=d.get("gemm_model", "kernel"),
     )
 
@@ -602,6 +612,8 @@ def profile_to_tables(profile: HardwareProfile) -> dict[str, dict[str, Any]]:
         dev["update_efficiency"] = d.update_efficiency
     if d.optimizer_efficiency is not None:
         dev["optimizer_efficiency"] = d.optimizer_efficiency
+    if d.transport_core_share is not None:
+        dev["transport_core_share"] = d.transport_core_share
     dev.update(kernels.facts_to_table(d.kernels))
     if d.gemm_model != "kernel":
         dev["gemm_model"] = d.gemm_model

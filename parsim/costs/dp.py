@@ -16,7 +16,7 @@ from parsim.cluster.collectives import (
     grad_bucket_bytes,
     parameter_server_time,
 )
-from parsim.cluster.contention import group_sms, slowdown_s
+from parsim.cluster.contention import group_sms, slowdown_s, transport_slowdown_s
 from parsim.config.parallel import ParallelConfig
 from parsim.config.scenario import OverlapConfig
 from parsim.costs.inputs import CachedHash, Cluster, Ranks, rank_groups
@@ -100,8 +100,11 @@ def dp_ops(inp: DPInputs) -> DPOps:
         # dp stream, which ZeRO-3's re-gather for that backward occupies first
         n = inp.n_layers
         t = max(t - max(0.0, inp.backward_s - regather) * (n - 1) / n, t / n)
-        # the hidden buckets held SMs the backward needed: it ends that much later
-        t += slowdown_s(inp.setting.cluster.profile.device, dp_sms(inp.setting), reduce_s - t, inp.backward_s)
+        # the hidden buckets held SMs the backward needed (or, on CPU ranks, the core's time):
+        # it ends that much later
+        dev, hidden = inp.setting.cluster.profile.device, reduce_s - t
+        t += slowdown_s(dev, dp_sms(inp.setting), hidden, inp.backward_s)
+        t += transport_slowdown_s(dev, hidden, inp.backward_s)
     if par.grad_per_microbatch:
         # per microbatch the dp stream carries the whole reduction: its first bucket may start
         # once the re-gather is done and the first block's backward has run (lead_s before the

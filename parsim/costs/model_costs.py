@@ -108,6 +108,9 @@ class ModelCosts:
         self._stages: list[Stage] | None = None
         self.blocking_p2p = not inputs.overlap.p2p
         """Sends hold the sender's compute until they arrive (``[overlap] p2p = false``)."""
+        self.dp_core_share = inputs.hardware.device.transport_core_share or 0.0
+        """Compute runs at ``1 - dp_core_share`` while its rank's dp stream is busy (a CPU rank's
+        gloo threads share its core: ``Device.transport_core_share``; 0 on GPUs)."""
 
     @classmethod
     def from_scenario(cls, sc: Scenario) -> ModelCosts:

@@ -141,6 +141,7 @@ class SlicedCosts:
         """Tokens before each slice."""
         self._unit: dict[tuple[int, Op, int], OpCost] = {}
         self.blocking_p2p = self.base.blocking_p2p
+        self.dp_core_share = self.base.dp_core_share
 
     def op_cost(self, stage: int, op: Op) -> OpCost:
         return self.base.op_cost(stage, op)

@@ -27,6 +27,10 @@ Semantics (the same the torch runtime implements):
   ``schedule.prev_stage``/``next_stage``, not s -/+ 1.
 * a cost table with ``fresh_per_action = True`` (``parsim.uncertainty.sampled``: durations
   drawn per action) is asked for every action's cost; otherwise once per (stage, op) and rank.
+* a cost table with ``dp_core_share`` = s > 0 (a CPU rank whose transport threads share its
+  core: ``Device.transport_core_share``): compute progresses at ``1 - s`` of its rate while the
+  rank's dp stream is busy (the collectives issued before it), so it ends later by ``s`` times
+  the overlap, up to the whole of it at s = 1; the collective's own time is unchanged.
 * token slices (``schedule.n_slices > 1``, TeraPipe): units differ in cost, so a cost table
   with ``unit_cost(stage, op, unit)`` / ``unit_p2p_bytes(stage, op, unit)`` answers F/B/I/W
   and the sends per action index (``parsim.costs.slices``).
@@ -219,6 +223,13 @@ def _rank_process(rank, actions, costs, link_of, box, out, nbr, s2r):
     fresh = getattr(costs, "fresh_per_action", False)  # a drawing cost table: asked once per action
     unit_cost = getattr(costs, "unit_cost", None)  # token-sliced schedules: a cost per action index
     blocking_p2p = getattr(costs, "blocking_p2p", False)
+    share = getattr(costs, "dp_core_share", 0.0) or 0.0
+    dp_busy: list[tuple[float, float]] = []  # this rank's dp-stream intervals (share > 0 only)
+
+    def stretch(begin: float, seconds: float) -> float:
+        while dp_busy and dp_busy[0][1] <= begin:  # the walk's clock only moves forward
+            dp_busy.pop(0)
+        return shared_end(begin, seconds, dp_busy, share) if dp_busy else begin + seconds
     for a in actions:
         op = a.op
         if op is RECV_F or op is RECV_B:
@@ -260,7 +271,7 @@ def _rank_process(rank, actions, costs, link_of, box, out, nbr, s2r):
                 pending = unshard_done.get(part.stage)
                 if pending is not None and pending > start:
                     start = pending
-            t = _run_overlap(rank, a, start, costs, spans_append, mem_append)[1]
+            t = _run_overlap(rank, a, start, costs, spans_append, mem_append, stretch if share else None)[1]
             continue
         info = None if fresh else compute_info.get((stage, op))
         if info is None:
@@ -277,6 +288,8 @@ def _rank_process(rank, actions, costs, link_of, box, out, nbr, s2r):
                 reduce_done[stage] = dp_free
             else:
                 unshard_done[stage] = dp_free if c.wait_s is None else start + c.wait_s
+            if share and dp_free > start:
+                dp_busy.append((start, dp_free))
             spans_append((rank, "dp", name, stage, -1 if a.microbatch is None else a.microbatch, start, dp_free,
                           c.bytes))
             if c.stash_bytes:
@@ -303,7 +316,7 @@ def _rank_process(rank, actions, costs, link_of, box, out, nbr, s2r):
             pending = unshard_done.get(stage)
             if pending is not None and pending > start:
                 start = pending
-        end = start + c.duration_s
+        end = stretch(start, c.duration_s) if share else start + c.duration_s
         t = end
         if c.stash_bytes or c.transient_bytes:
             mem_append((rank, start, c.stash_bytes + c.transient_bytes, c.mem_kind))
@@ -317,14 +330,39 @@ def _rank_process(rank, actions, costs, link_of, box, out, nbr, s2r):
         if c.then_comm_s > 0 or c.then_comm_bytes > 0:
             s0 = max(end, dp_free)
             dp_free = s0 + c.then_comm_s
+            if share and dp_free > s0:
+                dp_busy.append((s0, dp_free))
             spans_append((rank, "dp", "PARAM_GATHER", stage, -1, s0, dp_free, c.then_comm_bytes))
 
 
-def _run_overlap(rank, a, start, costs, spans_append, mem_append) -> tuple[float, float]:
-    """Record a composite OVERLAP_F_B starting at ``start``; return (end of its F part, its end)."""
+def shared_end(start: float, work: float, busy: list, share: float) -> float:
+    """When ``work`` seconds of compute started at ``start`` end, running at ``1 - share`` of
+    its rate inside the (disjoint, time-ordered) ``busy`` intervals and at full rate outside."""
+    t, left = start, work
+    for b0, b1 in busy:
+        if b1 <= t:
+            continue
+        if b0 >= t + left:
+            break
+        if b0 > t:
+            left -= b0 - t
+            t = b0
+        rate = 1.0 - share
+        if rate > 0.0 and rate * (b1 - t) >= left:
+            return t + left / rate
+        left -= rate * (b1 - t)
+        t = b1
+    return t + left
+
+
+def _run_overlap(rank, a, start, costs, spans_append, mem_append, stretch=None) -> tuple[float, float]:
+    """Record a composite OVERLAP_F_B starting at ``start``; return (end of its F part, its end).
+    ``stretch(start, seconds)``: its end when compute shares the core (None: it does not)."""
     f, b = a.sub
     cf, cb, dur = _overlap_cost(costs, f, b)
     total = cf.duration_s + cb.duration_s
+    if stretch is not None:
+        dur = stretch(start, dur) - start
     mid = start + (dur * cf.duration_s / total if total > 0 else dur / 2)
     end = start + dur
     if cf.stash_bytes or cf.transient_bytes or cb.transient_bytes:

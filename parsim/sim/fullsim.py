@@ -56,7 +56,7 @@ from parsim.schedule.coverage import Coverage, Trait
 from parsim.schedule.ir import Op, Schedule, no_gc
 from parsim.schedule.passes import last_backward, last_backward_per_microbatch
 from parsim.sim.collective_flows import plan_collective, plan_parameter_server
-from parsim.sim.engine import RawTimeline, _needs, _run_overlap
+from parsim.sim.engine import RawTimeline, _needs, _overlap_cost, _run_overlap
 from parsim.sim.network import FlowNetwork, NetworkStats, Topology
 from parsim.sim.stragglers import gpu_slowdowns, nic_changes, rank_factors, slowed
 
@@ -269,6 +269,27 @@ def _rank(job: _Job, rep: int, rank: int, actions):
     nbr, s2r = job.nbr, job.sched.stage_to_rank
     me = job.gpus(rep, rank)
     dp_tail = [env.event().succeed()]  # the dp stream: one collective at a time, in order
+    share = getattr(costs, "dp_core_share", 0.0) or 0.0
+    dp_state = [False, env.event()]  # (a collective is in flight, an event the next change fires)
+
+    def dp_running(on: bool) -> None:
+        """The rank's dp stream starts or stops a collective: compute beside it changes rate."""
+        dp_state[0] = on
+        ev, dp_state[1] = dp_state[1], env.event()
+        ev.succeed()
+
+    def compute_for(seconds: float):
+        """Run ``seconds`` of compute, at ``1 - share`` of its rate while the dp stream is busy
+        (the fast engine's semantics, ``parsim.sim.engine.shared_end``)."""
+        left = seconds
+        while left > 1e-15:
+            rate = 1.0 - share if dp_state[0] else 1.0
+            change, t0 = dp_state[1], env.now
+            if rate <= 0.0:
+                yield change
+                continue
+            yield env.timeout(left / rate) | change
+            left -= (env.now - t0) * rate
     pending: dict[tuple, simpy.Event] = {}
     seq: dict[tuple, int] = {}
     sends: dict[tuple, tuple] = {}
@@ -311,12 +332,16 @@ def _rank(job: _Job, rep: int, rank: int, actions):
                         yield env.timeout(at - env.now)
                 t0 = env.now
                 start = env.now if start is None else start
+                if share and run:  # the bucket's transfer takes the rank's core from its compute
+                    dp_running(True)
                 for i, part in enumerate(parts):
                     yield job.join((rank, stage, op_name, seq[k], b, i), rep, rank, part, 1 / n)
                 if twin_bytes > 0:
                     chain_len = job.sched.n_stages // 2
                     yield job.join_twin(("TWIN", stage % chain_len, seq[k], b), rep, rank,
                                         len(job.sched.actions) - 1 - rank, twin_bytes, 1 / n)
+                if share and run:
+                    dp_running(False)
                 active += max(0.0, min(env.now, end) - t0)  # of this bucket, what ran under the backward
             if window is not None and dp_sms:
                 # the buckets that ran under the backward held SMs it needed
@@ -362,6 +387,16 @@ def _rank(job: _Job, rep: int, rank: int, actions):
             for part in a.sub:
                 yield from _wait_inputs(job, rep, rank, part, pending)
             start = env.now
+            if share:  # the pair's length is known only once it has run beside the dp stream
+                cf, cb, dur = _overlap_cost(costs, *a.sub)
+                if bucketed and idx in anchor:
+                    total = cf.duration_s + cb.duration_s
+                    b_part = dur * cb.duration_s / total if total > 0 else dur / 2
+                    reduce_under(anchor[idx], start + dur - b_part, b_part)  # under the B part
+                yield from compute_for(dur)
+                mid, end = _run_overlap(rank, a, start, costs, keep, keep_mem,
+                                        stretch=lambda _b, _s, e=env.now: e)
+                continue
             mid, end = _run_overlap(rank, a, start, costs, keep, keep_mem)
             if bucketed and idx in anchor:
                 reduce_under(anchor[idx], mid, end - mid)  # under the B part
@@ -394,7 +429,10 @@ def _rank(job: _Job, rep: int, rank: int, actions):
         if c.stash_bytes or c.transient_bytes:
             keep_mem((rank, start, c.stash_bytes + c.transient_bytes, c.mem_kind))
         if c.duration_s > 0:
-            yield env.timeout(c.duration_s)
+            if share:
+                yield from compute_for(c.duration_s)
+            else:
+                yield env.timeout(c.duration_s)
         keep((rank, "compute", op.value, a.stage, -1 if a.microbatch is None else a.microbatch,
               start, env.now, c.bytes))
         released = c.free_bytes + c.transient_bytes

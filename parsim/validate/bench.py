@@ -21,7 +21,9 @@ of a real run shares the machine with the others, so the device being calibrated
   (``p2p_idle``: both sides waiting), and one-way sends whose sender goes on computing
   (``p2p``: what a pipeline does; this is what the link's alpha/beta are fitted to);
 * collectives: all_reduce, all_gather, reduce_scatter, all_to_all (as the runtime calls
-  them) and broadcast over message sizes and group sizes.
+  them), broadcast and the context-parallel ring step over message sizes and group sizes;
+* core share: a GEMM loop beside an in-flight all-reduce against both alone (``core_share``:
+  what an overlapped collective takes from the compute of a CPU rank).
 
 Compute cases are timed in interleaved passes (every case once per pass, ``PASSES``
 passes, median per case): this shared VM's speed drifts by +-10% over seconds to
@@ -63,6 +65,7 @@ ATTN = ((128, 8, 64), (256, 8, 64), (512, 4, 64), (64, 16, 64))  # (seq, batch*h
 COLD_BYTES = 64 * 2 ** 20  # operands cycled per benchmark: beyond the per-core caches
 MSG_BYTES = tuple(4 ** i * 1024 for i in range(0, 8))  # 1 KiB .. 16 MiB (a stage's gradients: ~8 MB)
 PASSES = 7
+CORE_SHARE_BYTES = (1 << 20, 4 << 20, 16 << 20)  # gradient buckets: long enough to time a GEMM loop beside
 QUICK = {"GEMM_M": (256,), "GEMM_NK": GEMM_NK[:2], "MEM_SHAPES": MEM_SHAPES[:2], "ATTN": ATTN[:1],
          "MSG_BYTES": (4096, 1048576)}
 
@@ -411,6 +414,22 @@ class Bench:
                                      repeat_sigma=robust_sigma([math.log(x / t) for x in ts]))
 
 
+def core_share_trials(gemm, collective, sync, trials: int) -> tuple[float, float, float]:
+    """(mean compute alone, mean collective alone, mean compute beside the in-flight collective),
+    the three interleaved trial by trial (barriers between, so both ranks run each together)."""
+    alone, comm, beside = [], [], []
+    for _ in range(trials):
+        dist.barrier()
+        t0 = time.perf_counter(); gemm(); sync(); alone.append(time.perf_counter() - t0)
+        dist.barrier()
+        t0 = time.perf_counter(); collective(False); sync(); comm.append(time.perf_counter() - t0)
+        dist.barrier()
+        work = collective(True)
+        t0 = time.perf_counter(); gemm(); sync(); beside.append(time.perf_counter() - t0)
+        work.wait()
+    return (statistics.fmean(alone), statistics.fmean(comm), statistics.fmean(beside))
+
+
 def ring_step(send: tuple, recv: tuple, n: int, group) -> None:
     """One ring step over the group of global ranks 0..n-1: ``send`` to the successor, ``recv``
     from the predecessor, every tensor its own isend/irecv in one batch (as ``parsim.validate.ring``)."""
@@ -424,6 +443,40 @@ def ring_step(send: tuple, recv: tuple, n: int, group) -> None:
         w.wait()
 
 
+def _core_share_rows(b: "Bench", sizes, trials: int = 9) -> None:
+    """Compute beside an in-flight data-parallel all-reduce (``Device.transport_core_share``):
+    every rank starts an asynchronous all-reduce and runs a GEMM loop about twice the
+    all-reduce's length (so it covers the collective), against both timed alone. On a CPU rank
+    gloo's threads take the core from the loop: the slowdown over the collective's own time is
+    the share. Rows: ``seconds`` the loop's slowdown, ``comm_s`` the collective alone."""
+    a, w = b.rand(256, 512), b.rand(512, 512)
+    t0 = time.perf_counter()
+    for _ in range(20):
+        a @ w
+    b.sync()
+    one = torch.tensor([(time.perf_counter() - t0) / 20])
+    dist.all_reduce(one, op=dist.ReduceOp.MAX)  # every rank runs the same loop
+    for nbytes in sizes:
+        buf = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=b.dev)
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(buf)
+        est = torch.tensor([time.perf_counter() - t0])
+        dist.all_reduce(est, op=dist.ReduceOp.MAX)
+        calls = max(4, math.ceil(2.0 * float(est) / float(one)))
+
+        def gemm(calls=calls):
+            for _ in range(calls):
+                a @ w
+
+        def collective(async_op, buf=buf):
+            return dist.all_reduce(buf, async_op=async_op)
+        alone, comm, beside = core_share_trials(gemm, collective, b.sync, trials)
+        if b.rank == 0:
+            b.add("core_share", "all_reduce", beside - alone, bytes=float(buf.numel() * 4), group=b.world,
+                  comm_s=comm, gemm_s=alone)
+
+
 def main(job_file: str) -> int:
     job, rank, world, local = start_worker(job_file)
     device = join_group(job, rank, world, local, default_timeout_s=60)
@@ -435,6 +488,7 @@ def main(job_file: str) -> int:
     if world > 1:
         p2p_sizes = sizes if quick else MSG_BYTES[:7]  # 1 KiB .. 4 MiB: what a pipeline sends
         b.p2p(p2p_sizes); b.p2p_busy_sender(p2p_sizes); b.collectives(sizes)
+        _core_share_rows(b, CORE_SHARE_BYTES[:1] if quick else CORE_SHARE_BYTES)
     (Path(job["out"]) / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "rows": b.rows}))
     dist.barrier()
     dist.destroy_process_group()
