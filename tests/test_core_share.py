@@ -78,6 +78,9 @@ def test_fit_recovers_the_share_and_the_profile_carries_it(tmp_path):
                          for c, b in zip(comm, (1 << 20, 4 << 20, 16 << 20))])
     assert fit_core_share(rows) == pytest.approx(0.6)
     assert fit_core_share(rows.assign(seconds=-0.001)) is None  # noise below zero: no sharing
+    # time-weighted: the 16 MiB bucket's 0.7 outweighs the 1 MiB one's 0.1 (the median would be 0.4)
+    mixed = rows.assign(seconds=[0.1 * comm[0], 0.4 * comm[1], 0.7 * comm[2]])
+    assert fit_core_share(mixed) == pytest.approx((0.1 * 0.002 + 0.4 * 0.005 + 0.7 * 0.016) / 0.023)
     base = load_profile("cpu-gloo")
     assert base.device.transport_core_share is None
     fit = fit_profile(base, rows, "shared")

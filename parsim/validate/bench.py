@@ -445,8 +445,8 @@ def ring_step(send: tuple, recv: tuple, n: int, group) -> None:
 
 def _core_share_rows(b: "Bench", sizes, trials: int = 9) -> None:
     """Compute beside an in-flight data-parallel all-reduce (``Device.transport_core_share``):
-    every rank starts an asynchronous all-reduce and runs a GEMM loop about twice the
-    all-reduce's length (so it covers the collective), against both timed alone. On a CPU rank
+    every rank starts an asynchronous all-reduce and runs a GEMM loop about three times the
+    all-reduce's longest of three calls (so it covers the collective), against both timed alone. On a CPU rank
     gloo's threads take the core from the loop: the slowdown over the collective's own time is
     the share. Rows: ``seconds`` the loop's slowdown, ``comm_s`` the collective alone."""
     a, w = b.rand(256, 512), b.rand(512, 512)
@@ -458,12 +458,15 @@ def _core_share_rows(b: "Bench", sizes, trials: int = 9) -> None:
     dist.all_reduce(one, op=dist.ReduceOp.MAX)  # every rank runs the same loop
     for nbytes in sizes:
         buf = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=b.dev)
-        dist.barrier()
-        t0 = time.perf_counter()
-        dist.all_reduce(buf)
-        est = torch.tensor([time.perf_counter() - t0])
+        took = []
+        for _ in range(3):
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_reduce(buf)
+            took.append(time.perf_counter() - t0)
+        est = torch.tensor([max(took)])
         dist.all_reduce(est, op=dist.ReduceOp.MAX)
-        calls = max(4, math.ceil(2.0 * float(est) / float(one)))
+        calls = max(4, math.ceil(3.0 * float(est) / float(one)))  # the loop outlasts the collective
 
         def gemm(calls=calls):
             for _ in range(calls):
