@@ -15,8 +15,8 @@ import numpy as np
 import pandas as pd
 
 MAD_TO_SIGMA = 1.4826
-FAMILY_OF_KIND = {"gemm": "compute", "attention": "compute", "memory": "memory", "update": "memory", "optimizer": "memory", "launch": "memory",
-                  "collective": "collective", "p2p": "p2p"}
+FAMILY_OF_KIND = {"gemm": "compute", "attention": "compute", "memory": "memory", "update": "memory",
+                  "optimizer": "memory", "launch": "memory", "collective": "collective", "p2p": "p2p"}
 
 
 def robust_sigma(log_dev) -> float:

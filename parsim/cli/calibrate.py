@@ -66,10 +66,11 @@ def cmd_calibrate(args) -> int:
     (out / f"{name}.toml").write_text(dumps_profile(fit.profile, fit.sources, meta))
     fit.predictions.to_csv(out / f"{name}.csv", index=False)
     d, lk = fit.profile.device, fit.profile.nvlink
+    update = d.memory_efficiency if d.update_efficiency is None else d.update_efficiency
     print(f"calibrated {name}: gemm_efficiency={d.gemm_efficiency:.3f} gemm_half_dim={d.gemm_half_dim:.1f} "
-          f"memory_efficiency={d.memory_efficiency:.3f} update_efficiency={1.0 / (d.update_time(1.0) * d.memory_bandwidth):.3f} attention_efficiency={d.attention_efficiency:.3f} "
-          f"kernel_launch={d.kernel_launch_s * 1e6:.1f}us transport_core_share={d.transport_core_share or 0.0:.2f} "
-          f"link: {lk.latency_s * 1e6:.0f}us "
+          f"memory_efficiency={d.memory_efficiency:.3f} update_efficiency={update:.3f} "
+          f"attention_efficiency={d.attention_efficiency:.3f} kernel_launch={d.kernel_launch_s * 1e6:.1f}us "
+          f"transport_core_share={d.transport_core_share or 0.0:.2f} link: {lk.latency_s * 1e6:.0f}us "
           f"{lk.effective_bandwidth / 1e9:.2f}GB/s")
     print("  fit quality (median |relative error|): " + ", ".join(f"{k}={v:.1%}" for k, v in fit.quality.items()))
     print(f"  wrote {out / (name + '.toml')} and {out / (name + '.csv')}")

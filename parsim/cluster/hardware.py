@@ -117,8 +117,10 @@ class Device:
     while it is in flight, on a device whose transport runs on the rank's own processor: gloo
     on a CPU host with one core per rank, where the collective's socket copies and reductions
     are threads that share the core with the compute beside them (a 7.4 MB all-reduce of
-    8.4 ms slowed a GEMM loop beside it by 4.7 ms on this 2-core VM). The fast engine runs
-    compute at ``1 - share`` of its rate while its rank's dp stream is busy. Optional key
+    8.4 ms slowed a GEMM loop beside it by 4.7 ms on this 2-core VM). Both engines run compute
+    at ``1 - share`` of its rate while its rank's dp stream has a collective in flight, and the
+    cost model charges a reduction hidden under the backward the same way
+    (``parsim.cluster.contention.transport_slowdown_s``). Optional key
     ``device.transport_core_share`` (``parsim calibrate`` times GEMMs beside all-reduces);
     ``None``: no such sharing (a GPU's collectives hold SMs instead: ``parsim.cluster.contention``)."""
     kernels: KernelFacts | None = field(default=None, hash=False)

@@ -274,21 +274,19 @@ def _ring(inp: LayerInputs, fallback: tuple[float, float] | None) -> CPAttention
     """The p2p ring over the zig-zag split."""
     sh = inp.shard
     cp = sh.cp
-    if fallback is None:
-        heads, kv = local_heads(inp)
-        share = window_share(inp)
-        steps = zigzag_steps(sh.seq_len, cp, 0)  # every rank does the same work: rank 0 stands for all
-        fwd = [share * (_block_s(inp, s, heads, kv, False) + (_correction_s(inp, s, heads) if k else 0.0))
-               for k, s in enumerate(steps)]
-        bwd = [share * (_block_s(inp, s, heads, kv, True) + (_accumulate_s(inp, s, heads, kv) if k else 0.0))
-               for k, s in enumerate(steps)]
-    else:
-        # the caller's flat attention spread over the steps, each step after the first merging
-        # its partial output (forward) and adding its partial gradients (backward) as above
-        heads, kv = local_heads(inp)
-        steps = zigzag_steps(sh.seq_len, cp, 0)
-        fwd = [fallback[0] / cp + (_correction_s(inp, st, heads) if k else 0.0) for k, st in enumerate(steps)]
-        bwd = [fallback[1] / cp + (_accumulate_s(inp, st, heads, kv) if k else 0.0) for k, st in enumerate(steps)]
+    heads, kv = local_heads(inp)
+    steps = zigzag_steps(sh.seq_len, cp, 0)  # every rank does the same work: rank 0 stands for all
+    if fallback is None:  # every block through the kernel model, at the blocks' window share
+        scale = window_share(inp)
+        blocks_f = [_block_s(inp, s, heads, kv, False) for s in steps]
+        blocks_b = [_block_s(inp, s, heads, kv, True) for s in steps]
+    else:  # the caller's flat attention spread evenly over the steps
+        scale = 1.0
+        blocks_f, blocks_b = [fallback[0] / cp] * cp, [fallback[1] / cp] * cp
+    # every step after the first merges its partial output (forward) / adds its partial gradients (backward)
+    fwd = [scale * (x + (_correction_s(inp, s, heads) if k else 0.0)) for k, (x, s) in enumerate(zip(blocks_f, steps))]
+    bwd = [scale * (x + (_accumulate_s(inp, s, heads, kv) if k else 0.0))
+           for k, (x, s) in enumerate(zip(blocks_b, steps))]
     t = p2p_step_s(inp)
     chunk = kv_chunk_bytes(inp)
     return CPAttention(sum(fwd), sum(bwd), ring_exposed(fwd, forward_transfers(cp, t)),

@@ -413,6 +413,43 @@ class Bench:
                             self.add("collective", name, t, bytes=float(el * 4), group=n,
                                      repeat_sigma=robust_sigma([math.log(x / t) for x in ts]))
 
+    def core_share(self, sizes, trials: int = 9) -> None:
+        """Compute beside an in-flight data-parallel all-reduce (``Device.transport_core_share``):
+        every rank starts an asynchronous all-reduce and runs a GEMM loop about three times the
+        all-reduce's longest of three calls (so it covers the collective), against both timed
+        alone. On a CPU rank gloo's threads take the core from the loop: the slowdown over the
+        collective's own time is the share. Rows: ``seconds`` the loop's slowdown, ``comm_s``
+        the collective alone."""
+        a, w = self.rand(256, 512), self.rand(512, 512)
+        t0 = time.perf_counter()
+        for _ in range(20):
+            a @ w
+        self.sync()
+        one = torch.tensor([(time.perf_counter() - t0) / 20])
+        dist.all_reduce(one, op=dist.ReduceOp.MAX)  # every rank runs the same loop
+        for nbytes in sizes:
+            buf = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=self.dev)
+            took = []
+            for _ in range(3):
+                dist.barrier()
+                t0 = time.perf_counter()
+                dist.all_reduce(buf)
+                took.append(time.perf_counter() - t0)
+            est = torch.tensor([max(took)])
+            dist.all_reduce(est, op=dist.ReduceOp.MAX)
+            calls = max(4, math.ceil(3.0 * float(est) / float(one)))  # the loop outlasts the collective
+
+            def gemm(calls=calls):
+                for _ in range(calls):
+                    a @ w
+
+            def collective(async_op, buf=buf):
+                return dist.all_reduce(buf, async_op=async_op)
+            alone, comm, beside = core_share_trials(gemm, collective, self.sync, trials)
+            if self.rank == 0:
+                self.add("core_share", "all_reduce", beside - alone, bytes=float(buf.numel() * 4),
+                         group=self.world, comm_s=comm, gemm_s=alone)
+
 
 def core_share_trials(gemm, collective, sync, trials: int) -> tuple[float, float, float]:
     """(mean compute alone, mean collective alone, mean compute beside the in-flight collective),
@@ -443,43 +480,6 @@ def ring_step(send: tuple, recv: tuple, n: int, group) -> None:
         w.wait()
 
 
-def _core_share_rows(b: "Bench", sizes, trials: int = 9) -> None:
-    """Compute beside an in-flight data-parallel all-reduce (``Device.transport_core_share``):
-    every rank starts an asynchronous all-reduce and runs a GEMM loop about three times the
-    all-reduce's longest of three calls (so it covers the collective), against both timed alone. On a CPU rank
-    gloo's threads take the core from the loop: the slowdown over the collective's own time is
-    the share. Rows: ``seconds`` the loop's slowdown, ``comm_s`` the collective alone."""
-    a, w = b.rand(256, 512), b.rand(512, 512)
-    t0 = time.perf_counter()
-    for _ in range(20):
-        a @ w
-    b.sync()
-    one = torch.tensor([(time.perf_counter() - t0) / 20])
-    dist.all_reduce(one, op=dist.ReduceOp.MAX)  # every rank runs the same loop
-    for nbytes in sizes:
-        buf = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=b.dev)
-        took = []
-        for _ in range(3):
-            dist.barrier()
-            t0 = time.perf_counter()
-            dist.all_reduce(buf)
-            took.append(time.perf_counter() - t0)
-        est = torch.tensor([max(took)])
-        dist.all_reduce(est, op=dist.ReduceOp.MAX)
-        calls = max(4, math.ceil(3.0 * float(est) / float(one)))  # the loop outlasts the collective
-
-        def gemm(calls=calls):
-            for _ in range(calls):
-                a @ w
-
-        def collective(async_op, buf=buf):
-            return dist.all_reduce(buf, async_op=async_op)
-        alone, comm, beside = core_share_trials(gemm, collective, b.sync, trials)
-        if b.rank == 0:
-            b.add("core_share", "all_reduce", beside - alone, bytes=float(buf.numel() * 4), group=b.world,
-                  comm_s=comm, gemm_s=alone)
-
-
 def main(job_file: str) -> int:
     job, rank, world, local = start_worker(job_file)
     device = join_group(job, rank, world, local, default_timeout_s=60)
@@ -491,7 +491,7 @@ def main(job_file: str) -> int:
     if world > 1:
         p2p_sizes = sizes if quick else MSG_BYTES[:7]  # 1 KiB .. 4 MiB: what a pipeline sends
         b.p2p(p2p_sizes); b.p2p_busy_sender(p2p_sizes); b.collectives(sizes)
-        _core_share_rows(b, CORE_SHARE_BYTES[:1] if quick else CORE_SHARE_BYTES)
+        b.core_share(CORE_SHARE_BYTES[:1] if quick else CORE_SHARE_BYTES)
     (Path(job["out"]) / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "rows": b.rows}))
     dist.barrier()
     dist.destroy_process_group()
