@@ -39,7 +39,8 @@ def schedule_for(sc: Scenario, early_recv: bool = False, token_slices: int | Non
         raise ScheduleError(f"{sc.file}: schedule.name: {e.problem}", e.grid) from None
     return lower(sched, zero3=par.zero == 3 and par.grad_degree > 1, early_recv=early_recv,
                  reshard_after_forward=par.reshard_after_forward,
-                 grad_per_microbatch=par.grad_degree > 1 and par.grad_per_microbatch)
+                 grad_per_microbatch=par.grad_degree > 1 and par.grad_per_microbatch,
+                 reduce_after_all_backward=not sc.overlap.grad_reduce)
 
 
 def full_mode(sc: Scenario) -> bool:

@@ -2,8 +2,8 @@
 
 The kernel models alone must reproduce the rows whose physics they claim (Megatron-LM 2021 on
 A100 without pipeline parallelism: GEMMs, the unfused attention core, memory-bound ops). The
-issue's aim -- <= 10% (then 5%) on every row with no per-GPU factor -- is not met yet on the
-pipelined A100 rows or the H100 rows (reports/fidelity.md says why); the strict xfail below
+issue's aim -- <= 10% (then 5%) on every row with no per-GPU factor -- is met at 10% on the A100
+rows, not yet on the H100 rows (reports/fidelity.md says why); the strict xfail below
 turns red the day it is, so the bound is then tightened rather than forgotten.
 """
 import sys
@@ -54,10 +54,15 @@ def test_the_32b_row_is_not_predicted_slower_than_published_by_more_than_five_pe
     assert next(r for r in rows if r["id"] == OPEN_SLOW_ROW)["error"] >= -0.05
 
 
-@pytest.mark.xfail(strict=True, reason="H100 rows 27-64% fast and pipelined A100 rows 15-24% fast without "
-                                       "sustained_fraction: reports/fidelity.md, 'Where it lands, and why'")
-def test_mape_within_ten_percent_on_a100_and_h100_rows(rows):
+def test_mape_within_ten_percent_on_the_a100_rows(rows):
+    # the pipelined rows are 6-12% fast (reports/fidelity.md), the others 2-4% slow
     a100 = [r for r in rows if r["family"] == "a100"]
-    h100 = [r for r in rows if r["family"] == "h100"]
+    assert len(a100) == 10
     assert fidelity.mape(a100) <= 10.0
+
+
+@pytest.mark.xfail(strict=True, reason="H100 rows -10% to +42% without sustained_fraction (MAPE 22.8%): "
+                                       "reports/fidelity.md, 'Where it lands, and why'")
+def test_mape_within_ten_percent_on_the_h100_rows(rows):
+    h100 = [r for r in rows if r["family"] == "h100"]
     assert fidelity.mape(h100) <= 10.0

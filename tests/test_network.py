@@ -271,3 +271,30 @@ def test_block_capacity_divides_only_what_a_block_shares():
     assert one_nic[topo.link("nic_up", 0)] == A100.nic.effective_bandwidth / 2  # the node's one NIC
     assert Topology(replace(A100, nics_per_node=4), 16).block_capacity(4) is None  # 2 NICs in a block of 4
     assert Topology(A100, 16).block_capacity(3) is None                           # 3 does not divide a node
+
+
+@pytest.mark.parametrize("mode", ["fast", "full"])
+def test_unoverlapped_reduction_of_every_chunk_waits_for_the_ranks_last_backward(mode):
+    # interleaved 1F1B with two chunks per rank and dp = 2: without overlap.grad_reduce every
+    # chunk's reduction starts once the rank's last backward has ended (Megatron's
+    # finalize_model_grads after the flush); with it, the chunk that finishes first reduces
+    # under the other chunk's last backwards
+    from dataclasses import replace
+
+    from parsim.config.scenario import SimulationConfig
+
+    def spans(grad_reduce):
+        sc = scenario(pp=2, dp=2, vpp=2, m=4, schedule="Interleaved1F1B", model={"preset": "megatron-1.7b"},
+                      overlap={"grad_reduce": grad_reduce, "p2p": True})
+        if mode == "full":
+            sc = replace(sc, simulation=SimulationConfig("full"))
+        t = simulate(sc).timeline
+        return t[t["rank"].isin([0, 1])]
+    off, on = spans(False), spans(True)
+    for rank in (0, 1):
+        mine = off[off["rank"] == rank]
+        last_b = mine[mine["op"] == "B"]["end_s"].max()
+        reduce = mine[mine["op"] == "REDUCE_GRAD"]
+        assert len(reduce) == 2 and (reduce["start_s"] >= last_b - 1e-12).all()
+        mine = on[on["rank"] == rank]
+        assert mine[mine["op"] == "REDUCE_GRAD"]["start_s"].min() < mine[mine["op"] == "B"]["end_s"].max()

@@ -266,6 +266,25 @@ def test_grad_reduction_after_last_backward_and_steps_last():
     validate(no_reduce)
 
 
+def test_grad_reduction_without_overlap_waits_for_the_ranks_last_backward():
+    # interleaved 1F1B, 2 ranks x 2 chunks: rank 0's chunk 2 finishes its backwards before chunk 0
+    # does. Overlapped (Megatron-Core --overlap-grad-reduce) chunk 2's buckets launch at its own
+    # last backward; without overlap (finalize_model_grads after the pipeline flush) every chunk's
+    # reduction follows the rank's last backward, in the order the chunks finished
+    sched = add_send_recv(build("Interleaved1F1B", 2, 4, 2))
+    for r in range(2):
+        over_row = add_grad_reduction(sched).actions[r]
+        late_row = add_grad_reduction(sched, after_all_backward=True).actions[r]
+        over, late = [str(a) for a in over_row], [str(a) for a in late_row]
+        first, second = r + 2, r  # the rank's later chunk finishes its backwards first
+        last_b = max(k for k, a in enumerate(late_row) if a.op is Op.B)
+        assert over.index(f"{first}REDUCE_GRAD") < over.index(f"{second}B3")
+        assert late.index(f"{first}REDUCE_GRAD") > last_b and late.index(f"{second}REDUCE_GRAD") > last_b
+        assert late.index(f"{first}REDUCE_GRAD") < late.index(f"{second}REDUCE_GRAD")
+        assert sorted(over) == sorted(late)  # the same actions, moved
+        validate(add_grad_reduction(sched, after_all_backward=True))
+
+
 def zero_bubble_h1_small():
     return build("ZBH1", 3, 4)
 

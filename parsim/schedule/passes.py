@@ -20,7 +20,9 @@ Passes are small functions Schedule -> Schedule; :func:`lower` composes them:
    last B, or the last W when split; after the SEND that follows it, if any), and
    ``sSTEP`` for each stage at the end of its rank's list, in reduction order. With
    ``per_microbatch`` (ZeRO-2/3 and FSDP's reduce-scatter of every microbatch's
-   gradients) ``sREDUCE_GRADm`` follows the last backward of every (s, m) instead.
+   gradients) ``sREDUCE_GRADm`` follows the last backward of every (s, m) instead; with
+   ``after_all_backward`` (no overlap of the reduction) every stage's waits for the rank's
+   last backward.
 4. :func:`post_recvs_early` (optional, ``lower(..., early_recv=True)``): each RECV moves
    before the compute action that precedes its consumer, so a runtime whose transport
    needs both sides posted (gloo's rendezvous) moves the data while that compute runs.
@@ -234,9 +236,15 @@ _AFTER_BACKWARD = (Op.SEND_B, Op.SEND_F, Op.RESHARD)
 
 
 def add_grad_reduction(schedule: Schedule, reduce: bool = True, step: bool = True,
-                       per_microbatch: bool = False) -> Schedule:
+                       per_microbatch: bool = False, after_all_backward: bool = False) -> Schedule:
     """REDUCE_GRAD after each stage's last backward (if ``reduce``; ``per_microbatch``: after
-    every microbatch's backward); STEPs at the end."""
+    every microbatch's backward); STEPs at the end.
+
+    ``after_all_backward``: every stage's REDUCE_GRAD waits for the rank's last backward, in the
+    order the stages finished -- a framework that does not overlap the reduction with the
+    backward (Megatron's ``finalize_model_grads`` without ``--overlap-grad-reduce``, which
+    reduces each model chunk in turn once the pipeline has flushed) instead of launching a
+    chunk's buckets as its last backward ends."""
     _refuse_if_present(schedule, (Op.REDUCE_GRAD, Op.STEP), "add_grad_reduction")
     rows = []
     per_rank = [0] * schedule.pp
@@ -248,6 +256,8 @@ def add_grad_reduction(schedule: Schedule, reduce: bool = True, step: bool = Tru
         at: dict[int, list[Action]] = {}
         points = (sorted(((k, s, m) for (s, m), k in last_backward_per_microbatch(row).items()))
                   if per_microbatch else [(k, s, None) for s, k in order])
+        if after_all_backward and not per_microbatch and order:
+            points = [(order[-1][1], s, m) for _, s, m in points]
         for k, s, m in points:
             while k + 1 < len(row) and row[k + 1].op in _AFTER_BACKWARD:
                 k += 1
@@ -278,19 +288,23 @@ def lower(
     early_recv: bool = False,
     reshard_after_forward: bool = False,
     grad_per_microbatch: bool = False,
+    reduce_after_all_backward: bool = False,
 ) -> Schedule:
     """Compose the passes: UNSHARD/RESHARD (zero3: per microbatch when
     ``reshard_after_forward``, else one window per stage), SEND/RECV, REDUCE_GRAD (per
-    microbatch when ``grad_per_microbatch``) and STEP, then (``early_recv``)
+    microbatch when ``grad_per_microbatch``; after the rank's last backward for every stage
+    when ``reduce_after_all_backward``) and STEP, then (``early_recv``)
     :func:`post_recvs_early`.
 
     Cached on the (immutable) schedule and the flags: lowering the same build twice is free.
     """
-    key = (id(schedule), zero3, reduce_grad, optimizer_step, early_recv, reshard_after_forward, grad_per_microbatch)
+    key = (id(schedule), zero3, reduce_grad, optimizer_step, early_recv, reshard_after_forward, grad_per_microbatch,
+           reduce_after_all_backward)
     hit = _LOWERED.get(key)
     if hit is not None and hit[0] is schedule:
         return hit[1]
-    low = _lower(schedule, zero3, reduce_grad, optimizer_step, reshard_after_forward, grad_per_microbatch)
+    low = _lower(schedule, zero3, reduce_grad, optimizer_step, reshard_after_forward, grad_per_microbatch,
+                 reduce_after_all_backward)
     if early_recv:
         low = post_recvs_early(low)
     if len(_LOWERED) >= 32:
@@ -303,14 +317,15 @@ _LOWERED: dict[tuple, tuple[Schedule, Schedule]] = {}
 
 
 def _lower(schedule: Schedule, zero3: bool, reduce_grad: bool, optimizer_step: bool,
-           reshard_after_forward: bool, grad_per_microbatch: bool) -> Schedule:
+           reshard_after_forward: bool, grad_per_microbatch: bool, after_all_backward: bool) -> Schedule:
     with no_gc():
         s = schedule
         if zero3:
             s = add_unshard_per_microbatch(s) if reshard_after_forward else add_unshard_reshard(s)
         s = add_send_recv(s)
         if reduce_grad or optimizer_step:
-            s = add_grad_reduction(s, reduce=reduce_grad, step=optimizer_step, per_microbatch=grad_per_microbatch)
+            s = add_grad_reduction(s, reduce=reduce_grad, step=optimizer_step, per_microbatch=grad_per_microbatch,
+                                   after_all_backward=after_all_backward)
     return s
 
 
