@@ -55,15 +55,22 @@ def test_tables_add_up_to_the_step_breakdown():
     assert sum(res.metrics["breakdown_s"].values()) == pytest.approx(res.metrics["step_time_s"], rel=1e-9)
 
 
-def _tp_bytes_by_hand(tp: int, wire: int, m: int, passes: int, layers_per_rank: int = 4, pp: int = 2) -> float:
+def _tp_bytes_by_hand(tp: int, wire: int, m: int, passes: int, layers_per_rank: int = 4, pp: int = 2,
+                      loss: bool = True, sp: bool = False) -> float:
     """Per GPU and step, mean over the pipeline ranks: 2 all-reduces of the block's activation
     (512 tokens x 256 x wire bytes) per block and pass, a ring all-reduce sending 2(t-1)/t of
-    it; the first stage adds the embedding's all-reduce in its forward."""
+    it; the first stage adds the embedding's all-reduce in its forward, the last the LM head's
+    input-gradient all-reduce in its backward and (``loss``) the vocabulary-parallel
+    cross-entropy's three all-reduces of one fp32 number per token in its forward. Sequence
+    parallelism (``sp``) turns each block's all-reduce into an all-gather and a reduce-scatter
+    (the same bytes), the head's into a forward all-gather and a backward reduce-scatter (the
+    same again) and the embedding's into one reduce-scatter (half)."""
     act = 512 * 256 * wire
     ring = 2 * (tp - 1) / tp * act
     per_rank = layers_per_rank * passes * 2 * ring * m
-    embedding = ring * m
-    return (pp * per_rank + embedding) / pp
+    embedding = ring * m / (2 if sp else 1)
+    head = ring * m + (3 * 2 * (tp - 1) / tp * 512 * 4 * m if loss else 0.0)
+    return (pp * per_rank + embedding + head) / pp
 
 
 @pytest.mark.parametrize("precision,wire", [("bf16", 2), ("fp32", 4)])
@@ -76,9 +83,9 @@ def test_tp_bytes_follow_the_precision(precision, wire, recompute, passes):
 def test_tp_bytes_double_from_bf16_to_fp32():
     bf16 = simulate(tiny(tp=4, sp=True)).metrics["comm_bytes_by_axis"]["tp"]
     fp32 = simulate(tiny(tp=4, sp=True, precision="fp32")).metrics["comm_bytes_by_axis"]["tp"]
-    assert bf16 > 0 and fp32 == pytest.approx(2 * bf16, rel=1e-12)
-    # sequence parallelism: all-gather + reduce-scatter, the all-reduce's bytes
-    assert bf16 == pytest.approx(_tp_bytes_by_hand(4, 2, 4, 2), rel=1e-12)
+    loss = _tp_bytes_by_hand(4, 2, 4, 2) - _tp_bytes_by_hand(4, 2, 4, 2, loss=False)  # fp32 in both
+    assert bf16 > 0 and fp32 - loss == pytest.approx(2 * (bf16 - loss), rel=1e-12)
+    assert bf16 == pytest.approx(_tp_bytes_by_hand(4, 2, 4, 2, sp=True), rel=1e-12)
 
 
 @pytest.mark.parametrize("precision,wire", [("bf16", 2), ("fp32", 4)])

@@ -8,7 +8,7 @@ cost the same whatever their index, pipeline depth or data-parallel degree.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from operator import add
 
@@ -17,10 +17,10 @@ from parsim.cluster.precision import PRECISION_TABLE
 from parsim.costs.inputs import LayerInputs
 from parsim.costs.layer import (
     activation_options,
+    cached_collective_time,
     layer_cost,
     op_recompute_time,
     selective_recompute_time,
-    tp_allreduce_time,
 )
 from parsim.costs.memory import logits_bytes, state_bytes_per_param
 from parsim.costs.memory_ops import loss_transient_bytes_per_logit, loss_work
@@ -167,7 +167,7 @@ def stage_cost(inp: LayerInputs, shape: StageShape) -> StageCost:
     f, i, w = layers_f, Parts(*bl[_I:_W]), Parts(*bl[_W:_FLOPS])
     ff, fi, fw = bl[_FLOPS:_FB]
     fb, ib = layers_fb, AxisBytes(*bl[_IB:_ACT])
-    f, i, w, ff, fi, fw, fb, act = _ends(inp, shape, f, i, w, ff, fi, fw, fb, bl[_ACT])
+    f, i, w, ff, fi, fw, fb, ib, act = _ends(inp, shape, f, i, w, ff, fi, fw, fb, ib, bl[_ACT])
     o = inp.options
     recompute = "full" if o.remat else o.recompute
     if recompute == "full":
@@ -227,6 +227,8 @@ class EndCost:
     transient_bytes: float = 0.0
     """Bytes held for a moment in the backward beyond the stash (the loss's temporaries,
     ``memory_ops.loss_transient_bytes_per_logit``)."""
+    backward_bytes: AxisBytes = field(default_factory=AxisBytes)
+    """Bytes sent in the backward (the LM head's input-gradient all-reduce or reduce-scatter)."""
 
 
 @lru_cache(maxsize=4096)
@@ -236,9 +238,40 @@ def embedding_cost(inp: LayerInputs) -> EndCost:
     tokens = sh.tokens
     emb = dev.memory_time(2 * tokens * m.d_model * 2)
     out_bytes = tokens * m.d_model * PRECISION_TABLE[inp.options.precision].wire_bytes
-    tp = tp_allreduce_time(inp, out_bytes) if sh.tp > 1 else 0.0
+    # each rank looks up its vocabulary rows and zeroes the rest: the partial outputs are summed
+    # over tp (Megatron's VocabParallelEmbedding), reduce-scattered along the sequence under
+    # sequence parallelism
+    kind = "reduce_scatter" if sh.sequence_parallel else "all_reduce"
+    tp = cached_collective_time(inp.cluster, kind, out_bytes, sh.tp_group) if sh.tp > 1 else 0.0
     return EndCost(Parts(compute=emb, tp_comm=tp), Parts(), Parts(compute=dev.memory_time(tokens * m.d_model * 4)),
-                   0.0, AxisBytes(tp=bytes_sent_per_rank("all_reduce", out_bytes, sh.tp)), 0.0)
+                   0.0, AxisBytes(tp=bytes_sent_per_rank(kind, out_bytes, sh.tp)), 0.0)
+
+
+def head_tp_comm(inp: LayerInputs) -> tuple[float, float, AxisBytes, AxisBytes]:
+    """(forward, backward seconds; forward, backward bytes sent) of the LM head's tensor-parallel
+    collectives, none of which Transformer Engine's userbuffers overlap (Megatron's output layer
+    is a plain ColumnParallelLinear): the head input gathered along the sequence under sequence
+    parallelism (else Megatron's f, free), its gradient all-reduced (reduce-scattered under
+    sequence parallelism) in the backward; and the vocabulary-parallel cross-entropy's three
+    fp32 all-reduces of one number per token (the logits' max, the target logit, the sum of
+    exponentials: ``_VocabParallelCrossEntropy``) in the forward."""
+    sh = inp.shard
+    if sh.tp <= 1:
+        return 0.0, 0.0, AxisBytes(), AxisBytes()
+    hw, group, tp = inp.cluster, sh.tp_group, sh.tp
+    act = sh.tokens * inp.model.d_model * PRECISION_TABLE[inp.options.precision].wire_bytes
+    per_token = sh.tokens * 4.0
+    fwd = 3 * cached_collective_time(hw, "all_reduce", per_token, group)
+    fwd_sent = 3 * bytes_sent_per_rank("all_reduce", per_token, tp)
+    if sh.sequence_parallel:
+        fwd += cached_collective_time(hw, "all_gather", act, group)
+        fwd_sent += bytes_sent_per_rank("all_gather", act, tp)
+        bwd = cached_collective_time(hw, "reduce_scatter", act, group)
+        bwd_sent = bytes_sent_per_rank("reduce_scatter", act, tp)
+    else:
+        bwd = cached_collective_time(hw, "all_reduce", act, group)
+        bwd_sent = bytes_sent_per_rank("all_reduce", act, tp)
+    return fwd, bwd, AxisBytes(tp=fwd_sent), AxisBytes(tp=bwd_sent)
 
 
 @lru_cache(maxsize=4096)
@@ -258,21 +291,23 @@ def head_cost(inp: LayerInputs) -> EndCost:
     # fp32 logits for the loss, plus the final norm's input and the LM head's input
     # (two d_model activations per token; replicated over tp unless sequence parallel)
     head_inputs = 2 * tokens * m.d_model * activation_options(inp).bytes_per_element
-    return EndCost(Parts(compute=dev.gemm_time(g.m, g.n, g.k, prec) + loss_f),
-                   Parts(compute=dev.gemm_time(g.m, g.k, g.n, prec) + loss_b),
-                   Parts(compute=dev.gemm_time(g.k, g.n, g.m, prec)), g.flops, AxisBytes(),
+    tp_f, tp_b, sent_f, sent_b = head_tp_comm(inp)
+    return EndCost(Parts(compute=dev.gemm_time(g.m, g.n, g.k, prec) + loss_f, tp_comm=tp_f),
+                   Parts(compute=dev.gemm_time(g.m, g.k, g.n, prec) + loss_b, tp_comm=tp_b),
+                   Parts(compute=dev.gemm_time(g.k, g.n, g.m, prec)), g.flops, sent_f,
                    logits_bytes(m, seq, b, sh.tp) + head_inputs / (sh.tp if sh.sequence_parallel else 1),
-                   logits * loss_transient_bytes_per_logit(out_bytes, o.fused_kernels, o.cross_entropy_fusion))
+                   logits * loss_transient_bytes_per_logit(out_bytes, o.fused_kernels, o.cross_entropy_fusion),
+                   sent_b)
 
 
-def _ends(inp: LayerInputs, shape: StageShape, f, i, w, ff, fi, fw, fb, act):
+def _ends(inp: LayerInputs, shape: StageShape, f, i, w, ff, fi, fw, fb, ib, act):
     """The embedding on the first stage, the LM head and loss on the last (DESIGN §4: real work)."""
     for end in ((embedding_cost(inp),) if shape.first else ()) + ((head_cost(inp),) if shape.last else ()):
         f, i, w = f + end.forward, i + end.backward_input, w + end.backward_weight
         ff, fi, fw = ff + end.flops, fi + end.flops, fw + end.flops
-        fb = fb + end.forward_bytes
+        fb, ib = fb + end.forward_bytes, ib + end.backward_bytes
         act += end.activation_bytes
-    return f, i, w, ff, fi, fw, fb, act
+    return f, i, w, ff, fi, fw, fb, ib, act
 
 
 def pipeline_ops(inp: LayerInputs, parts: dict[Op, Parts], act: float, wstash: float, transient: float,
