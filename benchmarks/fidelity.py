@@ -275,7 +275,7 @@ def _report(rows: list[dict], summary: dict) -> str:
             "`param.grad` and the DDP hook adds it into `main_grad` (read 2 + 2, write 2 bytes a "
             "parameter; `training.grad_accumulation_fusion = false`), which moved these rows from within "
             "1.5% to 2-4% slow. Here the old factor (0.82) was *wrong*: it made these rows 10-12% slow.\n"
-            "* **A100 with pipeline parallelism (39B-1T): 6-12% fast.** Megatron's pipeline sends "
+            "* **A100 with pipeline parallelism (39B-1T): 5-12% fast.** Megatron's pipeline sends "
             "block (its `_communicate` waits on the batch_isend_irecv requests and synchronises: "
             "`overlap.p2p = false`), which took 2-10 points off; its local DDP all-reduces every model "
             "chunk after the pipeline has flushed (no overlap: `finalize`-style, each chunk in turn), "
