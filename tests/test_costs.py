@@ -187,3 +187,23 @@ def test_prescreen_cold_equals_warm_and_leaves_the_collector_on():
     assert gc.isenabled()
     assert [dataclasses.astuple(e) for e in cold] == [dataclasses.astuple(e) for e in warm]
     assert rej_cold == rej_warm
+
+
+def test_embedding_weight_gradient_passes_over_the_whole_table_every_microbatch():
+    """The first stage's W beyond a middle stage's (the same blocks): the tokens' gradients
+    scattered into their rows (4 bytes a token element, as before) plus the dense table of this
+    rank's vocab / tp rows that torch's embedding backward zero-fills and reads, and the add into
+    the gradient buffer (read and write): (2 w + 2 g) bytes a table element. Hand-computed."""
+    from parsim.costs.memory import state_bytes_per_param
+    for tp in (1, 2):
+        sc = scenario(pp=3, tp=tp, m=4, layers=3, hardware="dgx-h100")
+        mc = ModelCosts.from_scenario(sc)
+        first, middle = mc.stage_costs[0], mc.stage_costs[1]
+        ci, m = mc.inputs, sc.model
+        dev = ci.cluster.profile.device
+        w, g, _ = state_bytes_per_param(ci.training.optimizer, ci.training.precision)
+        tokens = sc.training.microbatch_size * sc.training.seq_len
+        expected = (dev.memory_time(tokens * m.d_model * 4)
+                    + dev.memory_time(m.vocab_size / tp * m.d_model * (2 * w + 2 * g)))
+        extra = first.parts[Op.W].total - middle.parts[Op.W].total
+        assert extra == pytest.approx(expected, rel=1e-9)

@@ -243,7 +243,16 @@ def embedding_cost(inp: LayerInputs) -> EndCost:
     # sequence parallelism
     kind = "reduce_scatter" if sh.sequence_parallel else "all_reduce"
     tp = cached_collective_time(inp.cluster, kind, out_bytes, sh.tp_group) if sh.tp > 1 else 0.0
-    return EndCost(Parts(compute=emb, tp_comm=tp), Parts(), Parts(compute=dev.memory_time(tokens * m.d_model * 4)),
+    # the weight gradient: the tokens' output gradients scattered into their rows, into a dense
+    # table of this rank's vocabulary rows that autograd allocates zeroed (torch's
+    # embedding_dense_backward), then added into the gradient buffer (Megatron's DDP hook
+    # main_grad.add_(grad); torch's AccumulateGrad): every row, every microbatch, however few
+    # the tokens -- the embedding takes no part in gradient accumulation fusion
+    rows = m.vocab_size / sh.tp
+    w, g, _ = state_bytes_per_param(inp.options.optimizer, inp.options.precision)
+    dense = dev.memory_time(rows * m.d_model * (2 * w + 2 * g))
+    return EndCost(Parts(compute=emb, tp_comm=tp), Parts(),
+                   Parts(compute=dev.memory_time(tokens * m.d_model * 4) + dense),
                    0.0, AxisBytes(tp=bytes_sent_per_rank(kind, out_bytes, sh.tp)), 0.0)
 
 
