@@ -241,8 +241,7 @@ def embedding_cost(inp: LayerInputs) -> EndCost:
     # each rank looks up its vocabulary rows and zeroes the rest: the partial outputs are summed
     # over tp (Megatron's VocabParallelEmbedding), reduce-scattered along the sequence under
     # sequence parallelism
-    kind = "reduce_scatter" if sh.sequence_parallel else "all_reduce"
-    tp = cached_collective_time(inp.cluster, kind, out_bytes, sh.tp_group) if sh.tp > 1 else 0.0
+    tp, sent = _tp_collective(inp, "reduce_scatter" if sh.sequence_parallel else "all_reduce", out_bytes)
     # the weight gradient: the tokens' output gradients scattered into their rows, into a dense
     # table of this rank's vocabulary rows that autograd allocates zeroed (torch's
     # embedding_dense_backward), then added into the gradient buffer (Megatron's DDP hook
@@ -253,7 +252,16 @@ def embedding_cost(inp: LayerInputs) -> EndCost:
     dense = dev.memory_time(rows * m.d_model * (2 * w + 2 * g))
     return EndCost(Parts(compute=emb, tp_comm=tp), Parts(),
                    Parts(compute=dev.memory_time(tokens * m.d_model * 4) + dense),
-                   0.0, AxisBytes(tp=bytes_sent_per_rank(kind, out_bytes, sh.tp)), 0.0)
+                   0.0, AxisBytes(tp=sent), 0.0)
+
+
+def _tp_collective(inp: LayerInputs, kind: str, nbytes: float) -> tuple[float, float]:
+    """(seconds, bytes one GPU sends) of one ``kind`` collective of ``nbytes`` over the
+    tensor-parallel group; nothing without tensor parallelism."""
+    sh = inp.shard
+    if sh.tp <= 1:
+        return 0.0, 0.0
+    return cached_collective_time(inp.cluster, kind, nbytes, sh.tp_group), bytes_sent_per_rank(kind, nbytes, sh.tp)
 
 
 def head_tp_comm(inp: LayerInputs) -> tuple[float, float, AxisBytes, AxisBytes]:
@@ -265,21 +273,15 @@ def head_tp_comm(inp: LayerInputs) -> tuple[float, float, AxisBytes, AxisBytes]:
     fp32 all-reduces of one number per token (the logits' max, the target logit, the sum of
     exponentials: ``_VocabParallelCrossEntropy``) in the forward."""
     sh = inp.shard
-    if sh.tp <= 1:
-        return 0.0, 0.0, AxisBytes(), AxisBytes()
-    hw, group, tp = inp.cluster, sh.tp_group, sh.tp
     act = sh.tokens * inp.model.d_model * PRECISION_TABLE[inp.options.precision].wire_bytes
-    per_token = sh.tokens * 4.0
-    fwd = 3 * cached_collective_time(hw, "all_reduce", per_token, group)
-    fwd_sent = 3 * bytes_sent_per_rank("all_reduce", per_token, tp)
+    loss_s, loss_sent = _tp_collective(inp, "all_reduce", sh.tokens * 4.0)
     if sh.sequence_parallel:
-        fwd += cached_collective_time(hw, "all_gather", act, group)
-        fwd_sent += bytes_sent_per_rank("all_gather", act, tp)
-        bwd = cached_collective_time(hw, "reduce_scatter", act, group)
-        bwd_sent = bytes_sent_per_rank("reduce_scatter", act, tp)
+        gather_s, gather_sent = _tp_collective(inp, "all_gather", act)
+        bwd, bwd_sent = _tp_collective(inp, "reduce_scatter", act)
     else:
-        bwd = cached_collective_time(hw, "all_reduce", act, group)
-        bwd_sent = bytes_sent_per_rank("all_reduce", act, tp)
+        gather_s, gather_sent = 0.0, 0.0
+        bwd, bwd_sent = _tp_collective(inp, "all_reduce", act)
+    fwd, fwd_sent = 3 * loss_s + gather_s, 3 * loss_sent + gather_sent
     return fwd, bwd, AxisBytes(tp=fwd_sent), AxisBytes(tp=bwd_sent)
 
 

@@ -56,6 +56,7 @@ import torch.nn.functional as F
 from parsim.calibrate.spread import pass_spread, robust_sigma
 from parsim.validate.compare import PROBE
 from parsim.validate.optim import optimizer_factory
+from parsim.validate.ring import exchange
 from parsim.validate.timing import join_group, start_worker
 
 GEMM_M = (64, 256, 1024)
@@ -469,14 +470,9 @@ def core_share_trials(gemm, collective, sync, trials: int) -> tuple[float, float
 
 def ring_step(send: tuple, recv: tuple, n: int, group) -> None:
     """One ring step over the group of global ranks 0..n-1: ``send`` to the successor, ``recv``
-    from the predecessor, every tensor its own isend/irecv in one batch (as ``parsim.validate.ring``)."""
+    from the predecessor, posted as ``parsim.validate.ring`` posts them, then waited."""
     me = dist.get_rank()
-    nxt, prv = (me + 1) % n, (me - 1) % n
-    ops = []
-    for t, b in zip(send, recv):
-        ops.append(dist.P2POp(dist.isend, t, nxt, group))
-        ops.append(dist.P2POp(dist.irecv, b, prv, group))
-    for w in dist.batch_isend_irecv(ops):
+    for w in exchange(send, recv, (me + 1) % n, (me - 1) % n, group):
         w.wait()
 
 

@@ -38,6 +38,16 @@ def zigzag_positions(seq_len: int, cp: int, index: int) -> torch.Tensor:
     return torch.cat([torch.arange(a, a + c), torch.arange(b, b + c)])
 
 
+def exchange(send, recv, nxt: int, prv: int, pg) -> list:
+    """Post one ring step: every tensor of ``send`` to global rank ``nxt`` and every buffer of
+    ``recv`` from ``prv``, each its own isend / irecv, all in one batch; the requests."""
+    ops = []
+    for t, b in zip(send, recv):
+        ops.append(dist.P2POp(dist.isend, t.contiguous(), nxt, pg))
+        ops.append(dist.P2POp(dist.irecv, b, prv, pg))
+    return dist.batch_isend_irecv(ops)
+
+
 class _Ring:
     """Non-blocking exchange with the ring neighbours on the cp group."""
 
@@ -50,11 +60,7 @@ class _Ring:
     def start(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         self.nbytes = sum(t.numel() * t.element_size() for t in tensors)
         bufs = [torch.empty_like(t) for t in tensors]
-        ops = []
-        for t, b in zip(tensors, bufs):
-            ops.append(dist.P2POp(dist.isend, t.contiguous(), self.next, self.g.pg))
-            ops.append(dist.P2POp(dist.irecv, b, self.prev, self.g.pg))
-        self.works = dist.batch_isend_irecv(ops)
+        self.works = exchange(tensors, bufs, self.next, self.prev, self.g.pg)
         return bufs
 
     def wait(self) -> None:
