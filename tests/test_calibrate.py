@@ -325,3 +325,26 @@ def test_collective_benchmark_reports_the_mean_call_time_not_a_median():
     assert sorted(per_repeat)[1] == pytest.approx(0.002, rel=0.25)   # the median a repeat-median would report
     assert mean == pytest.approx(4 * 0.02 / 30, rel=0.25)             # what the benchmark reports
     assert mean > sorted(per_repeat)[1] * 1.2
+
+
+def test_in_situ_call_time_charges_the_call_and_the_compute_it_slows(monkeypatch):
+    """A fake clock: each gap takes 1.0 ms, each call 0.3 ms, and the gap right after a call
+    0.2 ms more (caches refilled, the transport's threads still on the core). What a call adds
+    to the computing rank is 0.5 ms, not the 0.3 ms the call alone takes."""
+    import parsim.validate.bench as bench
+
+    clock = {"t": 0.0, "after_call": False}
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock["t"])
+
+    def gap():
+        clock["t"] += 1.0e-3 + (0.2e-3 if clock["after_call"] else 0.0)
+        clock["after_call"] = False
+
+    def call():
+        clock["t"] += 0.3e-3
+        clock["after_call"] = True
+
+    mean, per_repeat = bench.in_situ_call_time(call, gap, lambda: None, repeats=4, calls=10)
+    assert len(per_repeat) == 4
+    assert per_repeat == pytest.approx([0.5e-3] * 4, rel=1e-9)
+    assert mean == pytest.approx(0.5e-3, rel=1e-9)

@@ -101,6 +101,30 @@ def expected_call_time(fn, pre, sync, repeats: int, calls: int) -> tuple[float, 
     return statistics.fmean(ts), ts  # equal calls per repeat: the mean of means is the mean of all
 
 
+def in_situ_call_time(fn, gap, sync, repeats: int, calls: int) -> tuple[float, list[float]]:
+    """(mean seconds ``fn`` adds to a rank that computes ``gap`` between its calls, per
+    repeat). Each repeat times ``calls`` x (gap, fn) and then ``calls`` x gap alone: the
+    difference per call is the call itself, its wait for the other ranks and whatever it
+    slows in the compute after it (caches refilled, the transport's threads still on the
+    core), which is what a blocking collective inside F or B costs that rank."""
+    fn(); sync()
+    out = []
+    for _ in range(repeats):
+        gap(); sync()  # every timed call follows compute, as inside F/B
+        t = time.perf_counter()
+        for _ in range(calls):
+            fn(); gap()  # each call's aftermath lands in the compute timed after it
+        sync()
+        both = time.perf_counter() - t
+        gap(); sync()  # absorbs what the last call slowed
+        t = time.perf_counter()
+        for _ in range(calls):
+            gap()
+        sync()
+        out.append(max(0.0, both - (time.perf_counter() - t)) / calls)
+    return statistics.fmean(out), out
+
+
 def _times_after(fn, pre, sync, repeats: int, calls: int) -> list[float]:
     """Per repeat, the mean seconds of ``fn`` alone, each call right after ``pre``."""
     fn(); sync()
@@ -176,6 +200,9 @@ def probe(device, dtype):
 
 
 COMM_REPEATS = 6
+IN_SITU_CALLS = 40  # per repeat at least: ~15-30% of calls wait ~3.5 ms, so their mean needs many
+COMM_GAP_S = 1.5e-3  # compute between two timed collectives: what a rank of the validated models
+# computes between two blocking collectives inside F/B (tiny GPT at tp=2: ~1 ms forward, ~2 ms backward)
 """Repeats of a collective case; with :func:`_comm_calls` at least 60 calls per case, enough
 for the mean of a heavy-tailed time (a stall in ~1 of 20 calls) to settle within ~10%."""
 
@@ -371,24 +398,52 @@ class Bench:
                 self.add("p2p", "send_busy_sender", mean, bytes=float(buf.numel() * 4), group=2, peers="0-1",
                          repeat_sigma=robust_sigma([math.log(t / mean) for t in kept]))
 
+    def compute_gap(self, seconds: float):
+        """About ``seconds`` of compute as a layer runs it between two collectives: GEMMs on
+        operands cycled through more memory than the caches hold, the count measured on rank 0
+        and shared, so every rank runs the same work."""
+        ops = rotating(((256, 256), (256, 512)), self.dtype, self.dev)
+
+        def one():
+            x, w = ops()
+            return x @ w
+        per = _time(one, self.sync, repeats=3)
+        count = torch.tensor([max(1, round(seconds / max(per, 1e-9)))], dtype=torch.int64, device=self.dev)
+        dist.broadcast(count, 0)
+        n = int(count.item())
+
+        def run():
+            for _ in range(n):
+                one()
+        return run
+
     def collectives(self, sizes):
         """The collectives the runtime runs, called as it calls them (``parsim.validate.comm``):
         all-reduce (DP gradients, Megatron's f/g), all-gather and reduce-scatter of one flat
         buffer (ZeRO, sequence parallelism), all-to-all of equal splits (expert dispatch /
-        combine), each right after a short GEMM on every rank, the collective alone timed.
-        Back to back, gloo's threads stay hot and a 512 KiB all-to-all took 0.33 ms on this
-        machine; after compute, as inside F/B, 0.86 ms (a 256 KiB all-reduce 0.42 -> 0.47-0.78).
-        The row is the mean over every timed call, not a median: a gloo collective's time is
-        heavy-tailed (a 256 KiB all-reduce after a GEMM on this 2-core machine: median 0.45 ms,
-        mean 1.3 ms, 1% of calls over 6.7 ms -- its threads waking on a busy core), and a step
-        makes dozens of them, so what it accumulates is their expected time.
+        combine), broadcast, on every rank between stretches of compute.
+
+        The blocking ones are timed *in situ*: ``COMM_GAP_S`` of cache-cold GEMMs between two
+        calls, as a layer computes between its collectives, and the row is what the calls add
+        to that loop (:func:`in_situ_call_time`). On this 2-core VM a collective's cost grows
+        with the compute before it, because its threads wake on cores the ranks' compute has
+        held: a 256 KiB all-reduce took 0.40 ms on average back to back, 0.93 ms after 0.33 ms
+        of GEMMs, 1.05 ms after 0.9 ms and 1.1-1.6 ms after 2-7 ms (medians 0.29-0.54 ms: the
+        mean is carried by calls that wait ~3.5 ms, 15-30% of them). Timed after a short GEMM,
+        as calibration did before, the tiny GPT's tp=2 collectives were predicted 30% short
+        (0.74-0.86 ms a call against ~1.1-1.2 ms inside its F and B). The row is a mean, not a
+        median: a step makes dozens of these calls, so it accumulates their expected time.
+
         ``p2p`` is a context-parallel ring step as ``parsim.validate.ring`` runs it: every rank
         sends K and V (two tensors, ``bytes`` together) to its successor and receives its
-        predecessor's in one batch_isend_irecv. Both directions at once on one host is not a
-        one-way send: 2 x 128 KiB took 0.30 ms (median; mean 0.53) where one 256 KiB send took
-        0.10-0.25 ms. ``bytes``: nccl-tests' size convention (the all-reduce buffer, all-gather's
-        output, reduce-scatter's input, the all-to-all send buffer; the ring step's K + V)."""
+        predecessor's in one batch_isend_irecv. The ring posts it before the attention it
+        overlaps, so its row is the exchange's own duration, timed right after a short GEMM.
+        Both directions at once on one host is not a one-way send: 2 x 128 KiB took 0.30 ms
+        (median; mean 0.53) where one 256 KiB send took 0.10-0.25 ms. ``bytes``: nccl-tests'
+        size convention (the all-reduce buffer, all-gather's output, reduce-scatter's input,
+        the all-to-all send buffer; the ring step's K + V)."""
         from parsim.validate.comm import all_gather_flat, reduce_scatter_flat
+        gap = self.compute_gap(COMM_GAP_S)
         a, w = self.rand(128, 512), self.rand(512, 512)
         for n in range(2, self.world + 1):
             group = dist.new_group(list(range(n)))
@@ -408,8 +463,12 @@ class Bench:
                 for name, fn in cases.items():
                     dist.barrier()
                     if self.rank < n:
-                        t, ts = expected_call_time(fn, lambda: a @ w, self.sync, repeats=COMM_REPEATS,
-                                                   calls=_comm_calls(nbytes))
+                        if name == "p2p":  # the ring overlaps its exchange with attention: its duration
+                            t, ts = expected_call_time(fn, lambda: a @ w, self.sync, repeats=COMM_REPEATS,
+                                                       calls=_comm_calls(nbytes))
+                        else:  # blocking inside F/B (or waited on at STEP): what it adds to the rank
+                            t, ts = in_situ_call_time(fn, gap, self.sync, repeats=COMM_REPEATS,
+                                                      calls=max(IN_SITU_CALLS, _comm_calls(nbytes)))
                         if self.rank == 0:
                             self.add("collective", name, t, bytes=float(el * 4), group=n,
                                      repeat_sigma=robust_sigma([math.log(x / t) for x in ts]))
