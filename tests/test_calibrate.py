@@ -331,6 +331,7 @@ def test_in_situ_call_time_charges_the_call_and_the_compute_it_slows(monkeypatch
     """A fake clock: each gap takes 1.0 ms, each call 0.3 ms, and the gap right after a call
     0.2 ms more (caches refilled, the transport's threads still on the core). What a call adds
     to the computing rank is 0.5 ms, not the 0.3 ms the call alone takes."""
+    pytest.importorskip("torch")
     from parsim.validate import bench
 
     clock = {"t": 0.0, "after_call": False}

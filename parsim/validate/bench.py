@@ -103,10 +103,10 @@ def expected_call_time(fn, pre, sync, repeats: int, calls: int) -> tuple[float, 
 
 def in_situ_call_time(fn, gap, sync, repeats: int, calls: int) -> tuple[float, list[float]]:
     """(mean seconds ``fn`` adds to a rank that computes ``gap`` between its calls, per
-    repeat). Each repeat times ``calls`` x (gap, fn) and then ``calls`` x gap alone: the
-    difference per call is the call itself, its wait for the other ranks and whatever it
-    slows in the compute after it (caches refilled, the transport's threads still on the
-    core), which is what a blocking collective inside F or B costs that rank."""
+    repeat). Each repeat, after one gap, times ``calls`` x (fn, gap) and then ``calls`` x gap
+    alone: the difference per call is the call itself, its wait for the other ranks and
+    whatever it slows in the compute after it (caches refilled, the transport's threads still
+    on the core), which is what a blocking collective inside F or B costs that rank."""
     fn(); sync()
     out = []
     for _ in range(repeats):
@@ -200,11 +200,14 @@ def probe(device, dtype):
 
 
 COMM_REPEATS = 6
-IN_SITU_CALLS = 40  # per repeat at least: ~15-30% of calls wait ~3.5 ms, so their mean needs many
-COMM_GAP_S = 1.5e-3  # compute between two timed collectives: what a rank of the validated models
-# computes between two blocking collectives inside F/B (tiny GPT at tp=2: ~1 ms forward, ~2 ms backward)
 """Repeats of a collective case; with :func:`_comm_calls` at least 60 calls per case, enough
 for the mean of a heavy-tailed time (a stall in ~1 of 20 calls) to settle within ~10%."""
+IN_SITU_CALLS = 40
+"""Calls per repeat at least, timed in situ: there ~15-30% of calls wait ~3.5 ms, so their
+mean needs more calls than :func:`_comm_calls` gives large messages."""
+COMM_GAP_S = 1.5e-3
+"""Compute between two collectives timed in situ: what a rank of the validated models computes
+between two blocking collectives inside F/B (the tiny GPT at tp=2: ~1 ms forward, ~2 ms backward)."""
 
 
 def _comm_calls(nbytes: int) -> int:
