@@ -349,3 +349,27 @@ def test_in_situ_call_time_charges_the_call_and_the_compute_it_slows(monkeypatch
     assert len(per_repeat) == 4
     assert per_repeat == pytest.approx([0.5e-3] * 4, rel=1e-9)
     assert mean == pytest.approx(0.5e-3, rel=1e-9)
+
+
+def test_core_share_is_measured_only_where_the_transport_shares_the_rank_s_processor(monkeypatch):
+    """``transport_core_share`` is a CPU rank's quantity (gloo's threads on its core); NCCL on a
+    GPU holds SMs instead (``collective_ctas``). A GPU calibration must neither time it (its
+    CPU-side tensors cannot go through NCCL) nor write a row the fit would turn into the key;
+    on a CPU rank it still runs (every process-group call here is faked and counted)."""
+    torch = pytest.importorskip("torch")
+    from parsim.validate import bench
+
+    calls = []
+    for name in ("all_reduce", "barrier"):
+        monkeypatch.setattr(bench.dist, name, lambda *a, _n=name, **k: calls.append(_n))
+    monkeypatch.setattr(bench, "core_share_trials", lambda *a, **k: (1e-3, 1e-3, 1.5e-3))
+
+    gpu = bench.Bench(0, 2, torch.device("meta"), torch.float32, quick=True)
+    gpu.core_share([4096])
+    assert calls == [] and gpu.rows == []
+
+    cpu = bench.Bench(0, 2, torch.device("cpu"), torch.float32, quick=True)
+    cpu.core_share([4096])
+    assert "all_reduce" in calls
+    assert [r["kind"] for r in cpu.rows] == ["core_share"]
+    assert cpu.rows[0]["seconds"] == pytest.approx(0.5e-3)

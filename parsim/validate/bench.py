@@ -391,9 +391,11 @@ class Bench:
                     while time.perf_counter() - t0 < busy_s:
                         a @ w
                     work.wait()
+                    self.sync()
                 elif self.rank == 1:
                     t0 = time.perf_counter()
                     dist.recv(buf, 0)
+                    self.sync()  # on a GPU the receive returns once enqueued: time its completion
                     times.append(time.perf_counter() - t0)
             if self.rank == 1:
                 kept = sorted(times)[:-1]
@@ -482,13 +484,20 @@ class Bench:
         all-reduce's longest of three calls (so it covers the collective), against both timed
         alone. On a CPU rank gloo's threads take the core from the loop: the slowdown over the
         collective's own time is the share. Rows: ``seconds`` the loop's slowdown, ``comm_s``
-        the collective alone."""
+        the collective alone.
+
+        Only where the transport runs on the rank's own processor (a CPU device): NCCL on a GPU
+        runs its collectives as kernels on SMs, which the profile states as kernel facts
+        (``collective_ctas``, ``parsim.cluster.contention``), so a GPU calibration writes no
+        ``core_share`` rows and no ``transport_core_share``."""
+        if self.dev.type != "cpu":
+            return
         a, w = self.rand(256, 512), self.rand(512, 512)
         t0 = time.perf_counter()
         for _ in range(20):
             a @ w
         self.sync()
-        one = torch.tensor([(time.perf_counter() - t0) / 20])
+        one = torch.tensor([(time.perf_counter() - t0) / 20], device=self.dev)
         dist.all_reduce(one, op=dist.ReduceOp.MAX)  # every rank runs the same loop
         for nbytes in sizes:
             buf = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=self.dev)
@@ -497,8 +506,9 @@ class Bench:
                 dist.barrier()
                 t0 = time.perf_counter()
                 dist.all_reduce(buf)
+                self.sync()
                 took.append(time.perf_counter() - t0)
-            est = torch.tensor([max(took)])
+            est = torch.tensor([max(took)], device=self.dev)
             dist.all_reduce(est, op=dist.ReduceOp.MAX)
             calls = max(4, math.ceil(3.0 * float(est) / float(one)))  # the loop outlasts the collective
 
