@@ -35,6 +35,8 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -54,8 +56,9 @@ def _smi_sampler(path: Path):
     if exe is None:
         return None
     fields = "timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active"
-    return subprocess.Popen([exe, f"--query-gpu={fields}", "--format=csv,nounits", "-lms", "100"],
-                            stdout=path.open("w"), stderr=subprocess.DEVNULL)
+    with path.open("w") as sink:  # the child keeps its own descriptor
+        return subprocess.Popen([exe, f"--query-gpu={fields}", "--format=csv,nounits", "-lms", "100"],
+                                stdout=sink, stderr=subprocess.DEVNULL)
 
 
 def _sync(device):
@@ -129,8 +132,7 @@ def layers_phase(device, dtype, layers: dict, seq: int, seconds: float) -> list[
 
 def _csv(path: Path, rows: list[dict]) -> None:
     if rows:
-        keys = list(rows[0])
-        path.write_text("\n".join([",".join(keys)] + [",".join(str(r[k]) for k in keys) for r in rows]) + "\n")
+        pd.DataFrame(rows).to_csv(path, index=False)
 
 
 def summarise(gemm: list[dict], layer_rows: list[dict], predicted: dict) -> dict:
@@ -177,8 +179,9 @@ def main(argv: list[str] | None = None) -> int:
         gemm = gemm_phase(device, dtype, shapes, seconds)
         layer_rows = layers_phase(device, dtype, layers, seq, seconds)
     finally:
-        if smi is not None:
+        if smi is not None:  # stop sampling and let the last lines reach the file
             smi.terminate()
+            smi.wait()
     _csv(out / "gemm.csv", gemm)
     _csv(out / "layers.csv", layer_rows)
     summary = summarise(gemm, layer_rows, predicted_passes(layers, seq, args.hardware))
