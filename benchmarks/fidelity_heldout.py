@@ -117,6 +117,9 @@ from parsim.scenario import PRECISIONS, scenario_from_dict
 from parsim.simulate import simulate
 
 DATA = ROOT / "benchmarks" / "data" / "heldout_runs.json"
+MB_MOE_RECIPES = ROOT / "benchmarks" / "data" / "megatron_bridge_moe_recipes.json"
+"""Megatron-Bridge perf-recipe MoE communication settings per row (dispatcher, EP overlap, TP
+overlap), read from the recipes; applied only where the recipe's layout matches the row."""
 
 CALIBRATION_PREFIX = "megatronlm-weakscale-"
 """Rows of the table dgx-h100's sustained_fraction was fitted on (see the docstring)."""
@@ -631,6 +634,8 @@ def convert(row: dict) -> tuple[dict | Skip, list[str]]:
         "schedule": {"name": "Interleaved1F1B" if vpp > 1 else "1F1B", **split},
         "overlap": overlap,
     }
+    if moe is not None:
+        notes += _moe_recipe(row["id"], moe, doc["overlap"])
     framework, grad_dtype, n = framework_states_for(row, fam, zero, precision)
     notes += n
     if framework != "zero":
@@ -640,6 +645,33 @@ def convert(row: dict) -> tuple[dict | Skip, list[str]]:
     if moe is not None:
         doc["moe"] = moe
     return doc, notes
+
+
+@cache
+def _mb_moe_recipes() -> dict:
+    return json.loads(MB_MOE_RECIPES.read_text())["rows"]
+
+
+def _moe_recipe(row_id: str, moe: dict, overlap: dict) -> list[str]:
+    """Set ``moe`` / ``overlap`` (in place) from the row's Megatron-Bridge perf recipe when one
+    with the row's exact layout exists (benchmarks/data/megatron_bridge_moe_recipes.json):
+    the dispatcher (HybridEP and DeepEP both dedupe per node; their SM counts), EP overlap
+    (Megatron's overlap_moe_expert_parallel_comm; never set = false) and TP overlap where stated.
+    Other MoE rows keep NCCL all-to-all without EP overlap (Megatron-Core's defaults)."""
+    r = _mb_moe_recipes().get(row_id)
+    if r is None:
+        return []
+    name = (r["recipe"] or "?").rsplit("::", 1)[-1]
+    if not r["layout_match"]:
+        return [f"no Megatron-Bridge perf recipe with this layout (closest {name}): NCCL all-to-all, no EP overlap"]
+    if r["dispatcher"] in ("deepep", "hybridep"):
+        moe["dispatcher"] = r["dispatcher"]
+        moe["dispatcher_sms"] = r["dispatcher_sms"]
+    overlap["ep_comm"] = bool(r["ep_overlap"])
+    if r["tp_comm_overlap"] is not None:
+        overlap["tp_comm"] = bool(r["tp_comm_overlap"])
+    return [f"perf recipe {name} (Megatron-Bridge HEAD, not the row's release): dispatcher {r['dispatcher']}, "
+            f"EP overlap {'on' if r['ep_overlap'] else 'off'}"]
 
 
 def framework_states_for(row: dict, fam: str, zero: int, precision: str) -> tuple[str, str | None, list[str]]:

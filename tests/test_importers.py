@@ -182,6 +182,25 @@ def test_megatron_moe():
     assert sc.model.n_moe_layers == 11
 
 
+def test_megatron_flex_dispatcher_and_ep_overlap():
+    moe = SMALL + ["--num-experts", "8", "--expert-model-parallel-size", "4"]
+    imp = import_megatron(moe + ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "hybridep",
+                                 "--moe-hybridep-num-sms", "32", "--moe-deepep-num-sms", "20",
+                                 "--overlap-moe-expert-parallel-comm"], gpus=8)
+    assert imp.doc["moe"] == {"drop_tokens": False, "dispatcher": "hybridep", "dispatcher_sms": 32}
+    assert imp.doc["overlap"]["ep_comm"] is True
+    assert any(a.startswith("--moe-deepep-num-sms 20 (ignored: flex backend hybridep)") for a in imp.not_modelled)
+    # Megatron-Core's flex dispatcher defaults to DeepEP; alltoall leaves the backend idle
+    assert import_megatron(moe + ["--moe-token-dispatcher-type", "flex"], gpus=8).doc["moe"]["dispatcher"] == "deepep"
+    idle = import_megatron(moe + ["--moe-token-dispatcher-type", "alltoall", "--moe-flex-dispatcher-backend",
+                                  "deepep"], gpus=8)
+    assert "dispatcher" not in idle.doc["moe"]
+    assert any("ignored: no --moe-token-dispatcher-type flex" in a for a in idle.not_modelled)
+    check(imp)
+    r = run("import", "megatron", "--", *moe, "--moe-token-dispatcher-type", "allgather")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "--moe-token-dispatcher-type" in r.stderr
+
+
 @pytest.mark.parametrize("args, key", [
     (SMALL + ["--tensor-model-parallel-size", "x"], "--tensor-model-parallel-size: expected an integer"),
     (SMALL + ["--recompute-granularity", "sometimes"], "--recompute-granularity: 'sometimes' is not one of"),

@@ -7,7 +7,13 @@ from dataclasses import dataclass, fields
 from parsim.errors import ConfigError
 
 ROUTINGS = ("balanced", "zipf", "lognormal", "histogram")
-DISPATCHERS = ("alltoall", "deepep")
+DISPATCHERS = ("alltoall", "deepep", "hybridep")
+
+DISPATCHER_SMS = {"deepep": 20, "hybridep": 24}
+"""SMs the flex dispatchers' kernels hold while in flight, as Megatron-Core configures them by
+default: ``moe_deepep_num_sms = 20`` (DeepEP's own ``Buffer.num_sms = 20``, deep_ep/buffer.py)
+and ``moe_hybridep_num_sms = 24`` (megatron/core/transformer/transformer_config.py). NCCL's
+all-to-all holds the profile's ``collective_ctas`` instead (parsim.cluster.contention)."""
 
 
 @dataclass(frozen=True)
@@ -32,7 +38,13 @@ class MoEConfig:
     """How tokens reach their experts: ``alltoall`` (NCCL all-to-all, Megatron-Core's
     ``moe_token_dispatcher_type = "alltoall"``) or ``deepep`` (DeepEP normal kernels, Megatron's
     ``flex`` dispatcher: a token crosses the network once per destination node, then fans out
-    over NVLink)."""
+    over NVLink) or ``hybridep`` (NVIDIA's HybridEP behind the same ``flex`` dispatcher: the same
+    node-deduplicated RDMA then NVLink fan-out, costed as ``deepep``; its own SM count)."""
+    dispatcher_sms: int | None = None
+    """SMs the dispatch/combine kernels hold while they run (slowing the compute they overlap
+    with ``overlap.ep_comm``); None: ``DISPATCHER_SMS`` for deepep/hybridep (Megatron-Core's
+    defaults), the profile's NCCL ``collective_ctas`` for alltoall. Megatron-Core's
+    ``moe_deepep_num_sms`` / ``moe_hybridep_num_sms``."""
     pad_to_capacity: bool = False
     """With drop_tokens, every expert computes a full capacity of rows (padded; GShard/Switch
     static shapes, Megatron-Core ``moe_pad_expert_input_to_capacity``); false: its kept rows."""
@@ -58,11 +70,12 @@ def moe_from_table(t: dict, file: str) -> MoEConfig:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ConfigError(file, p + key, f"expected a non-negative finite number, got {v!r}")
             kw[key] = float(v)
-    for key in ("seed", "expert_tp"):
+    for key in ("seed", "expert_tp", "dispatcher_sms"):
         if key in kw:
             v = kw[key]
-            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "seed" else 1):
-                raise ConfigError(file, p + key, f"expected a {'non-negative' if key == 'seed' else 'positive'} integer, got {v!r}")
+            low = 1 if key == "expert_tp" else 0
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ConfigError(file, p + key, f"expected a {'positive' if low else 'non-negative'} integer, got {v!r}")
     for key in ("drop_tokens", "pad_to_capacity"):
         if key in kw and not isinstance(kw[key], bool):
             raise ConfigError(file, p + key, f"expected true/false, got {kw[key]!r}")

@@ -212,7 +212,8 @@ def _moe_parts(inp: LayerInputs, ph, fwd: Parts, bwd_in: Parts, wgt: Parts, flop
     """Add the slowest EP rank's MoE kernels (router, permute/unpermute, grouped GEMMs,
     activation, FP8 casts: ``parsim.costs.moe``) and its dispatch + combine all-to-alls (2
     per pass; the forward's token-count exchange before them); with ``overlap.ep_comm`` only
-    what exceeds the pass's compute is exposed. The block's memory-bound model already counted
+    what exceeds the pass's compute is exposed, and the hidden part slows that compute by the
+    SMs its kernels hold. The block's memory-bound model already counted
     the routed experts' activation, casts and permutations on the mean rank's tokens: that share
     comes back out (no double count)."""
     counted_f, counted_i = _routed_memory_counted(inp)
@@ -222,9 +223,22 @@ def _moe_parts(inp: LayerInputs, ph, fwd: Parts, bwd_in: Parts, wgt: Parts, flop
     a2a = 2 * ph.all_to_all_s
     hide = inp.options.overlap.ep_comm
     # the forward first exchanges the token counts that size its dispatch (the backward reuses them)
-    ep_f = max(0.0, a2a + ph.count_exchange_s - fwd.compute) if hide else a2a + ph.count_exchange_s
-    ep_i = max(0.0, a2a - bwd_in.compute - wgt.compute) if hide else a2a
-    return (fwd + Parts(ep_comm=ep_f), bwd_in + Parts(ep_comm=ep_i), wgt, flops + ph.forward_flops)
+    comm_f, comm_i = a2a + ph.count_exchange_s, a2a
+    if not hide:
+        return (fwd + Parts(ep_comm=comm_f), bwd_in + Parts(ep_comm=comm_i), wgt, flops + ph.forward_flops)
+    # Megatron-Core's combined 1F1B (overlap_moe_expert_parallel_comm) runs one microbatch's
+    # forward beside another's backward, layer by layer: each dispatch/combine hides under the
+    # other pass's attention or expert MLP (models/common/model_chunk_schedule_plan.py). In the
+    # steady state the total hidden is the same as each pass hiding under its own compute, which
+    # is how it is booked here. The hidden all-to-alls hold their kernels' SMs, so the compute
+    # beside them slows (parsim.cluster.contention), booked as compute as for TP overlap.
+    dev = inp.hardware.device
+    comp_i = bwd_in.compute + wgt.compute
+    ep_f, ep_i = max(0.0, comm_f - fwd.compute), max(0.0, comm_i - comp_i)
+    slow_f = _contention.slowdown_s(dev, ph.dispatcher_sms, comm_f - ep_f, fwd.compute)
+    slow_i = _contention.slowdown_s(dev, ph.dispatcher_sms, comm_i - ep_i, comp_i)
+    return (fwd + Parts(compute=slow_f, ep_comm=ep_f), bwd_in + Parts(compute=slow_i, ep_comm=ep_i), wgt,
+            flops + ph.forward_flops)
 
 
 def _routed_memory_counted(inp: LayerInputs) -> tuple[float, float]:

@@ -33,7 +33,8 @@ from parsim.cluster.collectives import collective_time, placement
 from parsim.cluster.hardware import canonical_precision
 from parsim.cluster.kernels import grouped_gemm_time
 from parsim.cluster.precision import PRECISION_TABLE
-from parsim.config.moe import MoEConfig
+from parsim.cluster.contention import group_sms
+from parsim.config.moe import DISPATCHER_SMS, MoEConfig
 
 
 # ---------------------------------------------------------------- routing
@@ -414,6 +415,9 @@ class MoEPhase:
     ``num_local_tokens_per_expert`` over the EP group before its all-to-all, and copies them to
     the host; parsim's torch runtime does the same all-gather, ``validate.comm.exchange_counts``).
     The backward reuses the counts. 0 with DeepEP (its layout is computed on the device)."""
+    dispatcher_sms: int = 0
+    """SMs the dispatch/combine kernels hold while in flight (``MoEConfig.dispatcher_sms``, else
+    Megatron-Core's DeepEP/HybridEP default, else the profile's NCCL ``collective_ctas``)."""
 
     @property
     def forward_s(self) -> float:
@@ -453,16 +457,21 @@ def moe_phase(model, hw, cfg: MoEConfig, precision: str, tokens: int, group: tup
     times = np.array([[p.total(0), p.total(1), p.total(2)] for p in pieces])
     slowest = int(np.argmax(times.sum(axis=1)))
     bpe = PRECISION_TABLE[precision].activation_bytes  # tokens are dispatched as activations
-    if cfg.dispatcher == "deepep":
+    flex = cfg.dispatcher in ("deepep", "hybridep")  # HybridEP: the same node-deduplicated path
+    if flex:
         a2a = deepep_time(hw, r.tokens_per_rank * (1.0 - r.dropped_fraction), m.top_k, m.n_experts,
                           m.d_model * bpe, tuple(group), r.imbalance)
     else:
         buf = max(r.sent, float(r.received.max())) * m.d_model * bpe
         a2a = all_to_all_time(hw, buf, tuple(group))
-    counts = count_exchange_time(hw, m.n_experts, tuple(group)) if cfg.dispatcher != "deepep" else 0.0
+    counts = count_exchange_time(hw, m.n_experts, tuple(group)) if not flex else 0.0
+    if cfg.dispatcher_sms is not None:
+        sms = cfg.dispatcher_sms
+    else:
+        sms = DISPATCHER_SMS[cfg.dispatcher] if flex else group_sms(hw, group)
     flops = 2.0 * float(r.kept.sum()) / g * m.ffn_matrices * m.d_model * f
     return MoEPhase(r, tuple(group), expert_tp, times, slowest, pieces[slowest], a2a, flops,
-                    float(r.received[slowest]), routing_stash_bytes(r.tokens_per_rank, m.n_experts), counts)
+                    float(r.received[slowest]), routing_stash_bytes(r.tokens_per_rank, m.n_experts), counts, sms)
 
 
 COUNT_BYTES = 8

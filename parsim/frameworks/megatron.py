@@ -83,7 +83,15 @@ def _without_effect(v: dict, given: dict) -> list[str]:
     idle = []
     if "num_experts" not in v:
         idle += [(d, "no --num-experts") for d in ("moe_router_topk", "moe_ffn_hidden_size", "moe_shared_size",
-                                                    "moe_layer_freq", "moe_capacity_factor", "etp", "overlap_ep_comm")]
+                                                    "moe_layer_freq", "moe_capacity_factor", "etp", "overlap_ep_comm",
+                                                    "moe_dispatcher", "moe_flex_backend", "moe_deepep_sms",
+                                                    "moe_hybridep_sms")]
+    elif v.get("moe_dispatcher") != "flex":
+        idle += [(d, "no --moe-token-dispatcher-type flex") for d in ("moe_flex_backend", "moe_deepep_sms",
+                                                                      "moe_hybridep_sms")]
+    else:
+        backend = v.get("moe_flex_backend", "deepep")
+        idle += [(f"moe_{b}_sms", f"flex backend {backend}") for b in ("deepep", "hybridep") if b != backend]
     if not v.get("group_query_attention"):
         idle.append(("num_query_groups", "no --group-query-attention"))
     if v.get("recompute_granularity") != "full":
@@ -280,6 +288,15 @@ def _moe(v: dict, tp: int) -> dict:
     moe = {"drop_tokens": "moe_capacity_factor" in v}  # Megatron is dropless without a capacity factor
     if "etp" in v and v["etp"] != tp:
         moe["expert_tp"] = v["etp"]
+    if v.get("moe_dispatcher") == "allgather":
+        raise ConfigError(SOURCE, "--moe-token-dispatcher-type", "allgather is not modelled (alltoall or flex)")
+    if v.get("moe_dispatcher") == "flex":
+        # Megatron-Core's flex dispatcher runs the backend given (its default: deepep)
+        backend = v.get("moe_flex_backend", "deepep")
+        moe["dispatcher"] = backend
+        sms = v.get(f"moe_{backend}_sms")
+        if sms is not None:
+            moe["dispatcher_sms"] = sms
     return moe
 
 

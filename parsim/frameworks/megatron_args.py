@@ -58,6 +58,10 @@ FLAGS: dict[str, tuple[str, str]] = {
     "--tp-comm-overlap": ("tp_comm_overlap", "true"),
     "--overlap-p2p-communication": ("overlap_p2p", "true"),
     "--overlap-moe-expert-parallel-comm": ("overlap_ep_comm", "true"),
+    "--moe-token-dispatcher-type": ("moe_dispatcher", "str"),
+    "--moe-flex-dispatcher-backend": ("moe_flex_backend", "str"),
+    "--moe-deepep-num-sms": ("moe_deepep_sms", "int"),
+    "--moe-hybridep-num-sms": ("moe_hybridep_sms", "int"),
     "--decoder-first-pipeline-num-layers": ("first_layers", "int"),
     "--decoder-last-pipeline-num-layers": ("last_layers", "int"),
     "--account-for-embedding-in-pipeline-split": ("account_embedding", "true"),
@@ -86,6 +90,8 @@ CHOICES = {
     "--position-embedding-type": ("learned_absolute", "rope", "yarn", "mrope", "relative", "none"),
     "--attention-backend": ("auto", "flash", "fused", "unfused", "local"),
     "--optimizer": ("adam", "sgd", "muon"),
+    "--moe-token-dispatcher-type": ("allgather", "alltoall", "flex"),
+    "--moe-flex-dispatcher-backend": ("deepep", "hybridep"),
 }
 
 
