@@ -670,8 +670,9 @@ def _moe_recipe(row_id: str, moe: dict, overlap: dict) -> list[str]:
     overlap["ep_comm"] = bool(r["ep_overlap"])
     if r["tp_comm_overlap"] is not None:
         overlap["tp_comm"] = bool(r["tp_comm_overlap"])
-    return [f"perf recipe {name} (Megatron-Bridge HEAD, not the row's release): dispatcher {r['dispatcher']}, "
-            f"EP overlap {'on' if r['ep_overlap'] else 'off'}"]
+    note = (f"perf recipe {name} (Megatron-Bridge HEAD, not the row's release): dispatcher {r['dispatcher']}, "
+            f"EP overlap {'on' if r['ep_overlap'] else 'off'}")
+    return [note]
 
 
 def framework_states_for(row: dict, fam: str, zero: int, precision: str) -> tuple[str, str | None, list[str]]:

@@ -30,10 +30,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from parsim.cluster.collectives import collective_time, placement
+from parsim.cluster.contention import group_sms
 from parsim.cluster.hardware import canonical_precision
 from parsim.cluster.kernels import grouped_gemm_time
 from parsim.cluster.precision import PRECISION_TABLE
-from parsim.cluster.contention import group_sms
 from parsim.config.moe import DISPATCHER_SMS, MoEConfig
 
 
