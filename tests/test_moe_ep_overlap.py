@@ -95,3 +95,13 @@ def test_bad_dispatcher_sms_names_the_key(value):
            "moe": {"dispatcher": "hybridep", "dispatcher_sms": value}}
     with pytest.raises(ConfigError, match="moe.dispatcher_sms"):
         scenario_from_dict(doc, "x.toml")
+
+
+def test_json_names_the_dispatcher_and_the_sms_it_holds():
+    from parsim.cluster.hardware import load_profile
+    kf = load_profile("dgx-h100").device.kernels
+    assert (qwen30b("deepep", False)["moe"]["dispatcher"], qwen30b("deepep", False)["moe"]["dispatcher_sms"]) == \
+        ("deepep", 20)
+    assert qwen30b("hybridep", False, sms=32)["moe"]["dispatcher_sms"] == 32
+    # NCCL's all-to-all over two nodes holds the profile's network CTA count
+    assert qwen30b("alltoall", False)["moe"]["dispatcher_sms"] == (kf.collective_ctas_net or kf.collective_ctas) > 0

@@ -235,7 +235,8 @@ class ModelCosts:
                              PRECISION_TABLE[self.inputs.training.precision].activation_bytes)
         return MoEFigures(r.group_size, ph.expert_tp, r.tokens_per_rank, tuple(float(x) for x in r.received),
                           r.imbalance, r.capacity, r.dropped_fraction, *ph.kernels.grouped_gemm,
-                          ph.all_to_all_s, float(b["send"]), float(max(b["recv"])), ph.kernels.by_piece())
+                          ph.all_to_all_s, float(b["send"]), float(max(b["recv"])), ph.kernels.by_piece(),
+                          self.layer_inputs.moe.dispatcher, ph.dispatcher_sms)
 
 
 def clear_caches() -> None:

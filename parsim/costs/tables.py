@@ -97,6 +97,10 @@ class MoEFigures:
     kernels_s: tuple[tuple[str, float], ...] = ()
     """One MoE layer, one microbatch, forward + backward on the slowest rank, seconds by piece
     (router, permute, grouped_gemm, activation, quantize: ``parsim.costs.moe.MoEKernels``)."""
+    dispatcher: str = "alltoall"
+    """How tokens reach their experts (``[moe] dispatcher``)."""
+    dispatcher_sms: int = 0
+    """SMs the dispatch/combine kernels hold (what hidden all-to-alls take from the compute)."""
 
 
 @dataclass(frozen=True)

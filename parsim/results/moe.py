@@ -33,6 +33,8 @@ def moe_metrics(fig: MoEFigures, layers_per_rank: list[int], n_microbatches: int
         "layer_expert_compute_s": {"forward": fig.forward_s, "backward_input": fig.backward_input_s,
                                    "backward_weight": fig.backward_weight_s},
         "layer_all_to_all_s": fig.all_to_all_s,
+        "dispatcher": fig.dispatcher,
+        "dispatcher_sms": fig.dispatcher_sms,
         # one MoE layer, one microbatch, forward + backward (no recompute), the slowest EP rank
         "layer_s": {**{f"{name}_s": t for name, t in fig.kernels_s},
                     "all_to_all_s": 4 * fig.all_to_all_s},
