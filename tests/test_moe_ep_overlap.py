@@ -105,3 +105,13 @@ def test_json_names_the_dispatcher_and_the_sms_it_holds():
     assert qwen30b("hybridep", False, sms=32)["moe"]["dispatcher_sms"] == 32
     # NCCL's all-to-all over two nodes holds the profile's network CTA count
     assert qwen30b("alltoall", False)["moe"]["dispatcher_sms"] == (kf.collective_ctas_net or kf.collective_ctas) > 0
+
+
+def test_validation_predicts_the_all_to_all_its_runtime_runs():
+    # the torch runtime exchanges tokens with the backend's all-to-all: a scenario that states a
+    # flex dispatcher is validated (predicted and run) with the all-to-all
+    from parsim.validate.scale import prepare
+    sc = prepare(str(ROOT / "scenarios" / "tiny-moe-cpu.toml"), ["moe.dispatcher=hybridep", "moe.dispatcher_sms=8"],
+                 "gloo")
+    assert (sc.moe.dispatcher, sc.moe.dispatcher_sms) == ("alltoall", None)
+    assert sc.overlap.ep_comm is False

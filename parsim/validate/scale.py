@@ -153,6 +153,13 @@ def runtime_overlap(sc: Scenario):
     return dataclasses.replace(sc.overlap, grad_reduce=False, param_gather=False, tp_comm=False, ep_comm=False)
 
 
+def runtime_moe(sc: Scenario):
+    """The dispatcher the runtime actually has: its expert layers exchange tokens with the
+    backend's all-to-all (gloo or NCCL), not DeepEP's or HybridEP's kernels, so the prediction
+    of a validation run is costed that way."""
+    return dataclasses.replace(sc.moe, dispatcher="alltoall", dispatcher_sms=None)
+
+
 def default_profile(sc: Scenario, backend: str) -> str | None:
     """The calibrated profile validation uses when present (``calibrated/<hardware>.toml``)."""
     name = "cpu-gloo" if backend == "gloo" else sc.hardware.name
@@ -177,6 +184,6 @@ def prepare(path: str, overrides: list[str] | None, backend: str, profile: str |
     layers = sc.layers_per_stage if model is sc.model else partition_layers(
         model.n_layers, chain_len, file=sc.file, interleaved=par.vpp > 1 and t.stages_per_rank is None) * t.n_chains
     out = dataclasses.replace(sc, model=model, training=training, hardware=hardware, layers_per_stage=layers,
-                              overlap=runtime_overlap(sc))
+                              overlap=runtime_overlap(sc), moe=runtime_moe(sc))
     check_shapes(out)
     return out
