@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 from parsim.config.scenario import Scenario
+from parsim.costs.inputs import pairs_forward_with_backward
 from parsim.costs.mixed import MixedCosts, ReplicaCosts
 from parsim.costs.model_costs import ModelCosts
 from parsim.costs.offload_ops import tier_bytes_per_node
 from parsim.costs.replicated import pipedream_steady_state
-from parsim.costs.slices import SlicedCosts, SliceCostModel, slice_lengths
+from parsim.costs.slices import SliceCostModel, SlicedCosts, slice_lengths
 from parsim.errors import ConfigError, ScheduleError
 from parsim.results.pace import pace_setter
 from parsim.results.result import Result
@@ -15,6 +16,7 @@ from parsim.schedule import build, lower
 from parsim.schedule.coverage import check_runs
 from parsim.schedule.grid import format_grid
 from parsim.schedule.ir import Schedule
+from parsim.schedule.passes import pair_forward_with_backward
 from parsim.schedule.semantics import canonical_key, traits
 from parsim.schedule.terapipe import terapipe
 from parsim.sim import engine, fullsim
@@ -37,6 +39,8 @@ def schedule_for(sc: Scenario, early_recv: bool = False, token_slices: int | Non
     except ScheduleError as e:
         # name the scenario file and key: the user fixes it there
         raise ScheduleError(f"{sc.file}: schedule.name: {e.problem}", e.grid) from None
+    if pairs_forward_with_backward(sc):  # Megatron-Core's combined 1F1B (overlap.ep_comm)
+        sched = pair_forward_with_backward(sched)
     return lower(sched, zero3=par.zero == 3 and par.grad_degree > 1, early_recv=early_recv,
                  reshard_after_forward=par.reshard_after_forward,
                  grad_per_microbatch=par.grad_degree > 1 and par.grad_per_microbatch,

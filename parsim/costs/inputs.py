@@ -9,7 +9,7 @@ cache may serve them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 
 from parsim.cluster.hardware import HardwareProfile
@@ -24,7 +24,7 @@ from parsim.config.scenario import (
 )
 from parsim.costs.moe import ep_group_ranks, expert_dp_ranks
 from parsim.model import ModelSpec
-from parsim.schedule.semantics import ScheduleTraits
+from parsim.schedule.semantics import ScheduleTraits, canonical_key
 from parsim.schedule.semantics import traits as schedule_traits
 
 
@@ -93,16 +93,36 @@ class CostInputs:
     """A ``[costs]`` table: measured per-microbatch times replacing the modelled ones."""
     offload: OffloadConfig = OffloadConfig()
     """The ``[offload]`` table (``parsim.costs.offload``)."""
+    ep_pairs: bool = False
+    """Megatron-Core's combined 1F1B (:func:`pairs_forward_with_backward`): the expert
+    all-to-alls hide in the schedule's composite F&B actions, not inside each op."""
 
     @property
     def hardware(self) -> HardwareProfile:
         return self.cluster.profile
 
 
+def pairs_forward_with_backward(sc: Scenario) -> bool:
+    """Whether ``sc`` runs Megatron-Core's combined 1F1B (``overlap_moe_expert_parallel_comm``):
+    ``overlap.ep_comm`` under ``parallel.framework = "megatron"`` on an MoE model whose expert
+    group has more than one rank, with 1F1B at pp = 1 or interleaved 1F1B (Megatron asserts a
+    virtual pipeline when pp > 1), and modelled costs. Elsewhere ``overlap.ep_comm`` hides each
+    pass's all-to-alls under that pass's own compute (DualPipe-style)."""
+    par = sc.parallel
+    group = par.ep * par.tp // (sc.moe.expert_tp or par.tp)
+    key = canonical_key(sc.schedule.name)
+    return (sc.overlap.ep_comm and par.framework == "megatron" and sc.model.is_moe and group > 1
+            and sc.costs is None and sc.schedule.token_slices is None
+            and ((key == canonical_key("1F1B") and par.pp == 1) or key == canonical_key("Interleaved1F1B")))
+
+
 def cost_inputs(sc: Scenario) -> CostInputs:
     """The cost model's view of a scenario."""
-    return CostInputs(sc.model, cluster_of(sc.hardware), sc.training, sc.parallel, sc.overlap, sc.moe, sc.schedule.name,
-                      sc.n_microbatches, tuple(sc.layers_per_stage), sc.dropout, sc.costs, offload=sc.offload)
+    pairs = pairs_forward_with_backward(sc)
+    overlap = replace(sc.overlap, ep_comm=False) if pairs else sc.overlap  # the composites hide them
+    return CostInputs(sc.model, cluster_of(sc.hardware), sc.training, sc.parallel, overlap, sc.moe, sc.schedule.name,
+                      sc.n_microbatches, tuple(sc.layers_per_stage), sc.dropout, sc.costs, offload=sc.offload,
+                      ep_pairs=pairs)
 
 
 @dataclass(frozen=True)

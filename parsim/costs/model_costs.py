@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import parsim.cluster.contention as _contention
 import parsim.costs.compute as _compute
 import parsim.costs.dp as _dp
 import parsim.costs.inputs as _inputs
@@ -159,9 +160,31 @@ class ModelCosts:
         if mc is not None and mc.overlap_f_b_s is not None:
             return mc.overlap_f_b_s[f_stage]
         f, b = self.stage_costs[f_stage].parts[Op.F], self.stage_costs[b_stage].parts[b_op]
+        if self.inputs.ep_pairs:
+            return f.total + b.total - self._ep_pair_saving(f, b)
         comm = lambda p: p.tp_comm + p.cp_comm + p.ep_comm
         hidden = min(comm(f), b.compute + b.recompute) + min(comm(b), f.compute + f.recompute)
         return f.total + b.total - hidden
+
+    @property
+    def pair_releases_first(self) -> bool:
+        """Megatron's combined-1F1B pairs run block by block: the backward frees each block's
+        activations as the forward stashes the next (the engine frees the backward's stash when
+        the pair starts); DualPipe's composites keep both stashes for the pair."""
+        return self.inputs.ep_pairs
+
+    def _ep_pair_saving(self, f: Parts, b: Parts) -> float:
+        """Seconds a Megatron combined-1F1B pair saves: each half's expert all-to-alls run on the
+        communication stream beside the other half's compute (TP and CP collectives stay on the
+        compute stream: models/common/model_chunk_schedule_plan.py), and the SMs the dispatch
+        kernels hold slow that compute (``parsim.cluster.contention``)."""
+        sms = moe_phase(self.layer_inputs).dispatcher_sms if self.layer_inputs.moe is not None else 0
+        dev = self.inputs.hardware.device
+        saving = 0.0
+        for comm, work in ((f.ep_comm, b.compute + b.recompute), (b.ep_comm, f.compute + f.recompute)):
+            hidden = min(comm, work)
+            saving += hidden - _contention.slowdown_s(dev, sms, hidden, work)
+        return max(0.0, saving)
 
     @property
     def stages(self) -> list[Stage]:

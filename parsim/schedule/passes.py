@@ -37,7 +37,7 @@ from collections import Counter
 from parsim.errors import ScheduleError
 from parsim.schedule.dryrun import DryRun, _fail, dry_run
 from parsim.schedule.grid import format_grid
-from parsim.schedule.ir import Action, Op, Schedule, act, action_table, no_gc
+from parsim.schedule.ir import Action, Op, Schedule, act, action_table, no_gc, overlap
 from parsim.schedule.terapipe import check_slice_order
 
 _P2P = (Op.SEND_F, Op.RECV_F, Op.SEND_B, Op.RECV_B)
@@ -327,6 +327,34 @@ def _lower(schedule: Schedule, zero3: bool, reduce_grad: bool, optimizer_step: b
             s = add_grad_reduction(s, reduce=reduce_grad, step=optimizer_step, per_microbatch=grad_per_microbatch,
                                    after_all_backward=after_all_backward)
     return s
+
+
+def pair_forward_with_backward(schedule: Schedule) -> Schedule:
+    """Megatron-Core's combined 1F1B (``overlap_moe_expert_parallel_comm``), on a compute-only
+    1F1B or interleaved 1F1B schedule: each rank runs one more warm-up forward
+    (schedules.py ``get_pp_rank_microbatches``: "one extra micro-batch forward step before
+    the 1f1b stages ... to ensure the forward and backward computations are independent"),
+    then every steady-state forward and the backward after it as one composite
+    ``(F;B)OVERLAP_F_B`` whose halves run layer by layer beside each other
+    (combined_1f1b.py), then the remaining backwards alone. With pp = 1: F0, (F1;B0), ...,
+    (F[m-1];B[m-2]), B[m-1] -- the phases of ``combined_1f1b_schedule_for_no_pipelining``."""
+    rows = []
+    for r, row in enumerate(schedule.actions):
+        if any(a.op not in (Op.F, Op.B) for a in row):
+            raise ScheduleError(f"{schedule.name}: rank {r} runs {sorted({a.op.value for a in row})}: pairing "
+                                "forwards with backwards needs a compute-only schedule of F and B")
+        fwd = [a for a in row if a.op is Op.F]
+        bwd = [a for a in row if a.op is Op.B]
+        # 1F1B's steady step is F then B, so the forwards before the first backward are the
+        # warm-up plus one: Megatron's warm-up with its extra microbatch
+        warm = next((i for i, a in enumerate(row) if a.op is Op.B), len(fwd))
+        out = list(fwd[:warm])
+        pairs = len(fwd) - warm
+        out += [overlap(fwd[warm + k], bwd[k]) for k in range(pairs)]
+        out += bwd[pairs:]
+        rows.append(tuple(out))
+    return Schedule.trusted(schedule.name, schedule.n_stages, schedule.n_microbatches, schedule.stage_to_rank,
+                            tuple(rows), schedule.n_chains)
 
 
 # ----------------------------------------------------------------------------- validate

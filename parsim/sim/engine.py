@@ -365,11 +365,16 @@ def _run_overlap(rank, a, start, costs, spans_append, mem_append, stretch=None) 
         dur = stretch(start, dur) - start
     mid = start + (dur * cf.duration_s / total if total > 0 else dur / 2)
     end = start + dur
+    # a pair run block by block (the backward releasing each block's stash while the forward
+    # allocates the next: ``pair_releases_first``) never holds both halves' stashes at once
+    early = cb.free_bytes if getattr(costs, "pair_releases_first", False) else 0.0
+    if early:
+        mem_append((rank, start, -early, cb.mem_kind))
     if cf.stash_bytes or cf.transient_bytes or cb.transient_bytes:
         mem_append((rank, start, cf.stash_bytes + cf.transient_bytes + cb.transient_bytes, cf.mem_kind))
     spans_append((rank, "compute", "F", f.stage, f.microbatch, start, mid, cf.bytes))
     spans_append((rank, "compute", b.op.value, b.stage, b.microbatch, mid, end, cb.bytes))
-    released = cf.transient_bytes + cb.free_bytes + cb.transient_bytes
+    released = cf.transient_bytes + cb.free_bytes - early + cb.transient_bytes
     if released:
         mem_append((rank, end, -released, cf.mem_kind))
     return mid, end
