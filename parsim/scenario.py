@@ -188,6 +188,7 @@ def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Sc
     if "moe" in doc and not model.is_moe:
         raise ConfigError(file, "moe", f"model {model.name} has no experts")
     check_moe(moe, model, parallel, file)
+    _check_megatron_ep_overlap(overlap, parallel, training, model, file)
     simulation = _simulation(doc.get("simulation", {}), file)
     faults = faults_from_table(doc["faults"], file) if "faults" in doc else None
     stragglers = stragglers_from_table(doc["stragglers"], file) if "stragglers" in doc else None
@@ -272,6 +273,19 @@ def _layers(model: ModelSpec, par: ParallelConfig, schedule: ScheduleConfig, fil
     return partition_layers(model.n_layers, per_chain, file=file, interleaved=interleaved,
                             first=schedule.first_stage_layers, last=schedule.last_stage_layers,
                             embedding=schedule.account_for_embedding, loss=schedule.account_for_loss) * t.n_chains
+
+
+def _check_megatron_ep_overlap(overlap, parallel, training, model, file: str) -> None:
+    """What Megatron-Core refuses with --overlap-moe-expert-parallel-comm
+    (transformer_config.py): pp > 1 without a virtual pipeline, and full recomputation."""
+    if not (overlap.ep_comm and parallel.framework == "megatron" and model.is_moe):
+        return
+    if parallel.pp > 1 and parallel.vpp == 1:
+        raise ConfigError(file, "overlap.ep_comm", "Megatron-Core's EP overlap needs a virtual pipeline when pp > 1 "
+                          "(parallel.vpp > 1, Interleaved1F1B)")
+    if training.recompute == "full":
+        raise ConfigError(file, "overlap.ep_comm", "Megatron-Core's EP overlap refuses full recomputation "
+                          "(training.recompute = \"full\"; selective is allowed)")
 
 
 def _simulation(t: dict, file: str) -> SimulationConfig:

@@ -365,3 +365,10 @@ def test_megatron_overlap_p2p_communication_makes_sends_asynchronous():
             "--num-layers-per-virtual-pipeline-stage", "1", "--vocab-size", "32000"]
     assert import_megatron(base, "dgx-h100", 32).doc["overlap"]["p2p"] is False
     assert import_megatron([*base, "--overlap-p2p-communication"], "dgx-h100", 32).doc["overlap"]["p2p"] is True
+
+
+def test_megatron_ep_overlap_without_virtual_pipeline_names_the_flag():
+    r = run("import", "megatron", "--gpus", "16", "--", *SMALL, "--num-experts", "8", "--expert-model-parallel-size",
+            "4", "--pipeline-model-parallel-size", "2", "--overlap-moe-expert-parallel-comm", "--bf16")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "--overlap-moe-expert-parallel-comm: Megatron-Core's EP overlap needs a virtual pipeline" in r.stderr

@@ -159,7 +159,8 @@ def test_combined_1f1b_applies_where_megatron_runs_it():
     from parsim.costs.inputs import pairs_forward_with_backward
     base = {"name": "x", "hardware": "dgx-h100", "gpus": 16, "model": {"preset": "qwen3-30b-a3b"},
             "training": {"global_batch": 64, "seq_len": 1024},
-            "parallel": {"dp": 16, "ep": 16, "framework": "megatron"}, "overlap": {"ep_comm": True}}
+            "parallel": {"dp": 16, "ep": 16, "framework": "megatron"}, "overlap": {"ep_comm": True},
+            "schedule": {}}
 
     def sc(**kw):
         doc = json.loads(json.dumps(base))
@@ -169,7 +170,10 @@ def test_combined_1f1b_applies_where_megatron_runs_it():
     assert pairs_forward_with_backward(sc())
     assert not pairs_forward_with_backward(sc(parallel={"framework": "zero"}))  # DualPipe-style per pass
     assert not pairs_forward_with_backward(sc(overlap={"ep_comm": False}))
-    assert not pairs_forward_with_backward(sc(parallel={"dp": 8, "pp": 2, "ep": 8}))  # pp > 1 without vpp
+    # DualPipe's composites hide their own way; pp > 1 without vpp is refused (test below)
+    assert not pairs_forward_with_backward(sc(parallel={"dp": 8, "pp": 2, "ep": 8, "framework": "zero"}))
+    assert pairs_forward_with_backward(sc(parallel={"dp": 8, "pp": 2, "vpp": 2, "ep": 8},
+                                          schedule={"name": "Interleaved1F1B"}))
 
 
 def test_paired_step_keeps_one_microbatch_of_activations():
@@ -178,3 +182,20 @@ def test_paired_step_keeps_one_microbatch_of_activations():
     off, on = qwen30b("hybridep", False, AB["dispatcher_sms"]), qwen30b("hybridep", True, AB["dispatcher_sms"])
     assert on["peak_memory_bytes"] == pytest.approx(off["peak_memory_bytes"], rel=1e-12)
     assert on["peak_memory_bytes"] / 2**30 == pytest.approx(62.166, rel=0.02)
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"parallel": {"dp": 8, "pp": 2, "ep": 8}}, "needs a virtual pipeline"),
+    ({"training": {"recompute": "full"}}, "refuses full recomputation"),
+])
+def test_what_megatron_refuses_with_ep_overlap_is_refused(change, says):
+    # transformer_config.py asserts both with overlap_moe_expert_parallel_comm
+    doc = {"name": "x", "hardware": "dgx-h100", "gpus": 16, "model": {"preset": "qwen3-30b-a3b"},
+           "training": {"global_batch": 64, "seq_len": 1024},
+           "parallel": {"dp": 16, "ep": 16, "framework": "megatron"}, "overlap": {"ep_comm": True}}
+    for k, v in change.items():
+        doc[k].update(v)
+    with pytest.raises(ConfigError, match=f"overlap.ep_comm: Megatron-Core's EP overlap {says}"):
+        scenario_from_dict(doc, "x.toml")
+    doc["parallel"]["framework"] = "zero"  # elsewhere the per-pass (DualPipe-style) hiding runs
+    scenario_from_dict(doc, "x.toml")

@@ -321,4 +321,6 @@ def _key_source(given: dict) -> dict:
         "model.n_kv_heads": "--num-query-groups", "model.head_dim": "--kv-channels",
         "model.d_ff": "--ffn-hidden-size", "model.top_k": "--moe-router-topk", "model.n_experts": "--num-experts",
         "moe.expert_tp": "--expert-tensor-parallel-size",
+        "moe.dispatcher_sms": flag("moe_hybridep_sms", "--moe-deepep-num-sms"),
+        "overlap.ep_comm": "--overlap-moe-expert-parallel-comm",
     }
