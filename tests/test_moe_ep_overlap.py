@@ -199,3 +199,11 @@ def test_what_megatron_refuses_with_ep_overlap_is_refused(change, says):
         scenario_from_dict(doc, "x.toml")
     doc["parallel"]["framework"] = "zero"  # elsewhere the per-pass (DualPipe-style) hiding runs
     scenario_from_dict(doc, "x.toml")
+
+
+@pytest.mark.parametrize("dispatcher", ["alltoall", "hybridep"])
+def test_paired_breakdown_adds_up_to_the_step(dispatcher):
+    # NCCL's exchange outlasts the compute it pairs with (partly hidden), HybridEP's does not
+    on = qwen30b(dispatcher, True)
+    assert sum(on["breakdown_s"].values()) == pytest.approx(on["step_time_s"], rel=1e-9)
+    assert on["breakdown_s"]["ep_comm"] > 0
