@@ -262,9 +262,9 @@ def _routed_memory_counted(inp: LayerInputs) -> tuple[float, float]:
     return t, 2 * t
 
 
-def tp_allreduce_time(inp: LayerInputs, nbytes: float) -> float:
-    """One all-reduce of ``nbytes`` over the tensor-parallel group."""
-    return cached_collective_time(inp.cluster, "all_reduce", nbytes, inp.shard.tp_group)
+def tp_collective_time(inp: LayerInputs, kind: str, nbytes: float) -> float:
+    """One ``kind`` collective of ``nbytes`` over the tensor-parallel group."""
+    return cached_collective_time(inp.cluster, kind, nbytes, inp.shard.tp_group)
 
 
 def tp_layer_comm(inp: LayerInputs, act_bytes: float, gemm_s: float, backward: bool = False) -> tuple[float, float]:
@@ -284,12 +284,10 @@ def tp_layer_comm(inp: LayerInputs, act_bytes: float, gemm_s: float, backward: b
     sh = inp.shard
     if sh.tp <= 1:
         return 0.0, 0.0
-    hw, group = inp.cluster, sh.tp_group
     if sh.sequence_parallel:
-        comm = 2 * (cached_collective_time(hw, "all_gather", act_bytes, group)
-                    + cached_collective_time(hw, "reduce_scatter", act_bytes, group))
+        comm = 2 * (tp_collective_time(inp, "all_gather", act_bytes) + tp_collective_time(inp, "reduce_scatter", act_bytes))
     else:
-        comm = 2 * tp_allreduce_time(inp, act_bytes)
+        comm = 2 * tp_collective_time(inp, "all_reduce", act_bytes)
     if not inp.options.overlap.tp_comm:
         return comm, 0.0
     exposed = max(comm / sh.tp, comm - gemm_s)
@@ -298,7 +296,7 @@ def tp_layer_comm(inp: LayerInputs, act_bytes: float, gemm_s: float, backward: b
         ub = _contention.USERBUFFERS_SMS
         sms = (ub["ring_exchange"] + (ub["bulk"] if backward else ub["pipeline"])) / 2
     else:
-        sms = _contention.group_sms(hw.profile, group)
+        sms = _contention.group_sms(inp.hardware, sh.tp_group)
     return exposed, _contention.slowdown_s(dev, sms, comm - exposed, gemm_s)
 
 

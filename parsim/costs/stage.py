@@ -17,10 +17,10 @@ from parsim.cluster.precision import PRECISION_TABLE
 from parsim.costs.inputs import LayerInputs
 from parsim.costs.layer import (
     activation_options,
-    cached_collective_time,
     layer_cost,
     op_recompute_time,
     selective_recompute_time,
+    tp_collective_time,
 )
 from parsim.costs.memory import logits_bytes, state_bytes_per_param
 from parsim.costs.memory_ops import loss_transient_bytes_per_logit, loss_work
@@ -261,7 +261,7 @@ def _tp_collective(inp: LayerInputs, kind: str, nbytes: float) -> tuple[float, f
     sh = inp.shard
     if sh.tp <= 1:
         return 0.0, 0.0
-    return cached_collective_time(inp.cluster, kind, nbytes, sh.tp_group), bytes_sent_per_rank(kind, nbytes, sh.tp)
+    return tp_collective_time(inp, kind, nbytes), bytes_sent_per_rank(kind, nbytes, sh.tp)
 
 
 def head_tp_comm(inp: LayerInputs) -> tuple[float, float, AxisBytes, AxisBytes]:
