@@ -635,7 +635,7 @@ def convert(row: dict) -> tuple[dict | Skip, list[str]]:
         "overlap": overlap,
     }
     if moe is not None:
-        notes += _moe_recipe(row["id"], moe, doc["overlap"])
+        notes += _moe_recipe(row["id"], moe, doc["overlap"], doc["training"], notes)
     framework, grad_dtype, n = framework_states_for(row, fam, zero, precision)
     notes += n
     if framework != "zero":
@@ -652,12 +652,15 @@ def _mb_moe_recipes() -> dict:
     return json.loads(MB_MOE_RECIPES.read_text())["rows"]
 
 
-def _moe_recipe(row_id: str, moe: dict, overlap: dict) -> list[str]:
-    """Set ``moe`` / ``overlap`` (in place) from the row's Megatron-Bridge perf recipe when one
-    with the row's exact layout exists (benchmarks/data/megatron_bridge_moe_recipes.json):
-    the dispatcher (HybridEP and DeepEP both dedupe per node; their SM counts), EP overlap
-    (Megatron's overlap_moe_expert_parallel_comm; never set = false) and TP overlap where stated.
-    Other MoE rows keep NCCL all-to-all without EP overlap (Megatron-Core's defaults)."""
+def _moe_recipe(row_id: str, moe: dict, overlap: dict, training: dict, notes: list[str]) -> list[str]:
+    """Set ``moe`` / ``overlap`` / ``training`` (in place) from the row's Megatron-Bridge perf
+    recipe when one with the row's exact layout exists
+    (benchmarks/data/megatron_bridge_moe_recipes.json): the dispatcher (HybridEP and DeepEP both
+    dedupe per node; their SM counts), EP overlap (Megatron's overlap_moe_expert_parallel_comm;
+    never set = false), TP overlap where stated, and selective recomputation by module
+    (``recompute_modules``) where the row does not state its recompute (the recipe's "not
+    stated" note is then replaced). Other MoE rows keep NCCL all-to-all without EP overlap
+    (Megatron-Core's defaults)."""
     r = _mb_moe_recipes().get(row_id)
     if r is None:
         return []
@@ -672,6 +675,13 @@ def _moe_recipe(row_id: str, moe: dict, overlap: dict) -> list[str]:
         overlap["tp_comm"] = bool(r["tp_comm_overlap"])
     note = (f"perf recipe {name} (Megatron-Bridge HEAD, not the row's release): dispatcher {r['dispatcher']}, "
             f"EP overlap {'on' if r['ep_overlap'] else 'off'}")
+    stated = not any(n.startswith("recompute not stated") for n in notes)
+    modules = re.match(r"selective, modules \[(.*?)\]", r.get("recompute") or "")
+    if modules and not stated:
+        names = [x.strip().strip("'\"") for x in modules.group(1).split(",")]
+        training["recompute"], training["recompute_modules"] = "selective", names
+        notes[:] = [n for n in notes if not n.startswith("recompute not stated")]
+        note += f", recompute selective {'+'.join(names)}"
     return [note]
 
 

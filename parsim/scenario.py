@@ -23,6 +23,7 @@ from parsim.config.parallel import (
     partition_layers,
 )
 from parsim.config.scenario import (
+    RECOMPUTE_MODULES,
     OPTIMIZERS,
     PRECISIONS,
     RECOMPUTE,
@@ -182,6 +183,7 @@ def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Sc
     parallel = _schedule_shape(parallel, schedule, file)
     check_parallel(parallel, gpus, file)
     check_model_parallel(model, training, parallel, file)
+    _check_recompute_modules(training, model, file)
     layers = _layers(model, parallel, schedule, file)
     costs = _costs(doc["costs"], file, parallel.n_stages) if "costs" in doc else None
     moe = moe_from_table(doc["moe"], file) if "moe" in doc else MoEConfig()
@@ -334,8 +336,44 @@ def _training(t: dict, file: str) -> TrainingConfig:
                                   file, p + "attention_kernel")),
         fp8_recipe=(None if t.get("fp8_recipe") is None else
                     _choice(_typed(t, "fp8_recipe", str, file, p, None), FP8_RECIPES, file, p + "fp8_recipe")),
+        recompute_modules=_recompute_modules(t, file),
     )
+    if tc.recompute_modules is not None and tc.recompute != "selective":
+        raise ConfigError(file, p + "recompute_modules", f"only with recompute = \"selective\" (Megatron's "
+                          f"--recompute-granularity selective), got recompute = {tc.recompute!r}")
     return tc
+
+
+MEGATRON_MODULES_NOT_MODELLED = ("gdn_norm_out", "gdp_in_proj", "gdp_qkv", "mhc")
+"""Megatron-Core ``recompute_modules`` choices for architectures parsim does not model (Gated
+DeltaNet/DeltaProduct attention, hyper-connections)."""
+
+
+def _recompute_modules(t: dict, file: str) -> tuple[str, ...] | None:
+    key = "training.recompute_modules"
+    if "recompute_modules" not in t:
+        return None
+    v = t["recompute_modules"]
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise ConfigError(file, key, f"expected an array of module names, got {v!r}")
+    for x in v:
+        if x in MEGATRON_MODULES_NOT_MODELLED:
+            raise ConfigError(file, key, f"{x!r} recomputes a part of an architecture parsim does not model")
+        _choice(x, RECOMPUTE_MODULES, file, key)
+    return tuple(dict.fromkeys(v))  # in order, once each
+
+
+def _check_recompute_modules(training: TrainingConfig, model, file: str) -> None:
+    """What Megatron-Core refuses in ``recompute_modules`` (transformer_config.py)."""
+    mods = training.recompute_modules or ()
+    key = "training.recompute_modules"
+    if "mla_up_proj" in mods and not model.is_mla:
+        raise ConfigError(file, key, f"'mla_up_proj' needs multi-latent attention; {model.name} has none")
+    if training.precision == "fp8" and training.fp8_recipe == "delayed":
+        for x in ("moe_act", "layernorm"):
+            if x in mods:
+                raise ConfigError(file, key, f"{x!r} under fp8 needs current, blockwise or MX scaling "
+                                  "(Megatron: delayed scaling does not support it)")
 
 
 def _parallel(t: dict, file: str, gpus: int) -> ParallelConfig:

@@ -23,6 +23,19 @@ OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "muon", "adafactor")
 RECOMPUTE = ("none", "selective", "op", "full")
 
 
+RECOMPUTE_MODULES = ("core_attn", "mlp", "moe", "moe_act", "layernorm", "mla_up_proj", "shared_experts")
+"""Megatron-Core's ``--recompute-modules`` (``TransformerConfig.recompute_modules`` under
+``--recompute-granularity selective``) that parsim models. Normal checkpointing keeps a module's
+input and reruns it in the backward: ``core_attn`` (the attention core), ``mlp`` (a dense
+block's MLP, its fused pre-MLP norm included), ``moe`` (the whole MoE layer: router, dispatch,
+experts, combine), ``shared_experts``. Output-discarding checkpointing frees one output after
+its consumers have saved it and rebuilds it before their backward: ``moe_act`` (the grouped
+experts' activation output, FC2's input), ``layernorm`` (the output of a norm that runs as its
+own module: MLA's input norm and an MoE block's pre-MLP norm; Transformer Engine fuses the others
+into the next linear, where Megatron has nothing to recompute), ``mla_up_proj`` (MLA's Q and KV
+up-projections and rotary: the attention core's Q, K and V)."""
+
+
 @dataclass(frozen=True)
 class TrainingConfig:
     """What one optimizer step processes, and how."""
@@ -63,6 +76,16 @@ class TrainingConfig:
     """The loss runs as one fused kernel per pass (Megatron's ``--cross-entropy-loss-fusion``, Liger,
     a compiled loss); false (Megatron-Core's default): the vocabulary-parallel cross-entropy op by op
     over fp32 logits (``parsim.costs.memory_ops.loss_work``)."""
+    recompute_modules: tuple[str, ...] | None = None
+    """Under ``recompute = "selective"``: the submodules rerun in the backward, as Megatron-Core's
+    ``--recompute-modules`` names them (core_attn, mlp, moe, moe_act, layernorm, mla_up_proj,
+    shared_experts: :data:`RECOMPUTE_MODULES`); None: Megatron's default, the
+    attention core alone."""
+
+    @property
+    def recompute_modules_(self) -> tuple[str, ...]:
+        """The modules selective recomputation reruns (Megatron's default: the attention core)."""
+        return self.recompute_modules if self.recompute_modules is not None else ("core_attn",)
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,19 @@ def linear_precision(inp: LayerInputs) -> str:
     return fp8_gemm_precision(fp8_recipe(inp), dev.peak_flops)
 
 
+def gemm_precision(inp: LayerInputs, name: str) -> str:
+    """Precision one of the block's GEMMs runs at (``BF16_ONLY`` ones stay 16-bit under FP8)."""
+    if name in BF16_ONLY and inp.options.precision == "fp8":
+        return "bf16"
+    return linear_precision(inp)
+
+
+def forward_gemm_time(inp: LayerInputs, gemms) -> float:
+    """Seconds of these GEMMs' forward on the device's kernel model."""
+    dev = inp.hardware.device
+    return sum(dev.gemm_time(g.m, g.n, g.k, gemm_precision(inp, g.name), g.count) for g in gemms)
+
+
 def fp8_recipe(inp: LayerInputs) -> str:
     """The FP8 recipe in force (the scenario's, else the device's default)."""
     return inp.options.fp8_recipe or default_fp8_recipe(inp.hardware.device.peak_flops)
@@ -150,11 +163,9 @@ def block_compute(inp: LayerInputs, gemms: tuple, moe_layer: bool) -> BlockCompu
     """Compute of one block from its GEMMs (``parsim.model.layer_gemms``, routed experts
     removed) and the device's kernels."""
     dev, o = inp.hardware.device, inp.options
-    lin = linear_precision(inp)
-    base = o.precision if o.precision != "fp8" else "bf16"
     g_f = g_i = g_w = 0.0
     for g in gemms:
-        p = base if g.name in BF16_ONLY else lin
+        p = gemm_precision(inp, g.name)
         g_f += dev.gemm_time(g.m, g.n, g.k, p, g.count)
         g_i += dev.gemm_time(g.m, g.k, g.n, p, g.count)
         g_w += dev.gemm_time(g.k, g.n, g.m, p, g.count)

@@ -169,7 +169,7 @@ class TrainOptions:
     dropout: bool
     """Dropout masks kept."""
     recompute: str
-    """Configured activation recomputation: none | selective | full."""
+    """Configured activation recomputation: none | selective | op | full."""
     remat: bool
     """The schedule re-materialises (GPipe remat): B reruns the whole forward."""
     grad_accumulation_fusion: bool
@@ -186,6 +186,8 @@ class TrainOptions:
     """The loss as fused kernels (else Megatron's op-by-op vocabulary-parallel cross-entropy)."""
     attention_kernel: str | None = None
     """The fused-attention implementation (None: the device's own)."""
+    recompute_modules: tuple[str, ...] = ("core_attn",)
+    """Under selective recomputation: the Megatron modules rerun (``parsim.config.scenario.RECOMPUTE_MODULES``)."""
 
 
 @dataclass(frozen=True)
@@ -253,7 +255,8 @@ def layer_inputs(ci: CostInputs) -> LayerInputs:
                   ep_group, etp, par.cp_comm)
     opts = TrainOptions(tr.precision, tr.flash_attention, ci.dropout, tr.recompute, _remat(ci.schedule),
                         tr.grad_accumulation_fusion, tr.optimizer, ci.overlap, tr.fused_kernels, tr.fp8_recipe,
-                        tr.cross_entropy_fusion, tr.attention_kernel)
+                        tr.cross_entropy_fusion, tr.attention_kernel,
+                        recompute_modules=tr.recompute_modules_)
     return LayerInputs(m, ci.cluster, shard, opts, ci.moe if has_moe else None)
 
 

@@ -22,6 +22,7 @@ from functools import lru_cache
 import parsim.cluster.contention as _contention
 import parsim.costs.compute as _compute
 import parsim.costs.context as _context
+import parsim.costs.memory_ops as _memory_ops
 import parsim.costs.moe as _moe
 from parsim.cluster.collectives import bytes_sent_per_rank, collective_time
 from parsim.cluster.precision import PRECISION_TABLE
@@ -30,6 +31,7 @@ from parsim.costs.memory import (
     ActivationOptions,
     layer_activation_bytes,
     layer_recompute_transient_bytes,
+    selective_dropped_bytes,
 )
 from parsim.costs.parts import AxisBytes, Parts
 from parsim.model import (
@@ -76,6 +78,9 @@ class LayerCost:
     """Part of the stash W still needs after I (each linear's input and output gradient)."""
     recompute_transient_bytes: float
     """Extra bytes alive while the block is recomputed and back-propagated (full recompute)."""
+    attention_forward: Parts = Parts()
+    """The attention core's forward within ``forward`` (kernel, and under context parallelism
+    its exposed ring): what rerunning the core costs."""
 
 
 def representative_layer(model: ModelSpec, moe: bool) -> int:
@@ -89,7 +94,7 @@ def activation_options(inp: LayerInputs) -> ActivationOptions:
     o = inp.options
     return ActivationOptions(o.recompute, o.flash_attention, inp.shard.sequence_parallel, o.dropout,
                              bytes_per_element=PRECISION_TABLE[o.precision].activation_bytes,
-                             fp8_linear_inputs=o.precision == "fp8")
+                             fp8_linear_inputs=o.precision == "fp8", recompute_modules=o.recompute_modules)
 
 
 @lru_cache(maxsize=1024)
@@ -186,8 +191,10 @@ def layer_cost(inp: LayerInputs, moe_layer: bool) -> LayerCost:
         sent_f, sent_i = sent_f + ep_sent, sent_i + ep_sent
     expert = _expert_params(m, li)
     params = (layer_params(m, li) - expert) / sh.tp + expert / (sh.tp * sh.ep)
+    act, wstash, transient = _layer_memory(inp, li, ph)
     return LayerCost(fwd, inp_parts, wgt, gemm_flops + attn_flops, gemm_flops + 2 * attn_flops, gemm_flops,
-                     sent_f, sent_i, params, expert / (sh.tp * sh.ep), *_layer_memory(inp, li, ph))
+                     sent_f, sent_i, params, expert / (sh.tp * sh.ep), act, wstash, transient,
+                     attention_forward=Parts(compute=f_attn, cp_comm=cp_f))
 
 
 def _layer_memory(inp: LayerInputs, li: int, ph) -> tuple[float, float, float]:
@@ -199,12 +206,17 @@ def _layer_memory(inp: LayerInputs, li: int, ph) -> tuple[float, float, float]:
     rows = ph.routed_rows if ph is not None else None
     etp = ph.expert_tp if ph is not None else None
     act = layer_activation_bytes(m, seq, sh.microbatch_size, sh.tp, opts, li, routed_rows=rows, expert_tp=etp)
-    if ph is not None and opts.recompute != "full":  # routing map, probs, permutation row ids
+    moe_rerun = opts.recompute == "selective" and "moe" in opts.recompute_modules
+    if ph is not None and opts.recompute != "full" and not moe_rerun:  # routing map, probs, row ids
         act += ph.routing_stash_bytes
     wstash = _weight_grad_stash(m, sh.tokens, sh.tp, sh.sequence_parallel)
     transient = 0.0
     if inp.options.recompute in ("full", "op"):
         transient = layer_recompute_transient_bytes(m, seq, sh.microbatch_size, sh.tp, opts, li)
+    elif opts.recompute == "selective":  # what the rerun modules rebuild lives until their backward
+        transient = selective_dropped_bytes(m, seq, sh.microbatch_size, sh.tp, opts, li, rows, etp)
+        if ph is not None and moe_rerun:
+            transient += ph.routing_stash_bytes
     return act, wstash, transient
 
 
@@ -356,16 +368,92 @@ def _attention_flops(inp: LayerInputs) -> float:
                for li in range(m.n_layers)) / m.n_layers
 
 
-def selective_recompute_time(inp: LayerInputs) -> float:
-    """Seconds selective recomputation reruns per block: the unfused attention core
-    (FlashAttention already recomputes the scores inside its backward: nothing extra)."""
-    sh, o = inp.shard, inp.options
-    if o.flash_attention:
-        return 0.0
-    if inp.hardware.device.kernels is not None:
-        return _compute.unfused_attention_gemms(inp, False)
-    flops = attention_core_flops(inp.model, sh.microbatch_size, sh.seq_len, sh.tp) / sh.cp
-    return inp.hardware.device.attention_time(flops, o.precision, fused=False)
+MLP_GEMMS = ("fc1", "fc2", "gate", "up", "down")
+"""A dense block's MLP GEMMs (``parsim.model.shapes``)."""
+MLA_UP_GEMMS = ("q_up", "kv_up")
+"""MLA's up-projections (with ``q_lora_rank = 0`` the query's projection is a plain ``q`` on
+the norm's output, outside Megatron's ``mla_up_proj`` checkpoint)."""
+
+
+@lru_cache(maxsize=4096)
+def module_recompute(inp: LayerInputs, moe_layer: bool) -> tuple[Parts, float, AxisBytes]:
+    """(seconds, FLOPs, bytes sent) selective recomputation reruns of one block in its backward: the forward
+    of each module in ``options.recompute_modules`` (``parsim.config.scenario.RECOMPUTE_MODULES``)
+    that exists in a block of this kind, as Megatron-Core reruns it:
+
+    * ``core_attn``: the attention core's forward (``LayerCost.attention_forward``): Megatron's
+      ``_checkpointed_attention_forward`` reruns it in the backward even when the kernel is fused
+      (FlashAttention keeps only Q, K, V, O and the log-sum-exp, so nothing is saved: NVIDIA's
+      matched Moonlight-16B A/B measures -0.01% peak memory and +3.85% step time for it);
+    * ``mlp`` (dense blocks): the MLP's GEMMs, its norm and activation, and its two TP
+      collectives again (half the block's forward TP communication);
+    * ``moe`` (MoE blocks): the whole MoE forward -- router, permutations, grouped GEMMs,
+      activation, FP8 casts (``parsim.costs.moe``), the shared experts -- and its dispatch and
+      combine all-to-alls (token-count exchange included), exposed: the rerun sits inside the
+      backward, ahead of the layer's gradient;
+    * ``moe_act``: the grouped experts' activation over the rows the slowest rank computes;
+    * ``shared_experts``: their GEMMs and activation;
+    * ``layernorm``: each norm that is its own module (MLA's input norm; an MoE block's pre-MLP norm);
+    * ``mla_up_proj``: the Q and KV up-projections, rotary, and the copies that assemble the
+      core's contiguous Q, K and V.
+    """
+    mods, m, sh, o, dev = inp.options.recompute_modules, inp.model, inp.shard, inp.options, inp.hardware.device
+    gemms = block_gemms(inp, moe_layer)
+    kernels = dev.kernels is not None
+    a = PRECISION_TABLE[o.precision].activation_bytes
+    pieces = _memory_ops.forward_pieces(m, sh.tokens, sh.tp, sh.sequence_parallel, a, o.fused_kernels, o.dropout,
+                                        moe_layer)
+
+    def gemm_s(names) -> tuple[float, float]:
+        chosen = [g for g in gemms if g.name in names]
+        if kernels:
+            t = _compute.forward_gemm_time(inp, chosen)
+        else:
+            t = sum(dev.gemm_time(g.m, g.n, g.k, o.precision, g.count) for g in chosen)
+        return t, float(sum(g.flops for g in chosen))
+
+    def mem_s(*works) -> float:
+        return sum(dev.memory_time(w.bytes) + (w.kernels * dev.kernel_launch_s if kernels else 0.0) for w in works)
+
+    out, flops, sent = Parts(), 0.0, AxisBytes()
+    if "core_attn" in mods:  # Megatron's checkpoint reruns the core's forward, fused or not
+        rerun = layer_cost(inp, moe_layer).attention_forward
+        out += Parts(recompute=rerun.compute, cp_comm=rerun.cp_comm)
+        flops += _attention_flops(inp) / sh.cp
+    if "mlp" in mods and not moe_layer:
+        t, f = gemm_s(MLP_GEMMS)
+        act_bytes = sh.tokens * m.d_model * PRECISION_TABLE[o.precision].wire_bytes
+        tp_f, slow = tp_layer_comm(inp, act_bytes, t)
+        out += Parts(recompute=t + slow / 2 + mem_s(pieces["norm"], pieces["activation"]), tp_comm=tp_f / 2)
+        flops += f
+        sent += AxisBytes(tp=tp_layer_bytes(inp, act_bytes) / 2)
+    ph = moe_phase(inp) if moe_layer and inp.moe is not None else None
+    shared = tuple(g.name for g in gemms if g.name.startswith("shared_"))
+    if moe_layer and ("moe" in mods or "shared_experts" in mods) and shared:
+        # the shared experts' activation: the block's memory model counts it with the routed
+        # experts' (``forward_pieces(moe=True)``) in proportion to their widths
+        t, f = gemm_s(shared)
+        share = m.n_shared_experts * m.d_ff_shared_ / (m.top_k * m.d_ff_expert_ + m.n_shared_experts * m.d_ff_shared_)
+        out += Parts(recompute=t + share * mem_s(pieces["activation"]))
+        flops += f
+    if ph is not None and "moe" in mods:
+        out += Parts(recompute=ph.forward_s, ep_comm=2 * ph.all_to_all_s + ph.count_exchange_s)
+        flops += ph.forward_flops
+        a2a = _moe.all_to_all_bytes(ph.routing, m.d_model, a)
+        sent += AxisBytes(ep=2 * float(a2a["send"]))
+    elif ph is not None and "moe_act" in mods:
+        out += Parts(recompute=ph.kernels.activation[0])
+    if "layernorm" in mods:
+        separate = int(m.is_mla) + int(moe_layer)  # the norms that are not fused into a linear
+        out += Parts(recompute=separate * mem_s(pieces["norm"]))
+    if "mla_up_proj" in mods and m.is_mla:
+        t, f = gemm_s(MLA_UP_GEMMS)
+        heads = max(1, m.n_heads // sh.tp)
+        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        copies = _memory_ops.MemoryWork(2.0 * sh.tokens * heads * (2 * qk + m.v_head_dim) * a, 3)
+        out += Parts(recompute=t + mem_s(pieces["rotary"], copies))
+        flops += f
+    return out, flops, sent
 
 
 OP_SAC_RECOMPUTED = ("attn_out", "fc2")
@@ -425,6 +513,6 @@ def _weight_grad_stash(m: ModelSpec, tokens: int, tp: int, sp: bool) -> float:
 
 def clear_caches() -> None:
     """Empty this module's caches (a cold start)."""
-    for fn in (moe_phase, cached_collective_time, layer_cost, op_recompute_time):
+    for fn in (moe_phase, cached_collective_time, layer_cost, op_recompute_time, module_recompute):
         fn.cache_clear()
     _context.clear_caches()

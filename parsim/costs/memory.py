@@ -25,7 +25,7 @@ FlashAttention (the default) never materialises the scores, so the 5as term is g
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from parsim.cluster.precision import PRECISION_TABLE
 from parsim.config.parallel import grad_reduce_bytes
@@ -89,8 +89,8 @@ class ActivationOptions:
     """How activations are kept."""
 
     recompute: str = "none"
-    """none | selective (attention core recomputed) | op (torchtitan's op-level policy: block input,
-    every other matmul output and the attention output kept) | full (only each layer's input kept)."""
+    """none | selective (the ``recompute_modules`` rerun) | op (torchtitan's op-level policy: block
+    input, every other matmul output and the attention output kept) | full (only each layer's input kept)."""
     flash_attention: bool = True
     """FlashAttention-style kernel: the s x s scores are never stored."""
     sequence_parallel: bool = False
@@ -105,41 +105,98 @@ class ActivationOptions:
     forward GEMM consumed, 1 byte per element (Transformer Engine under FP8: ``Linear`` saves
     the quantised ``inputmat``, ``LayerNormLinear`` its FP8 ``ln_out``; MXFP8 adds one 8-bit
     scale per 32 elements, neglected): the QKV and FC1 inputs, the projection's and FC2's."""
+    recompute_modules: tuple[str, ...] = ("core_attn",)
+    """Under ``recompute = "selective"``: the modules rerun (:data:`RECOMPUTE_MODULES`; Megatron's
+    default is the attention core alone)."""
 
 
-def _per_token_parts(spec: ModelSpec, seq_len: int, tp: int, opts: ActivationOptions,
-                     layer_index: int | None, routed: bool = True) -> tuple[float, float, float]:
-    """Bytes per token for one layer: (replicated-over-TP part, TP-sharded part, score part)."""
+@dataclass(frozen=True)
+class Stashed:
+    """One tensor a block keeps from its forward for its backward, per token."""
+
+    name: str
+    """What it is (``attn_norm_in``, ``qkv``, ``mlp_act``, ...)."""
+    bytes: float
+    """Bytes per token before any tensor-parallel split."""
+    split: str
+    """How tensor parallelism divides it: ``sp`` (replicated over TP, sharded under sequence
+    parallelism), ``tp`` (head- or FFN-sharded: always divided)."""
+    dropped_by: tuple[str, ...] = ()
+    """The recompute modules (``parsim.config.scenario.RECOMPUTE_MODULES``) that do not keep it."""
+
+
+def block_stash(spec: ModelSpec, seq_len: int, opts: ActivationOptions, layer_index: int | None,
+                routed: bool = True) -> tuple[Stashed, ...]:
+    """The tensors one block keeps per token (Korthikanti et al.'s counting, tensor by tensor).
+
+    Attention: the norm's input, its output (the QKV linear's input), Q/K/V, the attention output
+    (the projection's input), with dropout a 1-byte mask; without FlashAttention the scores
+    (softmax output 2as, with dropout its mask as and output 2as). MLA (Megatron's
+    ``MLASelfAttention``): the separate input norm's output feeds the Q and KV down-projections;
+    the latents and their norms' outputs (q_lora and kv_lora wide: the up-projections' inputs);
+    the up-projected, rotated Q, K (heads x (nope + rope)) and V (heads x v) the core consumes;
+    the attention output. MLP: the norm's input and output (FC1's input), the activation's
+    input and output (SwiGLU: gate, up and their product, 3f; GeLU 2f), a mask with dropout. An
+    MoE block's pre-MLP norm is its own module (router and experts read its output); each token
+    visits ``top_k`` routed experts (unless ``routed`` is false: the caller counts the dispatched
+    rows) and the shared experts. Under FP8 the linear layers' inputs are their 1-byte copies.
+    """
     from parsim.model import (
         is_moe_layer,  # local: keeps import graph one-way at module load
     )
 
     h = spec.d_model
-    q = spec.n_heads * spec.head_dim_
-    kv = spec.n_kv_heads * spec.head_dim_
-    masks = 2 * h if opts.dropout else 0
-    e = opts.bytes_per_element / 2  # the 16-bit terms below scale with the element size
-    replicated = (4 * h + 4 * h) * e + masks
-    if layer_index is not None and spec.is_moe and is_moe_layer(spec, layer_index):
-        f = (spec.d_ff_expert or spec.d_ff)
-        # each token visits top_k routed experts plus the shared ones
-        ffn_mult = spec.top_k + spec.n_shared_experts
-        if not routed:  # routed experts counted by the caller from the dispatched rows
-            f, ffn_mult = spec.d_ff_shared_, spec.n_shared_experts
+    e = opts.bytes_per_element
+    lin = 1.0 if opts.fp8_linear_inputs else e  # a linear layer's saved input, per element
+    out: list[Stashed] = [Stashed("attn_norm_in", e * h, "sp")]
+    if spec.is_mla:
+        heads, qk = spec.n_heads, spec.qk_nope_head_dim + spec.qk_rope_head_dim
+        out.append(Stashed("qkv_in", lin * h, "sp", ("layernorm",)))  # input norm is its own module
+        latents = (spec.q_lora_rank + spec.kv_lora_rank) * (e + lin)  # down outputs, their norms' outputs
+        out.append(Stashed("mla_latents", latents, "sp"))
+        out.append(Stashed("qkv", e * heads * (2 * qk + spec.v_head_dim), "tp", ("mla_up_proj",)))
+        out.append(Stashed("attn_out", lin * heads * spec.v_head_dim, "tp"))
     else:
-        f, ffn_mult = spec.d_ff, 1
-    mlp = (6 * f if spec.ffn == "swiglu" else 4 * f) * ffn_mult
-    sharded = (2 * q + 4 * kv + 2 * q + mlp) * e
-    if opts.fp8_linear_inputs:
-        # of the terms above, the QKV and FC1 inputs (2h each, replicated) and the projection's
-        # and FC2's inputs (2q; the 2f activation output per FFN visited) are kept at 1 byte
-        replicated -= (2 * h + 2 * h) * e - 2 * h
-        sharded -= (2 * q + 2 * f * ffn_mult) * e - (q + f * ffn_mult)
-    # softmax output 2as, plus with dropout its 1-byte mask (as) and its output (2as);
-    # without dropout the softmax output is what the scores x V product keeps: 2as only
-    per_score = (2.0 * e + (1.0 + 2.0 * e if opts.dropout else 0.0))
-    scores = 0.0 if opts.flash_attention else per_score * spec.n_heads * seq_len
-    return replicated, sharded, scores
+        q = spec.n_heads * spec.head_dim_
+        kv = spec.n_kv_heads * spec.head_dim_
+        out.append(Stashed("qkv_in", lin * h, "sp"))  # norm fused into the QKV linear (TE LayerNormLinear)
+        out.append(Stashed("qkv", e * (q + 2 * kv), "tp"))
+        out.append(Stashed("attn_out", lin * q, "tp"))
+    if opts.dropout:
+        out.append(Stashed("attn_mask", 1.0 * h, "sp"))
+    if not opts.flash_attention:
+        # softmax output, plus with dropout its 1-byte mask and its output; without dropout the
+        # softmax output is what the scores x V product keeps
+        per_score = e + (1.0 + e if opts.dropout else 0.0)
+        out.append(Stashed("scores", per_score * spec.n_heads * seq_len, "tp", ("core_attn",)))
+    out.append(Stashed("mlp_norm_in", e * h, "sp"))
+    moe = layer_index is not None and spec.is_moe and is_moe_layer(spec, layer_index)
+    gated = spec.ffn == "swiglu"
+    if not moe:
+        f = spec.d_ff
+        out.append(Stashed("mlp_in", lin * h, "sp", ("mlp",)))
+        out.append(Stashed("mlp_act", (2 * f if gated else f) * e + f * lin, "tp", ("mlp",)))
+    else:
+        out.append(Stashed("moe_in", lin * h, "sp", ("layernorm",)))
+        if routed:
+            f = spec.d_ff_expert_
+            out.append(Stashed("expert_fc1_out", spec.top_k * (2 * f if gated else f) * e, "tp", ("moe",)))
+            out.append(Stashed("expert_act_out", spec.top_k * f * lin, "tp", ("moe", "moe_act")))
+        if spec.n_shared_experts:
+            f = spec.d_ff_shared_ * spec.n_shared_experts
+            out.append(Stashed("shared_act", (2 * f if gated else f) * e + f * lin, "tp", ("moe", "shared_experts")))
+    if opts.dropout:
+        out.append(Stashed("mlp_mask", 1.0 * h, "sp"))
+    return tuple(out)
+
+
+def kept(t: Stashed, opts: ActivationOptions) -> bool:
+    """Whether ``t`` stays in the stash under the options' recomputation."""
+    return not (opts.recompute == "selective" and set(t.dropped_by) & set(opts.recompute_modules))
+
+
+def _per_token(stash: tuple[Stashed, ...], tp: int, sp: bool) -> float:
+    return sum(t.bytes / (tp if (t.split == "tp" or sp) else 1) for t in stash)
 
 
 def layer_activation_bytes(spec: ModelSpec, seq_len: int, microbatch: int, tp: int = 1,
@@ -152,7 +209,8 @@ def layer_activation_bytes(spec: ModelSpec, seq_len: int, microbatch: int, tp: i
     MoE layers: by default each token counts top_k routed experts sharded over tp (the
     balanced mean). With ``routed_rows`` (the token-expert assignments this rank's experts
     compute, e.g. the busiest expert-parallel rank's) the routed part is
-    :func:`moe_dispatched_activation_bytes` of those rows instead.
+    :func:`moe_dispatched_activation_bytes` of those rows instead. Selective recomputation
+    leaves out what its modules rebuild (:func:`block_stash`'s ``dropped_by``).
     """
     tokens = seq_len * microbatch
     if opts.recompute == "full":
@@ -161,14 +219,23 @@ def layer_activation_bytes(spec: ModelSpec, seq_len: int, microbatch: int, tp: i
     routed = routed_rows is None
     if opts.recompute == "op":
         return tokens * op_checkpoint_bytes_per_token(spec, tp, opts, layer_index)
-    replicated, sharded, scores = _per_token_parts(spec, seq_len, tp, opts, layer_index, routed)
-    if opts.recompute == "selective":
-        scores = 0.0
-    rep_div = tp if opts.sequence_parallel else 1
-    out = tokens * (replicated / rep_div + sharded / tp + scores / tp)
+    stash = tuple(t for t in block_stash(spec, seq_len, opts, layer_index, routed) if kept(t, opts))
+    out = tokens * _per_token(stash, tp, opts.sequence_parallel)
     if not routed and layer_index is not None and spec.is_moe and _is_moe(spec, layer_index):
         out += moe_dispatched_activation_bytes(spec, routed_rows, expert_tp or tp, opts)
     return out
+
+
+def selective_dropped_bytes(spec: ModelSpec, seq_len: int, microbatch: int, tp: int, opts: ActivationOptions,
+                            layer_index: int | None = None, routed_rows: float | None = None,
+                            expert_tp: int | None = None) -> float:
+    """Bytes of one layer's forward that selective recomputation did not keep and rebuilds in the
+    backward (alive from the rerun until the layer's backward has consumed them)."""
+    if opts.recompute != "selective":
+        return 0.0
+    none = replace(opts, recompute="none")
+    return (layer_activation_bytes(spec, seq_len, microbatch, tp, none, layer_index, routed_rows, expert_tp)
+            - layer_activation_bytes(spec, seq_len, microbatch, tp, opts, layer_index, routed_rows, expert_tp))
 
 
 def op_checkpoint_bytes_per_token(spec: ModelSpec, tp: int, opts: ActivationOptions,
@@ -183,7 +250,7 @@ def op_checkpoint_bytes_per_token(spec: ModelSpec, tp: int, opts: ActivationOpti
     and {wk, wo, w3} from one forward to the next; memory is the larger set. Kept: the block
     input (``checkpoint`` saves it), those matmul outputs, the attention output and its fp32
     log-sum-exp. A GeLU block (four matmuls: qkv, proj, fc1, fc2) saves qkv and fc1 each time.
-    A routed-expert block (``layer_index`` one, as ``_per_token_parts`` decides) is counted as a
+    A routed-expert block (``layer_index`` one, as :func:`block_stash` decides) is counted as a
     dense block of the expert FFN width times the experts each token visits (the grouped expert
     GEMMs taken as matmuls); a MoE model's dense blocks keep their own FFN width.
     """
@@ -216,13 +283,18 @@ def moe_dispatched_activation_bytes(spec: ModelSpec, rows: float, expert_tp: int
     Per assignment: the permuted expert input (d) and the expert output kept for the
     weighted combine's backward (d), plus the expert FFN's own tensors on its
     d_ff_expert / expert_tp shard (gelu 2f: activation input and FC2 input; swiglu 3f:
-    gate, up and their product), all 16-bit elements (Korthikanti's counting).
+    gate, up and their product), all 16-bit elements (Korthikanti's counting). Selective
+    recomputation of ``moe`` keeps none of them; of ``moe_act``, not FC2's input.
     """
     f = -(-spec.d_ff_expert_ // expert_tp)
     mlp = (3 * f if spec.ffn == "swiglu" else 2 * f)
     out = rows * (2 * spec.d_model + mlp) * opts.bytes_per_element
     if opts.fp8_linear_inputs:  # the grouped GEMMs' inputs (permuted tokens, FC2's) kept in FP8
         out -= rows * (spec.d_model + f) * (opts.bytes_per_element - 1)
+    if opts.recompute == "selective" and "moe" in opts.recompute_modules:
+        return 0.0  # the checkpointed MoE layer keeps only its input (counted with the block)
+    if opts.recompute == "selective" and "moe_act" in opts.recompute_modules:
+        out -= rows * f * (1 if opts.fp8_linear_inputs else opts.bytes_per_element)  # FC2's input
     return out
 
 
@@ -232,9 +304,7 @@ def layer_recompute_transient_bytes(spec: ModelSpec, seq_len: int, microbatch: i
     recompute: the block's whole forward set is rebuilt for its backward)."""
     if opts.recompute not in ("full", "op"):
         return 0.0
-    none = ActivationOptions("none", opts.flash_attention, opts.sequence_parallel, opts.dropout,
-                             opts.bytes_per_element, opts.fp8_linear_inputs)
-    return layer_activation_bytes(spec, seq_len, microbatch, tp, none, layer_index)
+    return layer_activation_bytes(spec, seq_len, microbatch, tp, replace(opts, recompute="none"), layer_index)
 
 
 def logits_bytes(spec: ModelSpec, seq_len: int, microbatch: int, tp: int) -> float:

@@ -82,9 +82,11 @@ def _local(spec: ModelSpec, tp: int, moe: bool) -> tuple[float, float, float, fl
     return q, k, f, fc1
 
 
-def block_forward_work(spec: ModelSpec, tokens: int, tp: int, sp: bool, act_bytes: float,
-                       fused: bool, dropout: bool, moe: bool = False) -> MemoryWork:
-    """Norms, rotary, activation, residual adds (and dropout) of one block's forward on one GPU.
+def forward_pieces(spec: ModelSpec, tokens: int, tp: int, sp: bool, act_bytes: float, fused: bool,
+                   dropout: bool, moe: bool = False) -> dict[str, MemoryWork]:
+    """One block's forward memory-bound work on one GPU by op: ``norm`` (one of its two norms),
+    ``rotary``, ``activation``, ``residual`` (both residual adds, with the fused dropout) and
+    ``dropout`` (eager only).
 
     ``act_bytes``: bytes per activation element (2 for bf16). Norms and residuals act on the
     full hidden size, split over tp only with sequence parallelism.
@@ -96,22 +98,36 @@ def block_forward_work(spec: ModelSpec, tokens: int, tp: int, sp: bool, act_byte
     rope = spec.position == "rope"
     swiglu = spec.ffn == "swiglu"
     mask = 1.0 if dropout else 0.0
+    none = MemoryWork(0.0, 0)
     if fused:
-        norms = MemoryWork(2 * 2 * d * a, 2)                       # read x, write y; twice per block
-        rot = MemoryWork(2 * (q + k) * a, 1) if rope else MemoryWork(0.0, 0)
-        actf = MemoryWork((fc1 + f) * a, 1)                         # read FC1 out, write activation
-        res = MemoryWork(2 * (3 * d * a + mask * d), 2)             # bias-dropout-add: r 2d, w d (+mask)
-        return (norms + rot + actf + res).scaled_bytes(tokens)
-    if rms:  # LlamaRMSNorm, per element: to fp32 (r a w 4), pow (r4 w4), mean (r4), mul (r4 w4), to (r4 w a), weight* (r a w a)
-        per = (a + 4) + 8 + 4 + 8 + (4 + a) + 2 * a
-        norms = MemoryWork(2 * d * per, 2 * 8)
-    else:    # nn.LayerNorm: one native kernel
-        norms = MemoryWork(2 * 2 * d * a, 2)
-    rot = MemoryWork(10 * (q + k) * a, 10) if rope else MemoryWork(0.0, 0)
-    actf = MemoryWork(5 * f * a, 2) if swiglu else MemoryWork(2 * f * a, 1)
-    res = MemoryWork(2 * 3 * d * a, 2)
-    drop = MemoryWork(2 * (2 * d * a + d), 2) if dropout else MemoryWork(0.0, 0)
-    return (norms + rot + actf + res + drop).scaled_bytes(tokens)
+        pieces = {
+            "norm": MemoryWork(2 * d * a, 1),                        # read x, write y
+            "rotary": MemoryWork(2 * (q + k) * a, 1) if rope else none,
+            "activation": MemoryWork((fc1 + f) * a, 1),              # read FC1 out, write activation
+            "residual": MemoryWork(2 * (3 * d * a + mask * d), 2),  # bias-dropout-add: r 2d, w d (+mask)
+            "dropout": none,
+        }
+    else:
+        if rms:  # LlamaRMSNorm, per element: to fp32 (r a w 4), pow (r4 w4), mean (r4), mul (r4 w4), to (r4 w a), weight* (r a w a)
+            norm = MemoryWork(d * ((a + 4) + 8 + 4 + 8 + (4 + a) + 2 * a), 8)
+        else:    # nn.LayerNorm: one native kernel
+            norm = MemoryWork(2 * d * a, 1)
+        pieces = {
+            "norm": norm,
+            "rotary": MemoryWork(10 * (q + k) * a, 10) if rope else none,
+            "activation": MemoryWork(5 * f * a, 2) if swiglu else MemoryWork(2 * f * a, 1),
+            "residual": MemoryWork(2 * 3 * d * a, 2),
+            "dropout": MemoryWork(2 * (2 * d * a + d), 2) if dropout else none,
+        }
+    return {name: w.scaled_bytes(tokens) for name, w in pieces.items()}
+
+
+def block_forward_work(spec: ModelSpec, tokens: int, tp: int, sp: bool, act_bytes: float,
+                       fused: bool, dropout: bool, moe: bool = False) -> MemoryWork:
+    """Norms, rotary, activation, residual adds (and dropout) of one block's forward on one GPU:
+    :func:`forward_pieces`, the norm twice."""
+    p = forward_pieces(spec, tokens, tp, sp, act_bytes, fused, dropout, moe)
+    return p["norm"].scaled(2) + p["rotary"] + p["activation"] + p["residual"] + p["dropout"]
 
 
 def fp8_cast_work(spec: ModelSpec, tokens_local: int, tp: int, recipe: str, act_bytes: float,

@@ -18,8 +18,8 @@ from parsim.costs.inputs import LayerInputs
 from parsim.costs.layer import (
     activation_options,
     layer_cost,
+    module_recompute,
     op_recompute_time,
-    selective_recompute_time,
     tp_collective_time,
 )
 from parsim.costs.memory import logits_bytes, state_bytes_per_param
@@ -175,7 +175,9 @@ def stage_cost(inp: LayerInputs, shape: StageShape) -> StageCost:
         fi += bl[_FLOPS]
         ib = ib + layers_fb  # the rerun forward sends its collectives again
     elif recompute == "selective":
-        i = i + Parts(recompute=len(shape.kinds) * selective_recompute_time(inp))
+        for k in shape.kinds:  # the rerun modules' forward, and the collectives they send again
+            rerun, flops, sent = module_recompute(inp, k)
+            i, fi, ib = i + rerun, fi + flops, ib + sent
     elif recompute == "op":
         i = i + Parts(recompute=sum(op_recompute_time(inp, k) for k in shape.kinds))
     if not o.grad_accumulation_fusion:

@@ -64,6 +64,8 @@ def import_megatron(argv: list[str], hardware: str | None = None, gpus: int | No
         raise ConfigError(SOURCE, given.get("first_layers") or given["last_layers"],
                           "needs --pipeline-model-parallel-size > 1")
     training["recompute"] = _recompute(v, given, model["n_layers"] // (pp * vpp), notes)
+    if "recompute_modules" in v and training["recompute"] == "selective":  # else idle (listed)
+        training["recompute_modules"] = v["recompute_modules"]
     overlap = {"grad_reduce": bool(v.get("overlap_grad_reduce")), "param_gather": bool(v.get("overlap_param_gather")),
                "tp_comm": bool(v.get("tp_comm_overlap")),
                # without --overlap-p2p-communication Megatron's _communicate waits on its pipeline
@@ -96,6 +98,9 @@ def _without_effect(v: dict, given: dict) -> list[str]:
         idle.append(("num_query_groups", "no --group-query-attention"))
     if v.get("recompute_granularity") != "full":
         idle += [(d, "no --recompute-granularity full") for d in ("recompute_method", "recompute_num_layers")]
+    if v.get("recompute_granularity") != "selective" and not (v.get("recompute_granularity") is None
+                                                              and v.get("recompute_activations")):
+        idle.append(("recompute_modules", "no --recompute-granularity selective"))
     if v.get("optimizer") != "sgd":
         idle.append(("sgd_momentum", "not --optimizer sgd"))
     if "padded_vocab_size" in v:
@@ -104,6 +109,8 @@ def _without_effect(v: dict, given: dict) -> list[str]:
     for dest, why in idle:
         if dest in v:
             val = v[dest]
+            if isinstance(val, list):  # nargs="*": the values as written
+                val = " ".join(val)
             shown = given[dest] if isinstance(val, bool) else f"{given[dest]} {val}"
             out.append(f"{shown} (ignored: {why})")
     return out

@@ -10,7 +10,8 @@ from parsim.errors import ConfigError
 SOURCE = "megatron arguments"
 """How messages name the input."""
 
-# flag -> (destination, kind); kind: "int" | "float" | "str" | "true" (store_true) | "false" (store_false)
+# flag -> (destination, kind); kind: "int" | "float" | "str" | "list" (nargs="*" of str) |
+# "true" (store_true) | "false" (store_false)
 FLAGS: dict[str, tuple[str, str]] = {
     "--num-layers": ("num_layers", "int"),
     "--hidden-size": ("hidden_size", "int"),
@@ -38,6 +39,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     "--recompute-method": ("recompute_method", "str"),
     "--recompute-num-layers": ("recompute_num_layers", "int"),
     "--recompute-activations": ("recompute_activations", "true"),
+    "--recompute-modules": ("recompute_modules", "list"),
     "--bf16": ("bf16", "true"),
     "--fp16": ("fp16", "true"),
     "--fp8-format": ("fp8_format", "str"),
@@ -124,6 +126,13 @@ def parse_args(argv: list[str]) -> tuple[dict, dict, list[str]]:
             if eq:
                 raise ConfigError(SOURCE, flag, f"takes no value, got {inline!r}")
             values[dest] = kind == "true"
+            continue
+        if kind == "list":  # nargs="*": every value up to the next flag
+            vals = [inline] if eq else []
+            while not eq and i < len(argv) and not argv[i].startswith("--"):
+                vals.append(argv[i])
+                i += 1
+            values[dest] = vals
             continue
         if eq:
             raw = inline

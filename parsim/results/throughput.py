@@ -4,14 +4,13 @@
   recompute) per GPU per second / peak. MoE layers count the expert FLOPs of the routed
   assignments an expert computes: those dropped over capacity are not the model's work
   (a capacity factor of 0.5 must not show a higher MFU than 1.25 for doing less).
-* hfu: the FLOPs the GPUs executed (recompute included: full recompute's forward rerun in
-  the cost tables, selective recompute's attention core here) per GPU per second / peak.
+* hfu: the FLOPs the GPUs executed (recompute included: full recompute's forward and selective
+  recompute's modules rerun, both in the cost tables) per GPU per second / peak.
 """
 from __future__ import annotations
 
 from parsim.config.scenario import Scenario
 from parsim.model import megatron_flops_per_step, model_flops_per_step
-from parsim.model.shapes import attention_core_flops
 from parsim.model.spec import ModelSpec
 
 
@@ -22,17 +21,6 @@ def dropped_expert_flops(m: ModelSpec, tokens: float, dropped_fraction: float) -
         return 0.0
     per_assignment = 2.0 * m.ffn_matrices * m.d_model * m.d_ff_expert_
     return 3.0 * dropped_fraction * tokens * m.top_k * m.n_moe_layers * per_assignment
-
-
-def selective_recompute_flops(sc: Scenario) -> float:
-    """FLOPs selective recompute reruns in one step on all GPUs: the unfused attention core's
-    forward of every block and microbatch (with FlashAttention the scores are recomputed inside
-    its backward anyway: nothing extra, as ``parsim.costs.layer.selective_recompute_time`` times it)."""
-    tr, m = sc.training, sc.model
-    if tr.recompute != "selective" or tr.flash_attention:
-        return 0.0
-    sequences = sc.tokens_per_step / tr.seq_len
-    return sum(attention_core_flops(m, sequences, tr.seq_len, layer_index=i) for i in range(m.n_layers))
 
 
 def throughput(sc: Scenario, T: float, hw_flops_per_gpu: float, pp: int,
@@ -46,7 +34,7 @@ def throughput(sc: Scenario, T: float, hw_flops_per_gpu: float, pp: int,
     tflops = model_flops / T / world / 1e12 if T > 0 else 0.0
     peak_flops = sc.hardware.device.peak(tr.precision)
     meg = megatron_flops_per_step(m, tr.global_batch, tr.seq_len, recompute=tr.recompute == "full")
-    hw = hw_flops_per_gpu / pp + selective_recompute_flops(sc) / world
+    hw = hw_flops_per_gpu / pp
     return {
         "tokens_per_s": tokens / T if T > 0 else 0.0,
         "tflops_per_gpu": tflops,
