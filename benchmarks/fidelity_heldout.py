@@ -78,10 +78,11 @@ Rules
   benchmark YAMLs set activation_checkpointing: true); every other row -> ``none``. For the
   Megatron-family rows this is the perf recipes' setting
   (Megatron-Bridge scripts/performance/configs/*/..._workload_base_configs.py set no full
-  recompute for Llama 3 8B/70B/405B, Qwen3 and GPT-OSS); the exceptions parsim cannot express
-  -- Llama 3 8B H100 FP8-CS recomputes 5 of 32 layers, DeepSeek-V3 recomputes modules
-  (mla_up_proj, mlp, moe_act), the GB200/B200 FSDP 70B recipes offload activations to the
-  CPU -- make those rows' predictions optimistic. Either way noted on the row.
+  recompute for Llama 3 70B/405B and Qwen3). The exceptions are applied from the recipes: Llama 3 8B
+  H100 FP8-CS recomputes the first 5 of 32 blocks (``recompute_method = "block"``), GPT-OSS and
+  DeepSeek-V3 recompute modules (``recompute_modules``: layernorm + moe_act; mla_up_proj, with
+  mlp on some). The GB200/B200 FSDP 70B recipes offload activations to the CPU, which parsim
+  does not express: those rows' predictions are optimistic. Either way noted on the row.
 * Overlap: Megatron-family rows ``grad_reduce = param_gather = tp_comm = true`` (the perf
   recipes' --overlap-grad-reduce --overlap-param-gather --tp-comm-overlap); FSDP-family
   rows ``grad_reduce = param_gather = true`` (FSDP's reduce-scatter and prefetched gathers as
@@ -636,6 +637,7 @@ def convert(row: dict) -> tuple[dict | Skip, list[str]]:
     }
     if moe is not None:
         notes += _moe_recipe(row["id"], moe, doc["overlap"], doc["training"], notes)
+    notes += _dense_recipe_recompute(row["id"], doc["training"], notes)
     framework, grad_dtype, n = framework_states_for(row, fam, zero, precision)
     notes += n
     if framework != "zero":
@@ -645,6 +647,26 @@ def convert(row: dict) -> tuple[dict | Skip, list[str]]:
     if moe is not None:
         doc["moe"] = moe
     return doc, notes
+
+
+MB_DENSE_RECOMPUTE = {
+    "mb-25.11-h100-llama38b-fp8cs": ("block", 5, "perf_recipes/llama/h100/llama3.py:87-89, "
+                                     "llama3_8b_pretrain_8gpu_h100_fp8cs_config"),
+}
+"""Dense Megatron-Bridge rows whose perf recipe (HEAD 067f987df, the layout tp1 pp1 cp1 of the row)
+recomputes part of the blocks: (``--recompute-method``, ``--recompute-num-layers``, where)."""
+
+
+def _dense_recipe_recompute(row_id: str, training: dict, notes: list[str]) -> list[str]:
+    """Full recomputation of part of the blocks, as the row's perf recipe sets it, where the row
+    does not state its recompute (the "not stated" note is replaced)."""
+    r = MB_DENSE_RECOMPUTE.get(row_id)
+    if r is None or not any(n.startswith("recompute not stated") for n in notes):
+        return []
+    method, k, where = r
+    training |= {"recompute": "full", "recompute_method": method, "recompute_num_layers": k}
+    notes[:] = [n for n in notes if not n.startswith("recompute not stated")]
+    return [f"perf recipe recomputes: full, {method} {k} ({where}; Megatron-Bridge HEAD, not the row's release)"]
 
 
 @cache

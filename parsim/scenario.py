@@ -23,6 +23,7 @@ from parsim.config.parallel import (
     partition_layers,
 )
 from parsim.config.scenario import (
+    RECOMPUTE_METHODS,
     RECOMPUTE_MODULES,
     OPTIMIZERS,
     PRECISIONS,
@@ -337,7 +338,18 @@ def _training(t: dict, file: str) -> TrainingConfig:
         fp8_recipe=(None if t.get("fp8_recipe") is None else
                     _choice(_typed(t, "fp8_recipe", str, file, p, None), FP8_RECIPES, file, p + "fp8_recipe")),
         recompute_modules=_recompute_modules(t, file),
+        recompute_method=(None if t.get("recompute_method") is None else
+                          _choice(_typed(t, "recompute_method", str, file, p, None), RECOMPUTE_METHODS, file,
+                                  p + "recompute_method")),
+        recompute_num_layers=_typed(t, "recompute_num_layers", int, file, p, None),
     )
+    for key in ("recompute_method", "recompute_num_layers"):
+        if getattr(tc, key) is not None and tc.recompute != "full":
+            raise ConfigError(file, p + key, f"only with recompute = \"full\" (Megatron's --recompute-granularity "
+                              f"full), got recompute = {tc.recompute!r}")
+    if tc.recompute_num_layers is not None and tc.recompute_method is None:
+        raise ConfigError(file, p + "recompute_num_layers", "needs training.recompute_method (uniform or block), "
+                          "as Megatron's --recompute-num-layers needs --recompute-method")
     if tc.recompute_modules is not None and tc.recompute != "selective":
         raise ConfigError(file, p + "recompute_modules", f"only with recompute = \"selective\" (Megatron's "
                           f"--recompute-granularity selective), got recompute = {tc.recompute!r}")

@@ -187,3 +187,67 @@ def test_importer_reads_recompute_modules():
     assert "recompute_modules" not in full.doc["training"]
     assert any(a.startswith("--recompute-modules mlp (ignored: no --recompute-granularity selective")
                for a in full.not_modelled)
+
+
+# ----------------------------------------------------------------------- full recompute: method
+
+def full_stage(method=None, k=None, layers=8):
+    from parsim.costs.stage import StageShape, stage_cost
+    training = {"global_batch": 16, "seq_len": 2048, "recompute": "full"}
+    if method is not None:
+        training |= {"recompute_method": method, "recompute_num_layers": k}
+    sc = scenario_from_dict({"name": "g", "hardware": "dgx-h100", "gpus": 8, "model": GPT | {"n_layers": layers},
+                             "training": training, "parallel": {"dp": 8}}, "g.toml")
+    inp = layer_inputs(cost_inputs(sc))
+    return inp, stage_cost(inp, StageShape((False,) * layers, False, False, False))
+
+
+@pytest.mark.parametrize("k", [1, 3, 8, 12])
+def test_block_method_recomputes_the_first_k_blocks_and_keeps_the_rest(k):
+    """Megatron's ``--recompute-method block --recompute-num-layers k``: the first k blocks of a
+    chunk keep their input (2 t d bytes) and rerun their forward; the other 8 - k keep their whole
+    stash (Korthikanti's count with GPT's dropout masks, ``layer_activation_bytes``)."""
+    from parsim.schedule.ir import Op
+    _, full = full_stage()
+    inp, st = full_stage("block", k)
+    m, t = dense_gpt(), 2048
+    r = min(k, 8)
+    keep = layer_activation_bytes(m, t, 1, 1, opts(dropout=True))
+    assert st.activation_bytes == pytest.approx(r * 2 * t * m.d_model + (8 - r) * keep, rel=1e-12)
+    assert st.parts[Op.I].recompute == pytest.approx(full.parts[Op.I].recompute * r / 8, rel=1e-12)
+    assert st.flops[Op.I] - full.flops[Op.I] == pytest.approx((r - 8) * full.flops[Op.F] / 8, rel=1e-12)
+
+
+@pytest.mark.parametrize("k, units", [(1, 8), (3, 3), (4, 2), (8, 1)])
+def test_uniform_units_keep_one_input_and_rebuild_k_blocks_together(k, units):
+    """``--recompute-method uniform --recompute-num-layers k``: one input per unit of k blocks
+    (ceil(8 / k) units), every block rerun, a unit's k blocks alive together in its backward."""
+    from parsim.schedule.ir import Op
+    _, one = full_stage()
+    _, st = full_stage("uniform", k)
+    assert st.activation_bytes == pytest.approx(units * 2 * 2048 * 4096, rel=1e-12)
+    assert st.parts[Op.I].recompute == one.parts[Op.I].recompute
+    assert st.recompute_transient_bytes == pytest.approx(k * one.recompute_transient_bytes, rel=1e-12)
+
+
+@pytest.mark.parametrize("training, key, says", [
+    ({"recompute": "selective", "recompute_method": "block"}, "recompute_method", "only with recompute = \"full\""),
+    ({"recompute": "full", "recompute_num_layers": 2}, "recompute_num_layers", "needs training.recompute_method"),
+    ({"recompute": "full", "recompute_method": "every"}, "recompute_method", "'every' is not one of uniform, block"),
+    ({"recompute": "full", "recompute_method": "block", "recompute_num_layers": 0}, "recompute_num_layers",
+     "must be positive"),
+])
+def test_recompute_method_refusals(training, key, says):
+    doc = {"name": "g", "hardware": "dgx-h100", "gpus": 8, "model": GPT,
+           "training": {"global_batch": 16, "seq_len": 2048} | training, "parallel": {"dp": 8}}
+    with pytest.raises(ConfigError) as e:
+        scenario_from_dict(doc, "g.toml")
+    assert f"training.{key}" in str(e.value) and says in str(e.value)
+
+
+def test_importer_reads_recompute_method_and_layers():
+    imp = import_megatron(SMALL + ["--recompute-granularity", "full", "--recompute-method", "block",
+                                   "--recompute-num-layers", "5"], gpus=8)
+    t = imp.doc["training"]
+    assert (t["recompute"], t["recompute_method"], t["recompute_num_layers"]) == ("full", "block", 5)
+    assert not any("recompute" in n for n in imp.notes)

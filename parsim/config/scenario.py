@@ -23,6 +23,10 @@ OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "muon", "adafactor")
 RECOMPUTE = ("none", "selective", "op", "full")
 
 
+RECOMPUTE_METHODS = ("uniform", "block")
+"""Megatron's ``--recompute-method`` under full recomputation."""
+
+
 RECOMPUTE_MODULES = ("core_attn", "mlp", "moe", "moe_act", "layernorm", "mla_up_proj", "shared_experts")
 """Megatron-Core's ``--recompute-modules`` (``TransformerConfig.recompute_modules`` under
 ``--recompute-granularity selective``) that parsim models. Normal checkpointing keeps a module's
@@ -81,6 +85,14 @@ class TrainingConfig:
     ``--recompute-modules`` names them (core_attn, mlp, moe, moe_act, layernorm, mla_up_proj,
     shared_experts: :data:`RECOMPUTE_MODULES`); None: Megatron's default, the
     attention core alone."""
+
+    recompute_method: str | None = None
+    """Under ``recompute = "full"``: which blocks of each model chunk are recomputed, as Megatron's
+    ``--recompute-method`` says: ``uniform`` (every block, in units of ``recompute_num_layers``
+    blocks whose input alone is kept) or ``block`` (the first ``recompute_num_layers`` blocks of
+    each chunk one by one; the others keep all their activations); None: uniform, one block a unit."""
+    recompute_num_layers: int | None = None
+    """Megatron's ``--recompute-num-layers`` for ``recompute_method`` (None: 1)."""
 
     @property
     def recompute_modules_(self) -> tuple[str, ...]:

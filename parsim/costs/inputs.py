@@ -188,6 +188,11 @@ class TrainOptions:
     """The fused-attention implementation (None: the device's own)."""
     recompute_modules: tuple[str, ...] = ("core_attn",)
     """Under selective recomputation: the Megatron modules rerun (``parsim.config.scenario.RECOMPUTE_MODULES``)."""
+    recompute_method: str = "uniform"
+    """Under full recomputation: uniform (every block, ``recompute_num_layers`` a unit) or block
+    (the first ``recompute_num_layers`` blocks of each chunk)."""
+    recompute_num_layers: int = 1
+    """Blocks a uniform unit holds, or blocks a chunk recomputes (block)."""
 
 
 @dataclass(frozen=True)
@@ -256,7 +261,8 @@ def layer_inputs(ci: CostInputs) -> LayerInputs:
     opts = TrainOptions(tr.precision, tr.flash_attention, ci.dropout, tr.recompute, _remat(ci.schedule),
                         tr.grad_accumulation_fusion, tr.optimizer, ci.overlap, tr.fused_kernels, tr.fp8_recipe,
                         tr.cross_entropy_fusion, tr.attention_kernel,
-                        recompute_modules=tr.recompute_modules_)
+                        recompute_modules=tr.recompute_modules_, recompute_method=tr.recompute_method or "uniform",
+                        recompute_num_layers=tr.recompute_num_layers or 1)
     return LayerInputs(m, ci.cluster, shard, opts, ci.moe if has_moe else None)
 
 

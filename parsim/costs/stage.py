@@ -170,10 +170,28 @@ def stage_cost(inp: LayerInputs, shape: StageShape) -> StageCost:
     f, i, w, ff, fi, fw, fb, ib, act = _ends(inp, shape, f, i, w, ff, fi, fw, fb, ib, bl[_ACT])
     o = inp.options
     recompute = "full" if o.remat else o.recompute
-    if recompute == "full":
+    transient = layer_cost(inp, shape.kinds[0]).recompute_transient_bytes if shape.kinds else 0.0
+    if recompute == "full" and not o.remat and o.recompute_method == "block":
+        # Megatron's block method: the chunk's first k blocks are recomputed one by one, the
+        # others keep everything they stash
+        k = min(o.recompute_num_layers, len(shape.kinds))
+        rb, kept = _blocks(inp, shape.kinds[:k]), _blocks(_no_recompute(inp), shape.kinds[k:])
+        i = i + Parts(recompute=Parts(*rb[_F:_I]).total)
+        fi += rb[_FLOPS]
+        ib = ib + AxisBytes(*rb[_FB:_IB])
+        act += rb[_ACT] + kept[_ACT] - bl[_ACT]
+        transient = transient if k else 0.0
+    elif recompute == "full":
         i = i + Parts(recompute=layers_f.total)
         fi += bl[_FLOPS]
         ib = ib + layers_fb  # the rerun forward sends its collectives again
+        k = min(o.recompute_num_layers, len(shape.kinds))
+        if not o.remat and k > 1:
+            # uniform units of k blocks: one input kept per unit; a unit's k blocks are rebuilt
+            # together for its backward
+            units = -(-len(shape.kinds) // k)
+            act += (units - len(shape.kinds)) * bl[_ACT] / len(shape.kinds)
+            transient *= k
     elif recompute == "selective":
         for k in shape.kinds:  # the rerun modules' forward, and the collectives they send again
             rerun, flops, sent = module_recompute(inp, k)
@@ -187,7 +205,6 @@ def stage_cost(inp: LayerInputs, shape: StageShape) -> StageCost:
         w = w + Parts(compute=inp.hardware.device.update_time(3 * params * grad_bytes))
     sh, m = inp.shard, inp.model
     p2p = sh.tokens * m.d_model * PRECISION_TABLE[o.precision].wire_bytes / (sh.tp if sh.sequence_parallel else 1)
-    transient = layer_cost(inp, shape.kinds[0]).recompute_transient_bytes if shape.kinds else 0.0
     if shape.last:  # the loss's backward temporaries come before any block is recomputed
         transient = max(transient, head_cost(inp).transient_bytes)
     parts = {Op.F: f, Op.I: i, Op.W: w, Op.B: i + w}
@@ -195,6 +212,11 @@ def stage_cost(inp: LayerInputs, shape: StageShape) -> StageCost:
     return StageCost(len(shape.kinds), sum(shape.kinds), params, bl[_EXPERT], parts,
                      {Op.F: ff, Op.I: fi, Op.W: fw, Op.B: fi + fw}, {Op.F: fb, Op.I: ib, Op.W: AxisBytes(), Op.B: ib},
                      p2p, act, wstash, transient, pipeline_ops(inp, parts, act, wstash, transient, p2p))
+
+
+def _no_recompute(inp: LayerInputs) -> LayerInputs:
+    """The same inputs with every activation kept (the blocks a block-method chunk does not recompute)."""
+    return replace(inp, options=replace(inp.options, recompute="none"))
 
 
 def _position_params(inp: LayerInputs, shape: StageShape, params: float) -> float:

@@ -63,7 +63,10 @@ def import_megatron(argv: list[str], hardware: str | None = None, gpus: int | No
     elif any(k in v for k in ("first_layers", "last_layers")):
         raise ConfigError(SOURCE, given.get("first_layers") or given["last_layers"],
                           "needs --pipeline-model-parallel-size > 1")
-    training["recompute"] = _recompute(v, given, model["n_layers"] // (pp * vpp), notes)
+    training["recompute"] = _recompute(v)
+    if training["recompute"] == "full":
+        training["recompute_method"] = v["recompute_method"]
+        training["recompute_num_layers"] = v.get("recompute_num_layers", 1)
     if "recompute_modules" in v and training["recompute"] == "selective":  # else idle (listed)
         training["recompute_modules"] = v["recompute_modules"]
     overlap = {"grad_reduce": bool(v.get("overlap_grad_reduce")), "param_gather": bool(v.get("overlap_param_gather")),
@@ -272,22 +275,15 @@ def _zero(v: dict) -> int:
     return 1 if v.get("distributed_optimizer") else 0
 
 
-def _recompute(v: dict, given: dict, layers_per_chunk: int, notes: list[str]) -> str:
+def _recompute(v: dict) -> str:
     gran = v.get("recompute_granularity")
     if gran is None:
         return "selective" if v.get("recompute_activations") else "none"
     if gran == "selective":
         return "selective"
-    method, k = v.get("recompute_method"), v.get("recompute_num_layers", 1)
-    if method is None:
+    if v.get("recompute_method") is None:
         raise ConfigError(SOURCE, "--recompute-method", "missing: --recompute-granularity full needs uniform or "
                                                         "block (Megatron asserts it)")
-    if method == "block" and k < layers_per_chunk:
-        notes.append(f"--recompute-method block --recompute-num-layers {k}: Megatron recomputes {k} of the "
-                     f"{layers_per_chunk} layers of a model chunk; parsim recomputes all of them (\"full\")")
-    elif method == "uniform" and k > 1:
-        notes.append(f"--recompute-method uniform --recompute-num-layers {k}: Megatron keeps one input per "
-                     f"{k} layers; parsim one per layer (same recompute FLOPs)")
     return "full"
 
 
