@@ -42,8 +42,10 @@ Rules
   DeepSeek-V3's multi-token-prediction module is not modelled (noted on the row).
 * Precision: fp8 whenever the row trains in FP8 of any recipe (current/delayed scaling,
   tensorwise/rowwise, blockwise) -- including partial FP8 (torchtitan's Float8 linears,
-  MXFP8 on routed experts only); MXFP8 is counted as ``mxfp8`` if parsim accepts it as a
-  training precision, else as fp8 (noted); bf16 otherwise (also when unstated, noted).
+  MXFP8 on routed experts only), with the scaling recipe the row states as
+  ``training.fp8_recipe`` (current / mxfp8 / blockwise / delayed: ``fp8_recipe_for``; unstated:
+  the device's default, MXFP8 on Blackwell, current scaling on Hopper); bf16 otherwise (also
+  when unstated, noted).
 * Parallel layout as published: tp, pp, cp, ep, vpp (missing -> 1);
   dp = GPUs / (tp x pp x cp) (a row whose stated dp disagrees is skipped; no layout -> skipped).
   Sharding: FSDP / FULL_SHARD / FSDP2 (a Megatron FSDP column > 0, torchtitan, llm-foundry,
@@ -329,6 +331,25 @@ def model_for(row: dict, seq_len: int) -> tuple[dict | None, Skip | None, list[s
 
 
 # --------------------------------------------------------------------------- precision
+def fp8_recipe_for(row: dict) -> str | None:
+    """The FP8 scaling recipe the row states (``training.fp8_recipe``), None where it does not
+    (the device's default then: MXFP8 on Blackwell, current scaling on Hopper): Transformer
+    Engine's current scaling ("FP8-CS") and torchao's tensorwise dynamic scaling are per-tensor
+    scales from the current step; "FP8-MX" / mxfp8 is MXFP8; DeepSeek's 1x128 / 128x128 tiles are
+    blockwise; an amax history is delayed scaling."""
+    p = row["precision"]
+    text = str(p.get("recipe") or "").lower().split("parenthesised")[0]
+    if "mxfp8" in text or "fp8-mx" in text:
+        return "mxfp8"
+    if "current scaling" in text or "fp8-cs" in text or "tensorwise" in text or "tensor-wise" in text:
+        return "current"
+    if "128x128" in text or "1x128" in text or "blockwise" in text or "block-wise" in text:
+        return "blockwise"
+    if "amax-history" in text or "delayed" in text:
+        return "delayed"
+    return None
+
+
 def precision_for(row: dict) -> tuple[str, list[str]]:
     p = row["precision"]
     # the recipe of the published value (Megatron-Bridge rows give "A (B)": the primary A first)
@@ -337,14 +358,7 @@ def precision_for(row: dict) -> tuple[str, list[str]]:
     dtype = str(p.get("dtype") or "").lower()
     notes: list[str] = []
     if "fp8" in dtype or "float8" in dtype:
-        if "mxfp8" in text or "fp8-mx" in text:
-            if "mxfp8" in PRECISIONS:
-                prec = "mxfp8"
-            else:
-                prec = "fp8"
-                notes.append("MXFP8 counted as fp8")
-        else:
-            prec = "fp8"
+        prec = "fp8"
         if "bf16 params" in dtype or "on routed experts" in dtype or "nn.linear" in dtype or "linears" in dtype:
             notes.append("FP8 on part of the GEMMs only; parsim runs every GEMM in fp8")
         if "inferred" in dtype:
@@ -624,6 +638,7 @@ def convert(row: dict) -> tuple[dict | Skip, list[str]]:
         "model": model,
         "training": {"global_batch": gbs, "microbatch_size": mbs, "seq_len": seq, "precision": precision,
                      "optimizer": "adam", "recompute": recompute,
+                     **({"fp8_recipe": fp8_recipe_for(row)} if precision == "fp8" and fp8_recipe_for(row) else {}),
                      **({"attention_kernel": attention} if attention else {}),
                      **({"cross_entropy_fusion": True} if ce_fusion else {}),
                      **({"fused_kernels": False} if eager else {})},

@@ -30,6 +30,7 @@ def test_megatron_bridge_llama3_70b_fp8_row():
         "model": {"preset": "llama3-70b"},
         "training": {"global_batch": 128, "microbatch_size": 1, "seq_len": 8192, "precision": "fp8",
                      "optimizer": "adam", "recompute": "none",
+                     "fp8_recipe": "current",  # the table's FP8-CS: Transformer Engine's current scaling
                      "attention_kernel": "cudnn",  # Transformer Engine's FusedAttention on Hopper
                      "cross_entropy_fusion": True},  # Megatron-Bridge's providers fuse the loss
         # dp = 64 / (4*8*1) = 2; distributed optimizer (zero 1); SP because tp > 1 in Megatron;

@@ -33,6 +33,7 @@ from parsim.costs.memory_ops import (
     default_fp8_recipe,
     fp8_cast_work,
     fp8_gemm_precision,
+    non_tn_fp8_gemms,
 )
 from parsim.model import attention_kind, causal_pairs
 
@@ -153,7 +154,7 @@ def memory_work(inp: LayerInputs, moe_layer: bool) -> tuple[MemoryWork, MemoryWo
     fwd = block_forward_work(m, sh.tokens, sh.tp, sh.sequence_parallel, a, o.fused_kernels, o.dropout, moe_layer)
     bwd = fwd.scaled(2)
     if o.precision == "fp8":
-        cf, cb = fp8_cast_work(m, sh.tokens, sh.tp, fp8_recipe(inp), a, moe_layer)
+        cf, cb = fp8_cast_work(m, sh.tokens, sh.tp, fp8_recipe(inp), a, moe_layer, non_tn_fp8_gemms(inp.hardware.device))
         fwd, bwd = fwd + cf, bwd + cb
     return fwd, bwd
 

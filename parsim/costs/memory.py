@@ -341,9 +341,6 @@ NVLink ring on H100). Each channel of a ring holds a send and a receive buffer."
 DEEPSPEED_REDUCE_BUCKET = 5e8
 """DeepSpeed's ``reduce_bucket_size`` default (elements): ZeRO-1/2's gradient bucket."""
 
-FP8_WEIGHT_COPIES = 2
-"""Bytes per parameter Transformer Engine keeps for FP8 GEMMs on Hopper: the FP8 weight
-and its transpose (an FP8 GEMM needs both operand layouts), alongside the 16-bit weight."""
 
 
 def nccl_buffer_bytes(n_communicators: int) -> float:

@@ -130,22 +130,44 @@ def block_forward_work(spec: ModelSpec, tokens: int, tp: int, sp: bool, act_byte
     return p["norm"].scaled(2) + p["rotary"] + p["activation"] + p["residual"] + p["dropout"]
 
 
+def non_tn_fp8_gemms(device) -> bool:
+    """The GPU's FP8 GEMMs take any operand layout, not only TN: Transformer Engine's
+    ``is_non_tn_fp8_gemm_supported()`` (compute capability 10.x-11.x and 13+, i.e. Blackwell's
+    datacenter parts, whose tcgen05 MMA is the profiles' ``mma_style = "tile"``; Hopper's wgmma
+    and consumer Blackwell's warp MMA take FP8 operands K-major only)."""
+    kf = device.kernels
+    return kf is not None and kf.mma_style == "tile"
+
+
+def fp8_copy_bytes(recipe: str, non_tn: bool) -> float:
+    """Bytes per element of the FP8 copies Transformer Engine keeps of one tensor for its GEMMs:
+    the row-wise copy, plus a column-wise one for the GEMM contracting the other dimension.
+    Per-tensor scaling (delayed, current) makes that second copy a transpose, which TE neither
+    builds nor needs where FP8 GEMMs take non-TN layouts (``Float8Tensor.update_usage``: one
+    copy); MXFP8 and blockwise scales run along one dimension, so both copies always exist,
+    each with its scales."""
+    if recipe not in FP8_RECIPES:
+        raise ValueError(f"unknown fp8 recipe {recipe!r} (known: {', '.join(FP8_RECIPES)})")
+    if recipe in ("delayed", "current"):
+        return 1.0 if non_tn else 2.0
+    return 2 * (1.0 + SCALE_BYTES_PER_ELEMENT[recipe])
+
+
 def fp8_cast_work(spec: ModelSpec, tokens_local: int, tp: int, recipe: str, act_bytes: float,
-                  moe: bool = False) -> tuple[MemoryWork, MemoryWork]:
+                  moe: bool = False, non_tn: bool = False) -> tuple[MemoryWork, MemoryWork]:
     """(forward, backward) FP8 cast work of one block's linear layers on one GPU, per token
     times ``tokens_local``: forward casts each linear's input (QKV and FC1 see the all-gathered
     d; proj sees q-width, FC2 sees f), backward each linear's output gradient (QKV q+2kv, proj
     d, FC1 its output, FC2 d). Each cast reads the bf16 tensor (twice with current scaling)
-    and writes a row-wise and a column-wise FP8 copy with their scales."""
-    if recipe not in FP8_RECIPES:
-        raise ValueError(f"unknown fp8 recipe {recipe!r} (known: {', '.join(FP8_RECIPES)})")
+    and writes the FP8 copies :func:`fp8_copy_bytes` counts (``non_tn``: the GPU's FP8 GEMMs
+    take any layout)."""
+    writes = fp8_copy_bytes(recipe, non_tn)
     d = spec.d_model
     hd = spec.head_dim_
     qw = spec.n_heads * hd / tp
     kvw = spec.n_kv_heads * hd / max(1, tp if spec.n_kv_heads >= tp else 1)
     _, _, f, fc1 = _local(spec, tp, moe)
     reads = act_bytes * (2 if recipe == "current" else 1)
-    writes = 2 * (1.0 + SCALE_BYTES_PER_ELEMENT[recipe])
     per = reads + writes
     n = CAST_KERNELS[recipe]
     fwd_elems = d + qw + d + f

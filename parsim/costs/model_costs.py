@@ -32,7 +32,8 @@ from parsim.costs.inputs import (
     schedule_traits_of,
 )
 from parsim.costs.layer import moe_phase
-from parsim.costs.memory import FP8_WEIGHT_COPIES, framework_states, nccl_buffer_bytes
+from parsim.costs.memory import framework_states, nccl_buffer_bytes
+from parsim.costs.memory_ops import default_fp8_recipe, fp8_copy_bytes, non_tn_fp8_gemms
 from parsim.costs.moe import all_to_all_bytes
 from parsim.costs.parts import AxisBytes, Parts
 from parsim.costs.stage import (
@@ -226,7 +227,11 @@ class ModelCosts:
             comms += par.zero >= 1 and par.shard_degree < par.grad_degree  # HSDP: a shard and a replica communicator
             buffers["comm_buffers"] = nccl_buffer_bytes(comms)
             if tr.precision == "fp8" and par.framework != "fsdp":
-                buffers["fp8_weights"] = FP8_WEIGHT_COPIES * n  # Transformer Engine's FP8 weight + transpose
+                # Transformer Engine's FP8 weight copies beside the 16-bit weight (and its
+                # transpose where the GPU's FP8 GEMMs need one): memory_ops.fp8_copy_bytes
+                dev = self.inputs.hardware.device
+                recipe = tr.fp8_recipe or default_fp8_recipe(dev.peak_flops)
+                buffers["fp8_weights"] = fp8_copy_bytes(recipe, non_tn_fp8_gemms(dev)) * n
         out = {"params": ms["params"] + me["params"] + stash, "grads": ms["grads"] + me["grads"],
                "optimizer": ms["optimizer"] + me["optimizer"],
                "buffers": tuple((k, v) for k, v in buffers.items() if v)}

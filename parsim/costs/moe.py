@@ -35,6 +35,7 @@ from parsim.cluster.hardware import canonical_precision
 from parsim.cluster.kernels import grouped_gemm_time
 from parsim.cluster.precision import PRECISION_TABLE
 from parsim.config.moe import DISPATCHER_SMS, MoEConfig
+from parsim.costs.memory_ops import fp8_copy_bytes, non_tn_fp8_gemms
 
 
 # ---------------------------------------------------------------- routing
@@ -158,10 +159,15 @@ index computation; the same number run their backward."""
 FP8_ROW_ALIGN = {"fp8": 16, "mxfp8": 32}
 """Rows each expert pads to under FP8 (Megatron-Core ``moe_router_padding_for_fp8``:
 FP8 GEMMs need M a multiple of 16, MXFP8 of 32: one scale block of 32 rows)."""
-QUANT_BYTES_PER_ELEMENT = {"fp8": 2 + 1 + 1, "mxfp8": 2 + 2 * (1 + 1 / 32)}
-"""Bytes per element of one quantization pass before an FP8 GEMM (Transformer Engine):
-read the bf16 tensor, write the row-wise FP8 copy and the column-wise (transposed) copy the
-weight-gradient GEMM needs; MXFP8 adds one 8-bit scale per 32 elements to each copy."""
+def quant_bytes_per_element(precision: str, non_tn: bool) -> float | None:
+    """Bytes per element of one quantization pass before an FP8 grouped GEMM (Transformer
+    Engine): read the bf16 tensor (2), write the FP8 copies the GEMMs need
+    (``memory_ops.fp8_copy_bytes``: row-wise, and column-wise where the layout requires it;
+    MXFP8 with its scales); None for a 16-bit GEMM."""
+    p = canonical_precision(precision)
+    if p not in ("fp8", "mxfp8"):
+        return None
+    return 2 + fp8_copy_bytes("mxfp8" if p == "mxfp8" else "current", non_tn)
 
 
 def _dense_gemm(dev, m: int, n: int, k: int, prec: str) -> float:
@@ -224,11 +230,12 @@ def activation_bytes(rows: float, f: int, ffn_matrices: int, bpe: float) -> tupl
     return 2.0 * rows * f * bpe, 3.0 * rows * f * bpe
 
 
-def quantize_bytes(rows: float, d_model: int, f: int, ffn_matrices: int, precision: str) -> tuple[float, float]:
+def quantize_bytes(rows: float, d_model: int, f: int, ffn_matrices: int, precision: str,
+                   non_tn: bool = False) -> tuple[float, float]:
     """(forward, backward) bytes of the FP8 quantization passes of the expert GEMMs' inputs:
     forward the FC1 input (d) and the FC2 input (f); backward the FC2 output gradient (d)
     and the FC1 output gradient ((ffn_matrices - 1) f). Zero for 16-bit precisions."""
-    per = QUANT_BYTES_PER_ELEMENT.get(canonical_precision(precision))
+    per = quant_bytes_per_element(precision, non_tn)
     if per is None:
         return 0.0, 0.0
     return rows * (d_model + f) * per, rows * (d_model + (ffn_matrices - 1) * f) * per
@@ -380,7 +387,7 @@ def layer_kernels(dev, model, cfg: MoEConfig, precision: str, r: Routing, kept: 
     padded = float(sum(m))
     af, ab = activation_bytes(padded, f, model.ffn_matrices, bpe)
     activation = (mem(af) + launch, mem(ab) + launch, 0.0)
-    qf, qb = quantize_bytes(padded, d, f, model.ffn_matrices, gp)
+    qf, qb = quantize_bytes(padded, d, f, model.ffn_matrices, gp, non_tn_fp8_gemms(dev))
     quant = (mem(qf) + (2 * launch if qf else 0.0), mem(qb) + (2 * launch if qb else 0.0), 0.0)
     return MoEKernels(router, permute, gg, activation, quant)
 
