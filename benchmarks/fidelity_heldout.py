@@ -83,8 +83,8 @@ Rules
   recompute for Llama 3 70B/405B and Qwen3). The exceptions are applied from the recipes: Llama 3 8B
   H100 FP8-CS recomputes the first 5 of 32 blocks (``recompute_method = "block"``), GPT-OSS and
   DeepSeek-V3 recompute modules (``recompute_modules``: layernorm + moe_act; mla_up_proj, with
-  mlp on some). The GB200/B200 FSDP 70B recipes offload activations to the CPU, which parsim
-  does not express: those rows' predictions are optimistic. Either way noted on the row.
+  mlp on some); the GB200 FSDP 70B FP8 recipe offloads the activations of 40 of its 80 blocks to
+  the host (``[offload] activations = "cpu"``, ``activation_layers = 40``). Either way noted on the row.
 * Overlap: Megatron-family rows ``grad_reduce = param_gather = tp_comm = true`` (the perf
   recipes' --overlap-grad-reduce --overlap-param-gather --tp-comm-overlap); FSDP-family
   rows ``grad_reduce = param_gather = true`` (FSDP's reduce-scatter and prefetched gathers as
@@ -652,7 +652,7 @@ def convert(row: dict) -> tuple[dict | Skip, list[str]]:
     }
     if moe is not None:
         notes += _moe_recipe(row["id"], moe, doc["overlap"], doc["training"], notes)
-    notes += _dense_recipe_recompute(row["id"], doc["training"], notes)
+    notes += _dense_recipe(row["id"], doc, notes)
     framework, grad_dtype, n = framework_states_for(row, fam, zero, precision)
     notes += n
     if framework != "zero":
@@ -664,24 +664,38 @@ def convert(row: dict) -> tuple[dict | Skip, list[str]]:
     return doc, notes
 
 
-MB_DENSE_RECOMPUTE = {
-    "mb-25.11-h100-llama38b-fp8cs": ("block", 5, "perf_recipes/llama/h100/llama3.py:87-89, "
-                                     "llama3_8b_pretrain_8gpu_h100_fp8cs_config"),
+MB_DENSE_RECIPES = {
+    "mb-25.11-h100-llama38b-fp8cs": {"recompute": ("block", 5), "where": "perf_recipes/llama/h100/llama3.py:87-89, "
+                                     "llama3_8b_pretrain_8gpu_h100_fp8cs_config"},
+    "mb-25.11-gb200-llama370b-fp8cs": {"activation_layers": 40, "where": "perf_recipes/llama/gb200/llama3.py:282-284, "
+                                       "llama3_70b_pretrain_64gpu_gb200_fp8cs_config"},
+    "mb-26.04.01-gb200-llama370b-fp8": {"activation_layers": 40, "where": "perf_recipes/llama/gb200/llama3.py:282-284, "
+                                        "llama3_70b_pretrain_64gpu_gb200_fp8cs_config (the 26.x table says FP8)"},
 }
-"""Dense Megatron-Bridge rows whose perf recipe (HEAD 067f987df, the layout tp1 pp1 cp1 of the row)
-recomputes part of the blocks: (``--recompute-method``, ``--recompute-num-layers``, where)."""
+"""Dense Megatron-Bridge rows whose perf recipe (HEAD 067f987df, the row's layout) recomputes part of
+the blocks (``--recompute-method``, ``--recompute-num-layers``) or offloads the activations of some
+blocks to the host (``cpu_offloading``, activations only, ``cpu_offloading_num_layers``)."""
 
 
-def _dense_recipe_recompute(row_id: str, training: dict, notes: list[str]) -> list[str]:
-    """Full recomputation of part of the blocks, as the row's perf recipe sets it, where the row
-    does not state its recompute (the "not stated" note is replaced)."""
-    r = MB_DENSE_RECOMPUTE.get(row_id)
-    if r is None or not any(n.startswith("recompute not stated") for n in notes):
+def _dense_recipe(row_id: str, doc: dict, notes: list[str]) -> list[str]:
+    """The row's perf-recipe settings parsim expresses: full recomputation of part of the blocks
+    where the row does not state its recompute (the "not stated" note is replaced), and
+    block-by-block activation offload (``[offload] activations = "cpu"``, ``activation_layers``)."""
+    r = MB_DENSE_RECIPES.get(row_id)
+    if r is None:
         return []
-    method, k, where = r
-    training |= {"recompute": "full", "recompute_method": method, "recompute_num_layers": k}
-    notes[:] = [n for n in notes if not n.startswith("recompute not stated")]
-    return [f"perf recipe recomputes: full, {method} {k} ({where}; Megatron-Bridge HEAD, not the row's release)"]
+    out = []
+    if "recompute" in r and any(n.startswith("recompute not stated") for n in notes):
+        method, k = r["recompute"]
+        doc["training"] |= {"recompute": "full", "recompute_method": method, "recompute_num_layers": k}
+        notes[:] = [n for n in notes if not n.startswith("recompute not stated")]
+        out.append(f"perf recipe recomputes: full, {method} {k} ({r['where']}; Megatron-Bridge HEAD, not the "
+                   "row's release)")
+    if "activation_layers" in r:
+        doc["offload"] = {"activations": "cpu", "activation_layers": r["activation_layers"]}
+        out.append(f"perf recipe offloads the activations of {r['activation_layers']} blocks to the host "
+                   f"({r['where']}; Megatron-Bridge HEAD, not the row's release)")
+    return out
 
 
 @cache

@@ -195,3 +195,47 @@ def test_grace_blackwell_copies_over_c2c_not_pcie():
     d2h = c2c[c2c["op"] == "D2H_GRADS"].iloc[0]
     host = sc.hardware.host
     assert d2h["end_s"] - d2h["start_s"] == pytest.approx(d2h["bytes"] / (host.c2c_bandwidth * host.c2c_efficiency))
+
+
+def _blockwise(layers):
+    from parsim.costs.inputs import cost_inputs
+    from parsim.costs.model_costs import ModelCosts
+    from parsim.schedule.ir import Op
+    doc = {"name": "gb", "hardware": "gb200-nvl72", "gpus": 8, "model": {"preset": "llama3-8b"},
+           "training": {"global_batch": 8, "seq_len": 8192}, "parallel": {"zero": 1}}
+    if layers is not None:
+        doc["offload"] = {"activations": "cpu", "activation_layers": layers}
+    mc = ModelCosts(cost_inputs(scenario_from_dict(doc, "<test>")))
+    st = mc.stage_costs[0]
+    return st, mc.op_cost(0, Op.F), mc.op_cost(0, Op.B)
+
+
+@pytest.mark.parametrize("k", [1, 10, 32, 40])
+def test_blockwise_activation_offload_moves_k_blocks_two_at_a_time(k):
+    """Megatron-Core's --cpu-offloading-num-layers k (Transformer Engine's offload context): of the
+    32 blocks' stash (the stage's less the embedding's and the loss's, which stay), k blocks' go
+    to the host; two of them are on the GPU at once while they move (the block computing and the
+    one in flight); the copy runs under the op's compute over NVLink-C2C."""
+    st, f0, b0 = _blockwise(None)
+    _, f, b = _blockwise(k)
+    per_block = (st.activation_bytes - st.ends_activation_bytes) / 32
+    moved = min(k, 32) * per_block
+    assert f.stash_bytes == pytest.approx(f0.stash_bytes - moved, rel=1e-12)
+    assert f.transient_bytes - f0.transient_bytes == pytest.approx(min(k, 2) * per_block, rel=1e-12)
+    assert b.free_bytes == pytest.approx(b0.free_bytes - moved, rel=1e-12)
+    copy = [p for p in f.phases if p[1] == "D2H_ACTS"][0]
+    assert copy[4] == pytest.approx(moved, rel=1e-12)
+
+
+@pytest.mark.parametrize("table, needle", [
+    ({"activation_layers": 4}, "needs offload.activations = \"cpu\""),
+    ({"activations": "cpu", "activation_layers": 0}, "expected a positive number of blocks"),
+    ({"activations": "cpu", "activation_layers": True}, "expected a positive number of blocks"),
+])
+def test_bad_activation_layers_are_one_line(table, needle):
+    from parsim.errors import ConfigError
+    doc = {"name": "gb", "hardware": "gb200-nvl72", "gpus": 8, "model": {"preset": "llama3-8b"},
+           "training": {"global_batch": 8, "seq_len": 4096}, "parallel": {"zero": 1}, "offload": table}
+    with pytest.raises(ConfigError) as e:
+        scenario_from_dict(doc, "<test>")
+    assert "offload.activation_layers" in str(e.value) and needle in str(e.value)

@@ -24,6 +24,12 @@ class OffloadConfig:
     """16-bit parameters: "none", "cpu" or "nvme" (ZeRO-3 only: fetched layer by layer)."""
     activations: str = "none"
     """Activation checkpoints: "none" or "cpu" (copied to host after the forward, back for the backward)."""
+    activation_layers: int | None = None
+    """With ``activations = "cpu"``: the blocks of each stage whose stash goes to the host block by
+    block, as Megatron-Core's ``--cpu-offloading-num-layers`` (Transformer Engine's CPU offload
+    context: a block's activations leave while the next block computes and come back one block
+    ahead of its backward; the other blocks keep theirs on the GPU); None: the stage's whole stash
+    after its forward (DeepSpeed's checkpoint offload)."""
     optimizer_ratio: float = 1.0
     """Twin-Flow: the fraction of the optimizer states updated on the CPU (the rest stays on the GPU)."""
     delayed_update: bool = False
@@ -103,6 +109,11 @@ def parse_offload(table, file: str, zero: int) -> OffloadConfig:
             or not 0 <= ratio <= 1:
         raise ConfigError(file, p + "optimizer_ratio", f"must be a fraction in [0, 1], got {ratio!r}")
     delayed = _bool(table, "delayed_update", False, file, p)
+    layers = table.get("activation_layers")
+    if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or layers < 1):
+        raise ConfigError(file, p + "activation_layers", f"expected a positive number of blocks, got {layers!r}")
+    if layers is not None and act != "cpu":
+        raise ConfigError(file, p + "activation_layers", "needs offload.activations = \"cpu\"")
     if params != "none" and zero != 3:
         raise ConfigError(file, p + "params", f"parameter offload needs parallel.zero = 3, got zero = {zero}")
     if params != "none" and opt == "none":
@@ -112,7 +123,7 @@ def parse_offload(table, file: str, zero: int) -> OffloadConfig:
     if delayed and opt == "none":
         raise ConfigError(file, p + "delayed_update", "needs offload.optimizer = \"cpu\" or \"nvme\"")
     return OffloadConfig(optimizer=opt, params=params, activations=act, optimizer_ratio=float(ratio),
-                         delayed_update=delayed)
+                         delayed_update=delayed, activation_layers=layers)
 
 
 def parse_inference(table, file: str) -> InferenceConfig:

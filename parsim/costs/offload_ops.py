@@ -52,15 +52,29 @@ def stage_ops(costs, stage: int, ops: dict[Op, OpCost]) -> dict[Op, OpCost]:
                                   phases=c.phases + ((t.host_link_name, "H2D_PARAMS", 0.0, fetch, w * shard),))
     if off.activations == "cpu" and Op.F in out and back in out:
         f, b = out[Op.F], out[back]
-        stash = f.stash_bytes
+        stash, held = offloaded_stash(off, f.stash_bytes, st.n_layers, st.ends_activation_bytes)
         copy = stash / t.host_link
-        out[Op.F] = replace(f, stash_bytes=0.0, duration_s=max(f.duration_s, copy),
-                            transient_bytes=f.transient_bytes + stash,
+        out[Op.F] = replace(f, stash_bytes=f.stash_bytes - stash, duration_s=max(f.duration_s, copy),
+                            transient_bytes=f.transient_bytes + held,
                             phases=f.phases + ((t.host_link_name, "D2H_ACTS", 0.0, copy, stash),))
         out[back] = replace(b, free_bytes=max(0.0, b.free_bytes - stash), duration_s=max(b.duration_s, copy),
-                            transient_bytes=b.transient_bytes + stash,
+                            transient_bytes=b.transient_bytes + held,
                             phases=b.phases + ((t.host_link_name, "H2D_ACTS", 0.0, copy, stash),))
     return out
+
+
+def offloaded_stash(off, stash: float, n_layers: int, ends: float = 0.0) -> tuple[float, float]:
+    """(bytes of a microbatch's stash that go to the host, bytes of them on the GPU at once while
+    they move). The whole stash (DeepSpeed's checkpoint offload) is all on the GPU until the
+    forward ends and again from the start of the backward. Block by block
+    (``activation_layers``, Megatron/TE): of a stage of n blocks (whose stash is the stage's less
+    ``ends``, the embedding's and the head's, which stay), k blocks' go, two of them at a time on
+    the GPU (the block computing and the one in flight: TE's double buffering)."""
+    if off.activation_layers is None or n_layers <= 0:
+        return stash, stash
+    k = min(off.activation_layers, n_layers)
+    per_block = max(0.0, stash - ends) / n_layers
+    return k * per_block, min(k, 2) * per_block
 
 
 def model_states(costs, stages: list[int], states: dict) -> dict:
@@ -88,7 +102,8 @@ def tier_bytes_per_node(costs, stage_to_rank: tuple[int, ...]) -> tuple[float, f
     for rank in range(inp.parallel.pp):
         stages = [s for s, r in enumerate(stage_to_rank) if r == rank]
         shard = _shard(inp, sum(costs.stage_costs[s].params for s in stages))
-        acts = sum(costs.stage_costs[s].activation_bytes for s in stages) * min(inp.n_microbatches, inp.parallel.pp)
+        acts = sum(offloaded_stash(inp.offload, st.activation_bytes, st.n_layers, st.ends_activation_bytes)[0]
+                   for st in (costs.stage_costs[s] for s in stages)) * min(inp.n_microbatches, inp.parallel.pp)
         tb = tier_bytes(off=inp.offload, shard_params=shard, weight_bytes=w, state_bytes=k_host,
                         activation_bytes=acts if inp.offload.activations == "cpu" else 0.0)
         per_rank.append(tb)

@@ -80,6 +80,8 @@ class StageCost:
     """Extra bytes alive while B (or I) recomputes and back-propagates a block (full recompute)."""
     ops: dict[Op, OpCost]
     """What the engine runs for F, B, I and W (durations and memory rules)."""
+    ends_activation_bytes: float = 0.0
+    """Part of ``activation_bytes`` the embedding and the LM head / loss keep (the rest is the blocks')."""
 
 
 @dataclass(frozen=True)
@@ -168,6 +170,7 @@ def stage_cost(inp: LayerInputs, shape: StageShape) -> StageCost:
     ff, fi, fw = bl[_FLOPS:_FB]
     fb, ib = layers_fb, AxisBytes(*bl[_IB:_ACT])
     f, i, w, ff, fi, fw, fb, ib, act = _ends(inp, shape, f, i, w, ff, fi, fw, fb, ib, bl[_ACT])
+    ends_act = act - bl[_ACT]
     o = inp.options
     recompute = "full" if o.remat else o.recompute
     transient = layer_cost(inp, shape.kinds[0]).recompute_transient_bytes if shape.kinds else 0.0
@@ -211,7 +214,8 @@ def stage_cost(inp: LayerInputs, shape: StageShape) -> StageCost:
     wstash = min(act, bl[_WSTASH])
     return StageCost(len(shape.kinds), sum(shape.kinds), params, bl[_EXPERT], parts,
                      {Op.F: ff, Op.I: fi, Op.W: fw, Op.B: fi + fw}, {Op.F: fb, Op.I: ib, Op.W: AxisBytes(), Op.B: ib},
-                     p2p, act, wstash, transient, pipeline_ops(inp, parts, act, wstash, transient, p2p))
+                     p2p, act, wstash, transient, pipeline_ops(inp, parts, act, wstash, transient, p2p),
+                     ends_activation_bytes=ends_act)
 
 
 def _no_recompute(inp: LayerInputs) -> LayerInputs:
