@@ -208,6 +208,7 @@ def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Sc
                                                "memory, CPU, NVMe): offload cannot be costed on it")
         if sc.offload.active and simulation.mode == "full":
             raise ConfigError(file, "offload", "offload runs in the fast engine only (simulation.mode = \"fast\")")
+        _check_megatron_activation_offload(sc, file)
     check_batch(sc)
     if stragglers is not None and stragglers.rank_hardware and stragglers.balance and schedule.layers_per_stage is None:
         from parsim.costs.mixed import speed_balanced_layers  # ranks on other GPUs: layers to each one's speed
@@ -289,6 +290,23 @@ def _check_megatron_ep_overlap(overlap, parallel, training, model, file: str) ->
     if training.recompute == "full":
         raise ConfigError(file, "overlap.ep_comm", "Megatron-Core's EP overlap refuses full recomputation "
                           "(training.recompute = \"full\"; selective is allowed)")
+
+
+def _check_megatron_activation_offload(sc, file: str) -> None:
+    """What Megatron-Core refuses with --cpu-offloading (transformer_config.py): pipeline
+    parallelism, activation recomputation, and offloading as many blocks as the model has."""
+    layers = sc.offload.activation_layers
+    if layers is None or sc.parallel.framework != "megatron":
+        return
+    key = "offload.activation_layers"
+    if sc.parallel.pp > 1:
+        raise ConfigError(file, key, "Megatron-Core's CPU offloading does not support pipeline parallelism (pp > 1)")
+    if sc.training.recompute != "none":
+        raise ConfigError(file, key, "Megatron-Core's CPU offloading does not work with activation recomputation "
+                          f"(training.recompute = {sc.training.recompute!r})")
+    if layers >= sc.model.n_layers:
+        raise ConfigError(file, key, f"Megatron-Core offloads fewer blocks than the model has ({sc.model.n_layers}), "
+                          f"got {layers}")
 
 
 def _simulation(t: dict, file: str) -> SimulationConfig:

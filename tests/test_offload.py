@@ -239,3 +239,30 @@ def test_bad_activation_layers_are_one_line(table, needle):
     with pytest.raises(ConfigError) as e:
         scenario_from_dict(doc, "<test>")
     assert "offload.activation_layers" in str(e.value) and needle in str(e.value)
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"parallel": {"zero": 1, "framework": "megatron", "pp": 2}}, "does not support pipeline parallelism"),
+    ({"parallel": {"zero": 1, "framework": "megatron"}, "training": {"global_batch": 8, "seq_len": 4096,
+                                                                      "recompute": "selective"}},
+     "does not work with activation recomputation"),
+    ({"parallel": {"zero": 1, "framework": "megatron"}, "offload": {"activations": "cpu", "activation_layers": 32}},
+     "fewer blocks than the model has (32)"),
+])
+def test_what_megatron_refuses_with_cpu_offloading(change, needle):
+    from parsim.errors import ConfigError
+    doc = {"name": "gb", "hardware": "gb200-nvl72", "gpus": 8, "model": {"preset": "llama3-8b"},
+           "training": {"global_batch": 8, "seq_len": 4096}, "parallel": {"zero": 1},
+           "offload": {"activations": "cpu", "activation_layers": 4}} | change
+    with pytest.raises(ConfigError) as e:
+        scenario_from_dict(doc, "<test>")
+    assert "offload.activation_layers" in str(e.value) and needle in str(e.value)
+
+
+def test_megatron_import_reads_cpu_offloading():
+    from parsim.frameworks import import_megatron
+    small = ["--num-layers", "24", "--hidden-size", "2048", "--num-attention-heads", "16", "--seq-length", "4096",
+             "--vocab-size", "32000"]
+    imp = import_megatron(small + ["--cpu-offloading-num-layers", "10"], gpus=8)
+    assert imp.doc["offload"] == {"activations": "cpu", "activation_layers": 10}
+    assert "offload" not in import_megatron(small + ["--cpu-offloading"], gpus=8).doc

@@ -80,6 +80,13 @@ def import_megatron(argv: list[str], hardware: str | None = None, gpus: int | No
            "parallel": parallel, "schedule": schedule, "overlap": overlap}
     if "num_experts" in v:
         doc["moe"] = _moe(v, tp)
+    if v.get("cpu_offloading_weights"):
+        raise ConfigError(SOURCE, "--cpu-offloading-weights", "offloading weights through Transformer Engine's "
+                                                              "offload context is not modelled (activations are)")
+    if v.get("cpu_offloading_num_layers"):  # > 0 turns --cpu-offloading on (Megatron's arguments.py)
+        doc["offload"] = {"activations": "cpu", "activation_layers": v["cpu_offloading_num_layers"]}
+    elif v.get("cpu_offloading"):
+        notes.append("--cpu-offloading with --cpu-offloading-num-layers 0: Megatron offloads no block")
     return Imported(SOURCE, doc, tuple(other + _without_effect(v, given)), tuple(notes), _key_source(given))
 
 
