@@ -116,7 +116,7 @@ sys.path.insert(0, str(ROOT))
 
 from parsim.errors import ConfigError
 from parsim.model import PRESETS
-from parsim.scenario import PRECISIONS, scenario_from_dict
+from parsim.scenario import scenario_from_dict
 from parsim.simulate import simulate
 
 DATA = ROOT / "benchmarks" / "data" / "heldout_runs.json"
@@ -338,6 +338,7 @@ def fp8_recipe_for(row: dict) -> str | None:
     scales from the current step; "FP8-MX" / mxfp8 is MXFP8; DeepSeek's 1x128 / 128x128 tiles are
     blockwise; an amax history is delayed scaling."""
     p = row["precision"]
+    # the recipe of the published value (Megatron-Bridge rows give "A (B)": the primary A first)
     text = str(p.get("recipe") or "").lower().split("parenthesised")[0]
     if "mxfp8" in text or "fp8-mx" in text:
         return "mxfp8"
@@ -352,9 +353,6 @@ def fp8_recipe_for(row: dict) -> str | None:
 
 def precision_for(row: dict) -> tuple[str, list[str]]:
     p = row["precision"]
-    # the recipe of the published value (Megatron-Bridge rows give "A (B)": the primary A first)
-    recipe = str(p.get("recipe") or "").lower().split("parenthesised")[0]
-    text = f"{p.get('dtype') or ''} {recipe}".lower()
     dtype = str(p.get("dtype") or "").lower()
     notes: list[str] = []
     if "fp8" in dtype or "float8" in dtype:

@@ -223,7 +223,7 @@ def test_blockwise_activation_offload_moves_k_blocks_two_at_a_time(k):
     assert f.stash_bytes == pytest.approx(f0.stash_bytes - moved, rel=1e-12)
     assert f.transient_bytes - f0.transient_bytes == pytest.approx(min(k, 2) * per_block, rel=1e-12)
     assert b.free_bytes == pytest.approx(b0.free_bytes - moved, rel=1e-12)
-    copy = [p for p in f.phases if p[1] == "D2H_ACTS"][0]
+    copy = next(p for p in f.phases if p[1] == "D2H_ACTS")
     assert copy[4] == pytest.approx(moved, rel=1e-12)
 
 

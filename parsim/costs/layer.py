@@ -16,7 +16,7 @@ the same shard of the same model on the same hardware reuses it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 import parsim.cluster.contention as _contention
@@ -78,7 +78,7 @@ class LayerCost:
     """Part of the stash W still needs after I (each linear's input and output gradient)."""
     recompute_transient_bytes: float
     """Extra bytes alive while the block is recomputed and back-propagated (full recompute)."""
-    attention_forward: Parts = Parts()
+    attention_forward: Parts = field(default_factory=Parts)
     """The attention core's forward within ``forward`` (kernel, and under context parallelism
     its exposed ring): what rerunning the core costs."""
 
