@@ -290,6 +290,9 @@ def _check_megatron_ep_overlap(overlap, parallel, training, model, file: str) ->
     if training.recompute == "full":
         raise ConfigError(file, "overlap.ep_comm", "Megatron-Core's EP overlap refuses full recomputation "
                           "(training.recompute = \"full\"; selective is allowed)")
+    if training.recompute == "selective" and "moe" in training.recompute_modules_:
+        raise ConfigError(file, "overlap.ep_comm", "Megatron-Core's EP overlap refuses recomputing the whole MoE "
+                          "layer (training.recompute_modules has \"moe\"; moe_act is allowed)")
 
 
 def _check_megatron_activation_offload(sc, file: str) -> None:

@@ -187,9 +187,10 @@ def test_paired_step_keeps_one_microbatch_of_activations():
 @pytest.mark.parametrize("change, says", [
     ({"parallel": {"dp": 8, "pp": 2, "ep": 8}}, "needs a virtual pipeline"),
     ({"training": {"recompute": "full"}}, "refuses full recomputation"),
+    ({"training": {"recompute": "selective", "recompute_modules": ["moe"]}}, "refuses recomputing the whole MoE"),
 ])
 def test_what_megatron_refuses_with_ep_overlap_is_refused(change, says):
-    # transformer_config.py asserts both with overlap_moe_expert_parallel_comm
+    # transformer_config.py asserts these with overlap_moe_expert_parallel_comm
     doc = {"name": "x", "hardware": "dgx-h100", "gpus": 16, "model": {"preset": "qwen3-30b-a3b"},
            "training": {"global_batch": 64, "seq_len": 1024},
            "parallel": {"dp": 16, "ep": 16, "framework": "megatron"}, "overlap": {"ep_comm": True}}
