@@ -106,7 +106,7 @@ class ActivationOptions:
     the quantised ``inputmat``, ``LayerNormLinear`` its FP8 ``ln_out``; MXFP8 adds one 8-bit
     scale per 32 elements, neglected): the QKV and FC1 inputs, the projection's and FC2's."""
     recompute_modules: tuple[str, ...] = ("core_attn",)
-    """Under ``recompute = "selective"``: the modules rerun (:data:`RECOMPUTE_MODULES`; Megatron's
+    """Under ``recompute = "selective"``: the modules rerun (``parsim.config.scenario.RECOMPUTE_MODULES``; Megatron's
     default is the attention core alone)."""
 
 

@@ -196,8 +196,8 @@ def stage_cost(inp: LayerInputs, shape: StageShape) -> StageCost:
             act += (units - len(shape.kinds)) * bl[_ACT] / len(shape.kinds)
             transient *= k
     elif recompute == "selective":
-        for k in shape.kinds:  # the rerun modules' forward, and the collectives they send again
-            rerun, flops, sent = module_recompute(inp, k)
+        for kind in shape.kinds:  # the rerun modules' forward, and the collectives they send again
+            rerun, flops, sent = module_recompute(inp, kind)
             i, fi, ib = i + rerun, fi + flops, ib + sent
     elif recompute == "op":
         i = i + Parts(recompute=sum(op_recompute_time(inp, k) for k in shape.kinds))
