@@ -23,11 +23,11 @@ from parsim.config.parallel import (
     partition_layers,
 )
 from parsim.config.scenario import (
-    RECOMPUTE_METHODS,
-    RECOMPUTE_MODULES,
     OPTIMIZERS,
     PRECISIONS,
     RECOMPUTE,
+    RECOMPUTE_METHODS,
+    RECOMPUTE_MODULES,
     SIM_MODES,
     MeasuredCosts,
     OverlapConfig,
@@ -37,6 +37,7 @@ from parsim.config.scenario import (
     TrainingConfig,
     check_batch,
     check_model_parallel,
+    check_recompute_modules,
 )
 from parsim.config.sharding import sharding_from_table, to_parallel_table
 from parsim.config.stragglers import check_stragglers, stragglers_from_table
@@ -184,7 +185,7 @@ def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Sc
     parallel = _schedule_shape(parallel, schedule, file)
     check_parallel(parallel, gpus, file)
     check_model_parallel(model, training, parallel, file)
-    _check_recompute_modules(training, model, file)
+    check_recompute_modules(training, model, file)
     layers = _layers(model, parallel, schedule, file)
     costs = _costs(doc["costs"], file, parallel.n_stages) if "costs" in doc else None
     moe = moe_from_table(doc["moe"], file) if "moe" in doc else MoEConfig()
@@ -394,19 +395,6 @@ def _recompute_modules(t: dict, file: str) -> tuple[str, ...] | None:
             raise ConfigError(file, key, f"{x!r} recomputes a part of an architecture parsim does not model")
         _choice(x, RECOMPUTE_MODULES, file, key)
     return tuple(dict.fromkeys(v))  # in order, once each
-
-
-def _check_recompute_modules(training: TrainingConfig, model, file: str) -> None:
-    """What Megatron-Core refuses in ``recompute_modules`` (transformer_config.py)."""
-    mods = training.recompute_modules or ()
-    key = "training.recompute_modules"
-    if "mla_up_proj" in mods and not model.is_mla:
-        raise ConfigError(file, key, f"'mla_up_proj' needs multi-latent attention; {model.name} has none")
-    if training.precision == "fp8" and training.fp8_recipe == "delayed":
-        for x in ("moe_act", "layernorm"):
-            if x in mods:
-                raise ConfigError(file, key, f"{x!r} under fp8 needs current, blockwise or MX scaling "
-                                  "(Megatron: delayed scaling does not support it)")
 
 
 def _parallel(t: dict, file: str, gpus: int) -> ParallelConfig:

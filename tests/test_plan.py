@@ -160,6 +160,9 @@ def test_cli_json_with_hf_config(capsys, root):
     (["--model", "no-such-model"], "no-such-model"),
     (["--model", "llama3-8b", "--schedules", "NoSuch"], "NoSuch"),
     (["--model", "llama3-8b", "--zero", "7"], "--zero"),
+    (["--model", "llama3-8b", "--recompute", "none,selective:mlpp"], "'mlpp' in 'selective:mlpp' is not one of"),
+    (["--model", "llama3-8b", "--recompute", "selective:"], "names no module"),
+    (["--model", "llama3-8b", "--recompute", "selective:mla_up_proj"], "needs multi-latent attention"),
 ])
 def test_cli_bad_input_is_one_line(capsys, argv, word):
     rc = main(["plan", "--hardware", "dgx-h100", "--gpus", "8", "--global-batch", "8", "--seq-len", "2048", *argv])
@@ -218,3 +221,27 @@ def test_tokens_pick_the_nearest_power_of_two_batch():
                           "--tokens", "4e6", "--seq-len", "8192"])
     spec = build_spec(args)
     assert spec.global_batch == 512 and spec.global_batch * spec.seq_len == 4 * 2**20
+
+
+def test_module_recompute_modes_are_searched_and_emitted(tmp_path):
+    """``--recompute selective:a+b`` puts Megatron's module recomputation in the search: its
+    candidates are costed as the scenario would be, and the winner's scenario file names them."""
+    from parsim.config.scenario import split_recompute
+    from parsim.scenario import load_scenario
+    assert split_recompute("selective:mla_up_proj+moe_act") == ("selective", ("mla_up_proj", "moe_act"))
+    assert split_recompute("full") == ("full", None)
+    spec = PlanSpec(model=get_preset("qwen3-30b-a3b"), model_ref="qwen3-30b-a3b", hardware=load_profile("dgx-h100"),
+                    gpus=16, global_batch=64, seq_len=4096, schedules=("1F1B",),
+                    recompute=("selective:moe_act", "selective:moe"), zero=(1,), microbatch_sizes=(1,), max_cp=1)
+    cands = enumerate_candidates(spec)[0]
+    assert {c.recompute for c in cands} == {"selective:moe_act", "selective:moe"}
+    c = next(c for c in cands if c.recompute == "selective:moe")
+    sc = make_scenario(spec, c)
+    assert (sc.training.recompute, sc.training.recompute_modules) == ("selective", ("moe",))
+    row = {"key": c.key(), "parallel": c.parallel_dict(), "schedule": c.schedule, "recompute": c.recompute,
+           "microbatch_size": 1, "world_size": c.world}
+    f = tmp_path / "w.toml"
+    f.write_text(scenario_toml(spec, row))
+    loaded = load_scenario(str(f))
+    assert loaded.training.recompute_modules == ("moe",)
+    assert simulate(loaded).metrics["step_time_s"] == pytest.approx(simulate(sc).metrics["step_time_s"], rel=1e-9)

@@ -28,7 +28,9 @@ def register(sub) -> None:
                    help="tokens per step instead of --global-batch (e.g. 4e6: rounded to a power-of-two batch)")
     p.add_argument("--seq-len", type=positive_int("--seq-len"), required=True, help="tokens per sequence")
     p.add_argument("--schedules", help="comma-separated schedule names (default: every registered schedule)")
-    p.add_argument("--recompute", help="comma-separated recompute modes (default: none,full; selective too without FlashAttention)")
+    p.add_argument("--recompute", help="comma-separated recompute modes (default: none,full; selective too without "
+                                        "FlashAttention; selective:MOD+MOD for Megatron's recompute modules, e.g. "
+                                        "selective:mla_up_proj+moe_act)")
     p.add_argument("--zero", help="comma-separated ZeRO stages (default: 0,1,2,3)")
     p.add_argument("--microbatch-sizes", help="comma-separated microbatch sizes (default: 1,2,4)")
     p.add_argument("--max-tp", type=positive_int("--max-tp", 0), default=0,
@@ -77,7 +79,13 @@ def _ints(text: str | None, key: str, default):
 
 def build_spec(args):
     from parsim.cluster.hardware import load_profile
-    from parsim.config.scenario import OPTIMIZERS, PRECISIONS, RECOMPUTE
+    from parsim.config.scenario import (
+        OPTIMIZERS,
+        PRECISIONS,
+        RECOMPUTE,
+        RECOMPUTE_MODULES,
+        split_recompute,
+    )
     from parsim.model import get_preset, model_from_hf_config
     from parsim.plan.space import PlanSpec, default_schedules, unsupported
     from parsim.schedule import lookup
@@ -112,8 +120,17 @@ def build_spec(args):
         schedules = default_schedules()
     rc = tuple(x.strip() for x in args.recompute.split(",")) if args.recompute else ("none", "full")
     for x in rc:
-        if x not in RECOMPUTE:
-            raise ConfigError(f, "--recompute", f"{x!r} is not one of {', '.join(RECOMPUTE)}")
+        mode, modules = split_recompute(x)
+        if mode not in RECOMPUTE:
+            raise ConfigError(f, "--recompute", f"{x!r} is not one of {', '.join(RECOMPUTE)} "
+                                                "(or selective:MODULE+MODULE...)")
+        for mod in modules or ():
+            if mod not in RECOMPUTE_MODULES:
+                raise ConfigError(f, "--recompute", f"{mod!r} in {x!r} is not one of {', '.join(RECOMPUTE_MODULES)}")
+        if modules is not None and not modules:
+            raise ConfigError(f, "--recompute", f"{x!r} names no module")
+        if "mla_up_proj" in (modules or ()) and not model.is_mla:
+            raise ConfigError(f, "--recompute", f"'mla_up_proj' needs multi-latent attention; {model.name} has none")
     zero = _ints(args.zero, "--zero", (0, 1, 2, 3))
     if any(z not in (0, 1, 2, 3) for z in zero):
         raise ConfigError(f, "--zero", "stages are 0..3")

@@ -40,6 +40,15 @@ into the next linear, where Megatron has nothing to recompute), ``mla_up_proj`` 
 up-projections and rotary: the attention core's Q, K and V)."""
 
 
+def split_recompute(mode: str) -> tuple[str, tuple[str, ...] | None]:
+    """A recompute mode as planners write it -> (``training.recompute``, ``recompute_modules``):
+    ``"selective:mla_up_proj+moe_act"`` is selective recomputation of those Megatron modules;
+    any other mode is itself, with Megatron's default modules."""
+    if mode.startswith("selective:"):
+        return "selective", tuple(x for x in mode.split(":", 1)[1].split("+") if x)
+    return mode, None
+
+
 @dataclass(frozen=True)
 class TrainingConfig:
     """What one optimizer step processes, and how."""
@@ -271,6 +280,19 @@ def dropout_enabled(model: ModelSpec, dropout: bool | None) -> bool:
     """``training.dropout``, or its default when None: on for GeLU (GPT-style) models, off for
     SwiGLU (Llama-style) ones."""
     return model.ffn == "gelu" if dropout is None else dropout
+
+
+def check_recompute_modules(training: TrainingConfig, model: ModelSpec, file: str) -> None:
+    """What Megatron-Core refuses in ``recompute_modules`` (transformer_config.py)."""
+    mods = training.recompute_modules or ()
+    key = "training.recompute_modules"
+    if "mla_up_proj" in mods and not model.is_mla:
+        raise ConfigError(file, key, f"'mla_up_proj' needs multi-latent attention; {model.name} has none")
+    if training.precision == "fp8" and training.fp8_recipe == "delayed":
+        for x in ("moe_act", "layernorm"):
+            if x in mods:
+                raise ConfigError(file, key, f"{x!r} under fp8 needs current, blockwise or MX scaling "
+                                  "(Megatron: delayed scaling does not support it)")
 
 
 def check_batch(sc: Scenario) -> None:

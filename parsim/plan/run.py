@@ -14,6 +14,7 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 
+from parsim.config.scenario import split_recompute
 from parsim.plan.prescreen import Estimate, prescreen
 from parsim.plan.space import Candidate, PlanSpec, enumerate_candidates, make_scenario
 from parsim.plan.sweep import Progress, run_sweep
@@ -355,6 +356,15 @@ def to_markdown(res: PlanResult, command: str | None = None, context: list[str] 
     return "\n".join(out) + "\n"
 
 
+def _recompute_keys(mode: str) -> str:
+    """``recompute`` (and ``recompute_modules`` for a ``selective:a+b`` mode) as TOML lines."""
+    recompute, modules = split_recompute(mode)
+    lines = f'recompute = "{recompute}"'
+    if modules is not None:
+        lines += "\nrecompute_modules = [" + ", ".join(f'"{m}"' for m in modules) + "]"
+    return lines
+
+
 def scenario_toml(spec: PlanSpec, row: dict) -> str:
     """A scenario file reproducing a plan row (``parsim simulate`` it)."""
     p = row["parallel"]
@@ -374,7 +384,7 @@ seq_len = {spec.seq_len}
 microbatch_size = {row['microbatch_size']}
 precision = "{spec.precision}"
 optimizer = "{spec.optimizer}"
-recompute = "{row['recompute']}"
+{_recompute_keys(row['recompute'])}
 {_attention_keys(spec.flash_attention, spec.dropout)}
 [parallel]
 dp = {p['dp']}

@@ -18,6 +18,7 @@ from parsim.config.scenario import (
     Scenario,
     ScheduleConfig,
     TrainingConfig,
+    split_recompute,
 )
 from parsim.errors import ConfigError, ScheduleError
 from parsim.model import ModelSpec
@@ -47,7 +48,8 @@ class PlanSpec:
     schedules: tuple[str, ...]
     """Registered schedule names to consider."""
     recompute: tuple[str, ...] = ("none", "selective", "full")
-    """Recompute modes to consider."""
+    """Recompute modes to consider (``"selective:a+b"``: selective recomputation of those Megatron
+    modules, ``parsim.config.scenario.split_recompute``)."""
     zero: tuple[int, ...] = (0, 1, 2, 3)
     """ZeRO stages to consider."""
     microbatch_sizes: tuple[int, ...] = (1, 2, 4)
@@ -109,10 +111,13 @@ def make_scenario(spec: PlanSpec, c: Candidate) -> Scenario:
     """The Scenario of a candidate, checked by the scenario loader's own rules (ConfigError)."""
     par = ParallelConfig(dp=c.dp, tp=c.tp, pp=c.pp, cp=c.cp, ep=c.ep, vpp=c.vpp, zero=c.zero,
                          sequence_parallel=c.tp > 1)
+    recompute, modules = split_recompute(c.recompute)
     tr = TrainingConfig(spec.global_batch, spec.seq_len, c.microbatch_size, spec.precision,
-                        spec.optimizer, c.recompute, flash_attention=spec.flash_attention, dropout=spec.dropout)
+                        spec.optimizer, recompute, flash_attention=spec.flash_attention, dropout=spec.dropout,
+                        recompute_modules=modules)
     check_parallel(par, c.world, PLAN_FILE)
     _scn.check_model_parallel(spec.model, tr, par, PLAN_FILE)
+    _scn.check_recompute_modules(tr, spec.model, PLAN_FILE)
     layers = partition_layers(spec.model.n_layers, par.n_stages, file=PLAN_FILE, interleaved=c.vpp > 1)
     sc = Scenario(c.key(), PLAN_FILE, spec.hardware, c.world, spec.model, tr, par,
                   ScheduleConfig(c.schedule), spec.overlap, None, layers)
