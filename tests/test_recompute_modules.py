@@ -255,3 +255,16 @@ def test_importer_reads_recompute_method_and_layers():
     t = imp.doc["training"]
     assert (t["recompute"], t["recompute_method"], t["recompute_num_layers"]) == ("full", "block", 5)
     assert not any("recompute" in n for n in imp.notes)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["training.recompute=full", "training.recompute_method=block", "training.recompute_num_layers=1"],
+    ["training.recompute=selective", 'training.recompute_modules=["moe"]'],
+])
+def test_validation_predicts_every_activation_kept(overrides):
+    """The torch runtime does not checkpoint its blocks, so the scenario a validation run
+    predicts keeps every activation (as its overlaps and dispatcher are what it runs)."""
+    from parsim.validate.scale import prepare
+    sc = prepare(str(ROOT / "scenarios" / "tiny-moe-cpu.toml"), overrides, "gloo")
+    t = sc.training
+    assert (t.recompute, t.recompute_modules, t.recompute_method, t.recompute_num_layers) == ("none", None, None, None)

@@ -2,7 +2,9 @@
 
 The ``[overlap]`` the runtime does not implement (bucketed gradient reduction during the
 backward, overlapped parameter gathers, TP/EP communication pipelined with GEMMs) is set
-off in the scaled scenario (:func:`runtime_overlap`): the simulator predicts what runs.
+off in the scaled scenario (:func:`runtime_overlap`), as are the dispatcher kernels it does not
+have (:func:`runtime_moe`) and activation recomputation of blocks (:func:`runtime_training`):
+the simulator predicts what runs.
 
 Torch-free (the launcher and the comparison use it without importing torch). Same
 structure, smaller numbers: fewer layers, a smaller hidden size (head_dim capped, same
@@ -160,6 +162,15 @@ def runtime_moe(sc: Scenario):
     return dataclasses.replace(sc.moe, dispatcher="alltoall", dispatcher_sms=None)
 
 
+def runtime_training(tr, seq_len: int, precision: str):
+    """The training the runtime actually runs: the scaled sequence and precision, and every
+    activation kept -- its blocks are not checkpointed (``training.recompute`` full, selective,
+    op and their module and method keys are not built; GPipeRemat's stage re-materialisation,
+    a schedule trait, is), so the prediction of a validation run keeps every activation too."""
+    return dataclasses.replace(tr, seq_len=seq_len, precision=precision, recompute="none", recompute_modules=None,
+                               recompute_method=None, recompute_num_layers=None)
+
+
 def default_profile(sc: Scenario, backend: str) -> str | None:
     """The calibrated profile validation uses when present (``calibrated/<hardware>.toml``)."""
     name = "cpu-gloo" if backend == "gloo" else sc.hardware.name
@@ -178,7 +189,7 @@ def prepare(path: str, overrides: list[str] | None, backend: str, profile: str |
     t = traits(sc.schedule.name)
     chain_len = par.n_stages // t.n_chains
     model = scale_model(sc.model, chain_len, seq, lim)
-    training = dataclasses.replace(tr, seq_len=seq, precision="fp32" if backend == "gloo" else tr.precision)
+    training = runtime_training(tr, seq, "fp32" if backend == "gloo" else tr.precision)
     hw_name = profile or default_profile(sc, backend)
     hardware = load_profile(hw_name) if hw_name else sc.hardware
     layers = sc.layers_per_stage if model is sc.model else partition_layers(
