@@ -268,3 +268,14 @@ def test_validation_predicts_every_activation_kept(overrides):
     sc = prepare(str(ROOT / "scenarios" / "tiny-moe-cpu.toml"), overrides, "gloo")
     t = sc.training
     assert (t.recompute, t.recompute_modules, t.recompute_method, t.recompute_num_layers) == ("none", None, None, None)
+
+
+def test_json_and_summary_say_what_is_rerun():
+    _, sel = gpt_run(("mlp", "core_attn"))
+    assert sel["recompute"] == "selective" and sel["recompute_modules"] == ["mlp", "core_attn"]
+    _, none = gpt_run(None)
+    assert "recompute_modules" not in none and "recompute_method" not in none
+    from parsim.results.summary import recompute_text
+    assert recompute_text(sel) == "selective(mlp+core_attn)"
+    assert recompute_text({"recompute": "full", "recompute_method": "block", "recompute_num_layers": 5}) == \
+        "full(block 5)"

@@ -68,6 +68,7 @@ def metrics(sc: Scenario, schedule: Schedule, tables: CostTables, tl: pd.DataFra
         "n_microbatches": schedule.n_microbatches // schedule.n_slices,
         "microbatch_size": tr.microbatch_size,
         "recompute": tr.recompute,
+        **recompute_detail(tr),
         "params": total_params(m),
         "step_time_s": T,
         **throughput(sc, T, hw_flops, pp, tables.moe.dropped_fraction if tables.moe is not None else 0.0),
@@ -93,6 +94,17 @@ def metrics(sc: Scenario, schedule: Schedule, tables: CostTables, tl: pd.DataFra
             per_rank = moe_layers_per_rank([st.moe_layers for st in tables.stages], s2r, pp)
             out["moe"] = moe_metrics(tables.moe, per_rank, schedule.n_microbatches, tr.recompute == "full", peak_all)
     return out
+
+
+def recompute_detail(tr) -> dict:
+    """What the recompute mode reruns, where it says more than its name: ``recompute_modules``
+    under selective (Megatron's modules), ``recompute_method`` / ``recompute_num_layers`` under
+    full recomputation of part of the blocks."""
+    if tr.recompute == "selective":
+        return {"recompute_modules": list(tr.recompute_modules_)}
+    if tr.recompute == "full" and tr.recompute_method is not None:
+        return {"recompute_method": tr.recompute_method, "recompute_num_layers": tr.recompute_num_layers or 1}
+    return {}
 
 
 def _per_rank(sc: Scenario, schedule: Schedule, tables: CostTables, tl: pd.DataFrame, mem: pd.DataFrame, T: float):

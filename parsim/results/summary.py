@@ -104,13 +104,22 @@ def budget_line(b: dict) -> str:
     return line
 
 
+def recompute_text(mx: dict) -> str:
+    """The recompute mode with what it reruns (``selective(mla_up_proj+moe_act)``, ``full(block 5)``)."""
+    if "recompute_modules" in mx:
+        return f"{mx['recompute']}({'+'.join(mx['recompute_modules']) or 'nothing'})"
+    if "recompute_method" in mx:
+        return f"{mx['recompute']}({mx['recompute_method']} {mx['recompute_num_layers']})"
+    return mx["recompute"]
+
+
 def format_summary(mx: dict) -> str:
     par = mx["parallel"]
     T = mx["step_time_s"] or 1.0
     lines = [
         f"{mx['name']}: {mx['model']} on {gpus_text(mx['world_size'], mx.get('gpus_per_node'), mx['hardware'])}",
         f"  {parallel_text(par)}; {mx['schedule']}, {mx['n_microbatches']} microbatches of {mx['microbatch_size']}, "
-        f"recompute={mx['recompute']}",
+        f"recompute={recompute_text(mx)}",
         f"  batch             {mx['global_batch']:,} sequences x {mx['seq_len']:,} tokens = "
         f"{fmt_n(mx['tokens_per_step'])} tokens per step",
         f"  params            {fmt_n(mx['params'])}" + (f"  (active {fmt_n(mx['active_params'])})" if "active_params" in mx else ""),
