@@ -257,17 +257,17 @@ def test_importer_reads_recompute_method_and_layers():
     assert not any("recompute" in n for n in imp.notes)
 
 
-@pytest.mark.parametrize("overrides", [
-    ["training.recompute=full", "training.recompute_method=block", "training.recompute_num_layers=1"],
-    ["training.recompute=selective", 'training.recompute_modules=["moe"]'],
-])
-def test_validation_predicts_every_activation_kept(overrides):
-    """The torch runtime does not checkpoint its blocks, so the scenario a validation run
-    predicts keeps every activation (as its overlaps and dispatcher are what it runs)."""
+def test_validation_predicts_the_recompute_its_runtime_runs():
+    """The torch runtime checkpoints its blocks for full recomputation (uniform or block) but builds
+    no selective or op-level recomputation: a validation run predicts and runs full recompute as
+    stated and keeps every activation otherwise."""
     from parsim.validate.scale import prepare
-    sc = prepare(str(ROOT / "scenarios" / "tiny-moe-cpu.toml"), overrides, "gloo")
-    t = sc.training
-    assert (t.recompute, t.recompute_modules, t.recompute_method, t.recompute_num_layers) == ("none", None, None, None)
+    tiny = str(ROOT / "scenarios" / "tiny-moe-cpu.toml")
+    t = prepare(tiny, ["training.recompute=full", "training.recompute_method=block", "training.recompute_num_layers=1"],
+                "gloo").training
+    assert (t.recompute, t.recompute_method, t.recompute_num_layers) == ("full", "block", 1)
+    t = prepare(tiny, ["training.recompute=selective", 'training.recompute_modules=["moe"]'], "gloo").training
+    assert (t.recompute, t.recompute_modules) == ("none", None)
 
 
 def test_json_and_summary_say_what_is_rerun():

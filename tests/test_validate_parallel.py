@@ -33,6 +33,13 @@ TWO = {
     "cp2": ["parallel.pp=1", "parallel.cp=2", "training.flash_attention=true"],
     "cp2-gqa": ["parallel.pp=1", "parallel.cp=2", "training.flash_attention=true", "model.n_kv_heads=2"],
     "ep2": ["parallel.pp=1", "parallel.dp=2", "parallel.ep=2", *MOE],
+    # Megatron's full recomputation on the runtime's blocks (reentrant checkpoints): the first block
+    # of each stage; units of two blocks with the tensor-parallel collectives rerun; the K/V ring rerun
+    "recompute-block": ["training.recompute=full", "training.recompute_method=block", "training.recompute_num_layers=1"],
+    "tp2-recompute-uniform": ["parallel.pp=1", "parallel.tp=2", "training.recompute=full",
+                              "training.recompute_method=uniform", "training.recompute_num_layers=2"],
+    "cp2-recompute": ["parallel.pp=1", "parallel.cp=2", "training.flash_attention=true", "training.recompute=full",
+                      "training.recompute_method=uniform", "training.recompute_num_layers=1"],
 }
 FOUR = {
     "pp2-tp2-sp-ZBH1": ["gpus=4", "parallel.tp=2", "parallel.sequence_parallel=true", "schedule.name=ZBH1"],
@@ -119,3 +126,29 @@ def test_routing_keeps_first_choices_before_second_and_drops_over_capacity():
     assert w[0].item() == pytest.approx(p0, rel=1e-6)
     moe.drop = False
     assert len(moe.route(h)[0]) == 8
+
+
+@pytest.mark.parametrize("method, k", [("uniform", 1), ("uniform", 2), ("block", 1)])
+def test_checkpointed_blocks_keep_what_the_cost_model_counts(method, k):
+    """The runtime's full recomputation keeps each unit's input (reentrant checkpoints: a saved
+    tensor the probe sees) and, for blocks outside the units, their whole stash: the measured
+    stash of both pipeline stages equals ``StageCost.activation_bytes`` within 5% (the gate)."""
+    from parsim.costs.inputs import cost_inputs
+    from parsim.costs.model_costs import ModelCosts
+    from parsim.validate.model import build_stages, microbatch_data, set_recompute
+    from parsim.validate.probe import stage_activation_bytes
+    sc = prepare(TINY, ["training.recompute=full", f"training.recompute_method={method}",
+                        f"training.recompute_num_layers={k}"], "gloo")
+    tr = sc.training
+    stages = build_stages(sc.model, sc.layers_per_stage, tr.seq_len, tr.flash_attention)
+    tokens, targets = microbatch_data(sc.model, 1, tr.microbatch_size, tr.seq_len, 0)[0]
+    costs = ModelCosts(cost_inputs(sc))
+    plain = stage_activation_bytes(stages[1], torch.randn(tr.microbatch_size, tr.seq_len, sc.model.d_model),
+                                   targets)["activation_bytes"]
+    for s, st in enumerate(stages):
+        set_recompute(st, method, k)
+        x = tokens if st.first else torch.randn(tr.microbatch_size, tr.seq_len, sc.model.d_model)
+        measured = stage_activation_bytes(st, x, targets if st.last else None)["activation_bytes"]
+        predicted = costs.stage_costs[s].activation_bytes
+        assert measured == pytest.approx(predicted, rel=0.05), (s, measured, predicted)
+    assert measured < plain  # the checkpoints keep less than the plain stage

@@ -35,6 +35,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from parsim.model import ModelSpec, is_moe_layer
 from parsim.validate.comm import ReduceFromGroup, ScatterSeq
@@ -190,14 +191,44 @@ class Stage(nn.Module):
         mask = torch.full((seq_len, seq_len), float("-inf"), dtype=dtype).triu(1)
         self.register_buffer("mask", mask, persistent=False)
 
+    recompute_units: tuple[tuple[int, int], ...] = ()
+    """Block ranges [start, end) run under an activation checkpoint (:func:`set_recompute`)."""
+
+    def _run_blocks(self, start: int, end: int, x: torch.Tensor) -> torch.Tensor:
+        for blk in self.blocks[start:end]:
+            x = blk(x, self.mask)
+        return x
+
     def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         if self.first:
             x = self.embed(x)
-        for blk in self.blocks:
-            x = blk(x, self.mask)
+        units = dict(self.recompute_units)
+        i = 0
+        while i < len(self.blocks):
+            end = units.get(i)
+            if end is None:
+                x = self.blocks[i](x, self.mask)
+                i += 1
+            else:  # keeps the unit's input only; the backward reruns the unit's forward first
+                x = checkpoint(self._run_blocks, i, end, x, use_reentrant=True)
+                i = end
         if self.last:
             return self.head(x, targets)
         return x
+
+
+def set_recompute(stage: Stage, method: str, k: int) -> Stage:
+    """Checkpoint ``stage``'s blocks as Megatron's full recomputation does: ``uniform`` in units of
+    ``k`` blocks (each unit keeps its input and reruns its forward ahead of its backward),
+    ``block`` the first ``k`` blocks one by one (the rest keep everything). Reentrant checkpoints:
+    the kept input is a saved tensor of the checkpoint's autograd node, which the memory probe
+    (``saved_tensors_hooks``) sees as it sees every other stash."""
+    n = len(stage.blocks)
+    if method == "block":
+        stage.recompute_units = tuple((i, i + 1) for i in range(min(k, n)))
+    else:
+        stage.recompute_units = tuple((i, min(i + k, n)) for i in range(0, n, k))
+    return stage
 
 
 class Embedding(nn.Module):

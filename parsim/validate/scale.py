@@ -3,8 +3,8 @@
 The ``[overlap]`` the runtime does not implement (bucketed gradient reduction during the
 backward, overlapped parameter gathers, TP/EP communication pipelined with GEMMs) is set
 off in the scaled scenario (:func:`runtime_overlap`), as are the dispatcher kernels it does not
-have (:func:`runtime_moe`) and activation recomputation of blocks (:func:`runtime_training`):
-the simulator predicts what runs.
+have (:func:`runtime_moe`) and selective / op-level recomputation (:func:`runtime_training`;
+full recomputation runs, block checkpoints): the simulator predicts what runs.
 
 Torch-free (the launcher and the comparison use it without importing torch). Same
 structure, smaller numbers: fewer layers, a smaller hidden size (head_dim capped, same
@@ -97,6 +97,9 @@ def check_supported(sc: Scenario) -> None:
     if not sc.overlap.p2p:
         raise ConfigError(f, "overlap.p2p", "the validation runtime sends with isend (asynchronous): "
                                             "blocking sends (p2p = false) are not built")
+    if sc.schedule.token_slices is not None and tr.recompute == "full":
+        raise ConfigError(f, "training.recompute", "the validation runtime's token slices keep K/V caches in their "
+                          "blocks: full recomputation is not built with schedule.token_slices")
     if sc.schedule.token_slices is not None and (par.cp > 1 or (par.sequence_parallel and par.tp > 1)):
         raise ConfigError(f, "schedule.token_slices", "the validation runtime slices whole sequences on each rank: "
                           "token slices need cp=1 and no sequence parallelism")
@@ -163,12 +166,14 @@ def runtime_moe(sc: Scenario):
 
 
 def runtime_training(tr, seq_len: int, precision: str):
-    """The training the runtime actually runs: the scaled sequence and precision, and every
-    activation kept -- its blocks are not checkpointed (``training.recompute`` full, selective,
-    op and their module and method keys are not built; GPipeRemat's stage re-materialisation,
-    a schedule trait, is), so the prediction of a validation run keeps every activation too."""
-    return dataclasses.replace(tr, seq_len=seq_len, precision=precision, recompute="none", recompute_modules=None,
-                               recompute_method=None, recompute_num_layers=None)
+    """The training the runtime actually runs: the scaled sequence and precision; full
+    recomputation as stated (its blocks run under activation checkpoints, uniform or block,
+    ``parsim.validate.model.set_recompute``), while selective and op-level recomputation are
+    not built -- those keep every activation, and so does the prediction."""
+    out = dataclasses.replace(tr, seq_len=seq_len, precision=precision)
+    if tr.recompute in ("selective", "op"):
+        out = dataclasses.replace(out, recompute="none", recompute_modules=None)
+    return out
 
 
 def default_profile(sc: Scenario, backend: str) -> str | None:

@@ -18,13 +18,19 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from parsim.schedule.ir import Op
 from parsim.costs.slices import slice_lengths
+from parsim.schedule.ir import Op
+from parsim.schedule.semantics import traits
 from parsim.simulate import schedule_for
 from parsim.validate.bench import probe
 from parsim.validate.comm import Group
 from parsim.validate.layout import all_groups
-from parsim.validate.model import build_stages, microbatch_data, set_token_dropping
+from parsim.validate.model import (
+    build_stages,
+    microbatch_data,
+    set_recompute,
+    set_token_dropping,
+)
 from parsim.validate.optim import optimizer_factory
 from parsim.validate.probe import stage_activation_bytes
 from parsim.validate.ring import zigzag_positions
@@ -132,6 +138,8 @@ def build_local(sc, sched, lay: Layout, seed: int) -> dict:
     mine = {}
     for s in sched.stages_of(lay.pp_rank):
         mine[s] = set_token_dropping(shard_stage(full[s], px, tr.seq_len), sc.moe.drop_tokens).to(lay.device)
+        if tr.recompute == "full" and not traits(sc.schedule.name).remat:  # GPipeRemat reruns the stage already
+            set_recompute(mine[s], tr.recompute_method or "uniform", tr.recompute_num_layers or 1)
     return mine
 
 
