@@ -258,16 +258,19 @@ def test_importer_reads_recompute_method_and_layers():
 
 
 def test_validation_predicts_the_recompute_its_runtime_runs():
-    """The torch runtime checkpoints its blocks for full recomputation (uniform or block) but builds
-    no selective or op-level recomputation: a validation run predicts and runs full recompute as
-    stated and keeps every activation otherwise."""
+    """The torch runtime checkpoints its blocks for full recomputation (uniform or block) and the
+    core_attn / mlp / moe modules for selective recomputation, and builds no output-discarding
+    module and no op-level recomputation: a validation run predicts and runs what it builds."""
     from parsim.validate.scale import prepare
     tiny = str(ROOT / "scenarios" / "tiny-moe-cpu.toml")
     t = prepare(tiny, ["training.recompute=full", "training.recompute_method=block", "training.recompute_num_layers=1"],
                 "gloo").training
     assert (t.recompute, t.recompute_method, t.recompute_num_layers) == ("full", "block", 1)
-    t = prepare(tiny, ["training.recompute=selective", 'training.recompute_modules=["moe"]'], "gloo").training
-    assert (t.recompute, t.recompute_modules) == ("none", None)
+    t = prepare(tiny, ["training.recompute=selective", 'training.recompute_modules=["moe","moe_act"]'],
+                "gloo").training
+    assert (t.recompute, t.recompute_modules) == ("selective", ("moe",))  # moe_act is not built
+    t = prepare(tiny, ["training.recompute=op"], "gloo").training
+    assert t.recompute == "none"
 
 
 def test_json_and_summary_say_what_is_rerun():

@@ -40,6 +40,11 @@ TWO = {
                               "training.recompute_method=uniform", "training.recompute_num_layers=2"],
     "cp2-recompute": ["parallel.pp=1", "parallel.cp=2", "training.flash_attention=true", "training.recompute=full",
                       "training.recompute_method=uniform", "training.recompute_num_layers=1"],
+    # Megatron's selective recompute of the modules the runtime builds: the (unfused) attention
+    # core and the MLP; the whole MoE layer with its all-to-alls rerun
+    "selective-core-mlp": ["training.recompute=selective", 'training.recompute_modules=["core_attn","mlp"]'],
+    "ep2-selective-moe": ["parallel.pp=1", "parallel.dp=2", "parallel.ep=2", *MOE, "training.recompute=selective",
+                          'training.recompute_modules=["moe"]'],
 }
 FOUR = {
     "pp2-tp2-sp-ZBH1": ["gpus=4", "parallel.tp=2", "parallel.sequence_parallel=true", "schedule.name=ZBH1"],
@@ -128,17 +133,20 @@ def test_routing_keeps_first_choices_before_second_and_drops_over_capacity():
     assert len(moe.route(h)[0]) == 8
 
 
-@pytest.mark.parametrize("method, k", [("uniform", 1), ("uniform", 2), ("block", 1)])
+@pytest.mark.parametrize("method, k", [("uniform", 1), ("uniform", 2), ("block", 1), ("selective", 0)])
 def test_checkpointed_blocks_keep_what_the_cost_model_counts(method, k):
     """The runtime's full recomputation keeps each unit's input (reentrant checkpoints: a saved
-    tensor the probe sees) and, for blocks outside the units, their whole stash: the measured
-    stash of both pipeline stages equals ``StageCost.activation_bytes`` within 5% (the gate)."""
+    tensor the probe sees) and, for blocks outside the units, their whole stash; selective
+    recomputation of the core and the MLP keeps the rest of each block: the measured stash of
+    both pipeline stages equals ``StageCost.activation_bytes`` within 5% (the gate)."""
     from parsim.costs.inputs import cost_inputs
     from parsim.costs.model_costs import ModelCosts
     from parsim.validate.model import build_stages, microbatch_data, set_recompute
     from parsim.validate.probe import stage_activation_bytes
-    sc = prepare(TINY, ["training.recompute=full", f"training.recompute_method={method}",
-                        f"training.recompute_num_layers={k}"], "gloo")
+    modules = ("core_attn", "mlp")  # selective: the unfused core's scores and the MLP's tensors go
+    sc = prepare(TINY, [f'training.recompute_modules=["{modules[0]}","{modules[1]}"]', "training.recompute=selective"]
+                 if method == "selective" else ["training.recompute=full", f"training.recompute_method={method}",
+                                                f"training.recompute_num_layers={k}"], "gloo")
     tr = sc.training
     stages = build_stages(sc.model, sc.layers_per_stage, tr.seq_len, tr.flash_attention)
     tokens, targets = microbatch_data(sc.model, 1, tr.microbatch_size, tr.seq_len, 0)[0]
@@ -146,7 +154,7 @@ def test_checkpointed_blocks_keep_what_the_cost_model_counts(method, k):
     plain = stage_activation_bytes(stages[1], torch.randn(tr.microbatch_size, tr.seq_len, sc.model.d_model),
                                    targets)["activation_bytes"]
     for s, st in enumerate(stages):
-        set_recompute(st, method, k)
+        set_recompute(st, method, k, modules)
         x = tokens if st.first else torch.randn(tr.microbatch_size, tr.seq_len, sc.model.d_model)
         measured = stage_activation_bytes(st, x, targets if st.last else None)["activation_bytes"]
         predicted = costs.stage_costs[s].activation_bytes

@@ -112,6 +112,7 @@ class Block(nn.Module):
         d, hd = spec.d_model, spec.head_dim_
         self.nh, self.nkv, self.hd, self.flash = spec.n_heads, spec.n_kv_heads, hd, flash
         self.par = NO_PAR
+        self.recompute_modules: tuple[str, ...] = ()  # Megatron's selective recompute (set_recompute)
         self.kv = None  # a token slice's K/V context (TeraPipe: parsim.validate.slices.SliceKV), else None
         bias = spec.bias
         self.norm1, self.norm2 = _norm(spec, dtype), _norm(spec, dtype)
@@ -145,25 +146,33 @@ class Block(nn.Module):
         q = q.view(b, s, nh, self.hd).transpose(1, 2)
         k = k.view(b, s, nkv, self.hd).transpose(1, 2)
         v = v.view(b, s, nkv, self.hd).transpose(1, 2)
-        sk, first = s, 0
+        first = 0
         if self.kv is not None:  # a token slice: attend to the earlier slices' keys and values too
             k, v, first = self.kv.extend(k, v)
-            sk = k.shape[2]
-        if self.par.cp is not None:
-            out = RingAttention.apply(q, k, v, self.par.cp)
-        elif self.flash and self.kv is not None:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[first:first + s, :sk], enable_gqa=nkv != nh)
-        elif self.flash:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=nkv != nh)
+        if "core_attn" in self.recompute_modules:  # Megatron's checkpointed core: kept q, k, v; rerun
+            out = checkpoint(self.core, q, k, v, mask, first, use_reentrant=True)
         else:
-            # explicit scores: (q/sqrt(d)) k^T + additive causal mask -> softmax -> @ v; with GQA the
-            # query heads of one group broadcast against their K/V head (no repeated copies)
-            g = nh // nkv
-            qg = (q * (1.0 / math.sqrt(self.hd))).view(b, nkv, g, s, self.hd)
-            scores = qg @ k.unsqueeze(2).transpose(-2, -1)
-            probs = torch.softmax(scores + mask[first:first + s, :sk], dim=-1)
-            out = (probs @ v.unsqueeze(2)).view(b, nh, s, self.hd)
+            out = self.core(q, k, v, mask, first)
         return self._row(self.proj, out.transpose(1, 2).reshape(b, s, nh * self.hd))
+
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, first: int) -> torch.Tensor:
+        """The attention core: (b, heads, s, d) queries on the keys and values (``first``: the
+        position of the first query in the keys, for token slices)."""
+        b, nh, s, _ = q.shape
+        nkv, sk = k.shape[1], k.shape[2]
+        if self.par.cp is not None:
+            return RingAttention.apply(q, k, v, self.par.cp)
+        if self.flash and self.kv is not None:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[first:first + s, :sk], enable_gqa=nkv != nh)
+        if self.flash:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=nkv != nh)
+        # explicit scores: (q/sqrt(d)) k^T + additive causal mask -> softmax -> @ v; with GQA the
+        # query heads of one group broadcast against their K/V head (no repeated copies)
+        g = nh // nkv
+        qg = (q * (1.0 / math.sqrt(self.hd))).view(b, nkv, g, s, self.hd)
+        scores = qg @ k.unsqueeze(2).transpose(-2, -1)
+        probs = torch.softmax(scores + mask[first:first + s, :sk], dim=-1)
+        return (probs @ v.unsqueeze(2)).view(b, nh, s, self.hd)
 
     def mlp(self, h: torch.Tensor) -> torch.Tensor:
         if self.moe is not None:
@@ -174,9 +183,17 @@ class Block(nn.Module):
         (h,) = self.par.column(h, self.fc1)
         return self._row(self.fc2, F.gelu(h))
 
+    def _ffn(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self.norm2(x))
+
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.norm1(x), mask)
-        return x + self.mlp(self.norm2(x))
+        if self.moe is None and "mlp" in self.recompute_modules:  # keeps x (the norm's input) only
+            return x + checkpoint(self._ffn, x, use_reentrant=True)
+        if self.moe is not None and "moe" in self.recompute_modules:  # keeps the norm's output
+            h = self.norm2(x)
+            return x + checkpoint(self.mlp, h, use_reentrant=True)
+        return x + self._ffn(x)
 
 
 class Stage(nn.Module):
@@ -217,13 +234,24 @@ class Stage(nn.Module):
         return x
 
 
-def set_recompute(stage: Stage, method: str, k: int) -> Stage:
+RUNTIME_RECOMPUTE_MODULES = ("core_attn", "mlp", "moe")
+"""Megatron's recompute modules the runtime builds (normal checkpoints: the module's input kept,
+its forward rerun); the output-discarding ones (moe_act, layernorm, mla_up_proj) and
+shared_experts are not built."""
+
+
+def set_recompute(stage: Stage, method: str, k: int, modules: tuple[str, ...] = ()) -> Stage:
     """Checkpoint ``stage``'s blocks as Megatron's full recomputation does: ``uniform`` in units of
     ``k`` blocks (each unit keeps its input and reruns its forward ahead of its backward),
-    ``block`` the first ``k`` blocks one by one (the rest keep everything). Reentrant checkpoints:
-    the kept input is a saved tensor of the checkpoint's autograd node, which the memory probe
-    (``saved_tensors_hooks``) sees as it sees every other stash."""
+    ``block`` the first ``k`` blocks one by one (the rest keep everything); ``selective``: the
+    modules of :data:`RUNTIME_RECOMPUTE_MODULES` in ``modules``, in every block. Reentrant
+    checkpoints: the kept input is a saved tensor of the checkpoint's autograd node, which the
+    memory probe (``saved_tensors_hooks``) sees as it sees every other stash."""
     n = len(stage.blocks)
+    if method == "selective":
+        for blk in stage.blocks:
+            blk.recompute_modules = tuple(m for m in modules if m in RUNTIME_RECOMPUTE_MODULES)
+        return stage
     if method == "block":
         stage.recompute_units = tuple((i, i + 1) for i in range(min(k, n)))
     else:

@@ -3,8 +3,9 @@
 The ``[overlap]`` the runtime does not implement (bucketed gradient reduction during the
 backward, overlapped parameter gathers, TP/EP communication pipelined with GEMMs) is set
 off in the scaled scenario (:func:`runtime_overlap`), as are the dispatcher kernels it does not
-have (:func:`runtime_moe`) and selective / op-level recomputation (:func:`runtime_training`;
-full recomputation runs, block checkpoints): the simulator predicts what runs.
+have (:func:`runtime_moe`) and the recomputation it does not build (:func:`runtime_training`:
+full recompute and the core_attn / mlp / moe modules run as checkpoints): the simulator
+predicts what runs.
 
 Torch-free (the launcher and the comparison use it without importing torch). Same
 structure, smaller numbers: fewer layers, a smaller hidden size (head_dim capped, same
@@ -165,14 +166,23 @@ def runtime_moe(sc: Scenario):
     return dataclasses.replace(sc.moe, dispatcher="alltoall", dispatcher_sms=None)
 
 
+RUNTIME_RECOMPUTE_MODULES = ("core_attn", "mlp", "moe")
+"""Megatron's recompute modules the runtime builds (``parsim.validate.model.RUNTIME_RECOMPUTE_MODULES``;
+torch-free here)."""
+
+
 def runtime_training(tr, seq_len: int, precision: str):
     """The training the runtime actually runs: the scaled sequence and precision; full
-    recomputation as stated (its blocks run under activation checkpoints, uniform or block,
-    ``parsim.validate.model.set_recompute``), while selective and op-level recomputation are
-    not built -- those keep every activation, and so does the prediction."""
+    recomputation as stated (its blocks run under activation checkpoints, uniform or block) and
+    selective recomputation of the modules it builds (core_attn, mlp, moe: normal checkpoints,
+    ``parsim.validate.model.set_recompute``); the other modules and op-level recomputation are
+    not built, so the prediction keeps what they would drop, as the run does."""
     out = dataclasses.replace(tr, seq_len=seq_len, precision=precision)
-    if tr.recompute in ("selective", "op"):
-        out = dataclasses.replace(out, recompute="none", recompute_modules=None)
+    if tr.recompute == "op":
+        return dataclasses.replace(out, recompute="none", recompute_modules=None)
+    if tr.recompute == "selective":
+        built = tuple(m for m in tr.recompute_modules_ if m in RUNTIME_RECOMPUTE_MODULES)
+        return dataclasses.replace(out, recompute_modules=built)
     return out
 
 
