@@ -141,7 +141,12 @@ def test_checkpointed_blocks_keep_what_the_cost_model_counts(method, k):
     both pipeline stages equals ``StageCost.activation_bytes`` within 5% (the gate)."""
     from parsim.costs.inputs import cost_inputs
     from parsim.costs.model_costs import ModelCosts
-    from parsim.validate.model import build_stages, microbatch_data, set_recompute
+    from parsim.validate.model import (
+        build_stages,
+        microbatch_data,
+        set_recompute,
+        set_recompute_modules,
+    )
     from parsim.validate.probe import stage_activation_bytes
     modules = ("core_attn", "mlp")  # selective: the unfused core's scores and the MLP's tensors go
     sc = prepare(TINY, [f'training.recompute_modules=["{modules[0]}","{modules[1]}"]', "training.recompute=selective"]
@@ -154,7 +159,10 @@ def test_checkpointed_blocks_keep_what_the_cost_model_counts(method, k):
     plain = stage_activation_bytes(stages[1], torch.randn(tr.microbatch_size, tr.seq_len, sc.model.d_model),
                                    targets)["activation_bytes"]
     for s, st in enumerate(stages):
-        set_recompute(st, method, k, modules)
+        if method == "selective":
+            set_recompute_modules(st, modules)
+        else:
+            set_recompute(st, method, k)
         x = tokens if st.first else torch.randn(tr.microbatch_size, tr.seq_len, sc.model.d_model)
         measured = stage_activation_bytes(st, x, targets if st.last else None)["activation_bytes"]
         predicted = costs.stage_costs[s].activation_bytes

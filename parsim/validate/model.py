@@ -112,7 +112,7 @@ class Block(nn.Module):
         d, hd = spec.d_model, spec.head_dim_
         self.nh, self.nkv, self.hd, self.flash = spec.n_heads, spec.n_kv_heads, hd, flash
         self.par = NO_PAR
-        self.recompute_modules: tuple[str, ...] = ()  # Megatron's selective recompute (set_recompute)
+        self.recompute_modules: tuple[str, ...] = ()  # Megatron's selective recompute (set_recompute_modules)
         self.kv = None  # a token slice's K/V context (TeraPipe: parsim.validate.slices.SliceKV), else None
         bias = spec.bias
         self.norm1, self.norm2 = _norm(spec, dtype), _norm(spec, dtype)
@@ -234,28 +234,26 @@ class Stage(nn.Module):
         return x
 
 
-RUNTIME_RECOMPUTE_MODULES = ("core_attn", "mlp", "moe")
-"""Megatron's recompute modules the runtime builds (normal checkpoints: the module's input kept,
-its forward rerun); the output-discarding ones (moe_act, layernorm, mla_up_proj) and
-shared_experts are not built."""
-
-
-def set_recompute(stage: Stage, method: str, k: int, modules: tuple[str, ...] = ()) -> Stage:
+def set_recompute(stage: Stage, method: str, k: int) -> Stage:
     """Checkpoint ``stage``'s blocks as Megatron's full recomputation does: ``uniform`` in units of
     ``k`` blocks (each unit keeps its input and reruns its forward ahead of its backward),
-    ``block`` the first ``k`` blocks one by one (the rest keep everything); ``selective``: the
-    modules of :data:`RUNTIME_RECOMPUTE_MODULES` in ``modules``, in every block. Reentrant
-    checkpoints: the kept input is a saved tensor of the checkpoint's autograd node, which the
-    memory probe (``saved_tensors_hooks``) sees as it sees every other stash."""
+    ``block`` the first ``k`` blocks one by one (the rest keep everything). Reentrant checkpoints:
+    the kept input is a saved tensor of the checkpoint's autograd node, which the memory probe
+    (``saved_tensors_hooks``) sees as it sees every other stash."""
     n = len(stage.blocks)
-    if method == "selective":
-        for blk in stage.blocks:
-            blk.recompute_modules = tuple(m for m in modules if m in RUNTIME_RECOMPUTE_MODULES)
-        return stage
     if method == "block":
         stage.recompute_units = tuple((i, i + 1) for i in range(min(k, n)))
     else:
         stage.recompute_units = tuple((i, min(i + k, n)) for i in range(0, n, k))
+    return stage
+
+
+def set_recompute_modules(stage: Stage, modules: tuple[str, ...]) -> Stage:
+    """Megatron's selective recomputation in every block of ``stage``: of ``modules``, the ones
+    the blocks build (``parsim.validate.scale.RUNTIME_RECOMPUTE_MODULES``: core_attn, mlp, moe)
+    run under normal checkpoints, the module's input kept and its forward rerun."""
+    for blk in stage.blocks:
+        blk.recompute_modules = tuple(modules)
     return stage
 
 

@@ -167,16 +167,17 @@ def runtime_moe(sc: Scenario):
 
 
 RUNTIME_RECOMPUTE_MODULES = ("core_attn", "mlp", "moe")
-"""Megatron's recompute modules the runtime builds (``parsim.validate.model.RUNTIME_RECOMPUTE_MODULES``;
-torch-free here)."""
+"""Megatron's recompute modules the runtime's blocks build (normal checkpoints: the module's input
+kept, its forward rerun; ``parsim.validate.model.set_recompute_modules``); the output-discarding
+ones (moe_act, layernorm, mla_up_proj) and shared_experts are not built."""
 
 
 def runtime_training(tr, seq_len: int, precision: str):
     """The training the runtime actually runs: the scaled sequence and precision; full
     recomputation as stated (its blocks run under activation checkpoints, uniform or block) and
-    selective recomputation of the modules it builds (core_attn, mlp, moe: normal checkpoints,
-    ``parsim.validate.model.set_recompute``); the other modules and op-level recomputation are
-    not built, so the prediction keeps what they would drop, as the run does."""
+    selective recomputation of the modules it builds (:data:`RUNTIME_RECOMPUTE_MODULES`); the
+    other modules and op-level recomputation are not built, so the prediction keeps what they
+    would drop, as the run does."""
     out = dataclasses.replace(tr, seq_len=seq_len, precision=precision)
     if tr.recompute == "op":
         return dataclasses.replace(out, recompute="none", recompute_modules=None)

@@ -29,6 +29,7 @@ from parsim.validate.model import (
     build_stages,
     microbatch_data,
     set_recompute,
+    set_recompute_modules,
     set_token_dropping,
 )
 from parsim.validate.optim import optimizer_factory
@@ -140,8 +141,8 @@ def build_local(sc, sched, lay: Layout, seed: int) -> dict:
         mine[s] = set_token_dropping(shard_stage(full[s], px, tr.seq_len), sc.moe.drop_tokens).to(lay.device)
         if tr.recompute == "full" and not traits(sc.schedule.name).remat:  # GPipeRemat reruns the stage already
             set_recompute(mine[s], tr.recompute_method or "uniform", tr.recompute_num_layers or 1)
-        elif tr.recompute == "selective":
-            set_recompute(mine[s], "selective", 0, tr.recompute_modules_)
+        elif tr.recompute == "selective":  # the modules the runtime builds (scale.runtime_training)
+            set_recompute_modules(mine[s], tr.recompute_modules_)
     return mine
 
 
