@@ -46,11 +46,6 @@ class MixedCosts:
         self.base = base
         self.of_rank = {r: ModelCosts(cost_inputs(replace(sc, hardware=hw))) for r, hw in rank_profiles(sc).items()}
 
-    @property
-    def pair_releases_first(self) -> bool:
-        """The wrapped table's (``ModelCosts.pair_releases_first``)."""
-        return getattr(self.base, "pair_releases_first", False)
-
     def _at(self, stage: int) -> ModelCosts:
         return self.of_rank.get(stage, self.base)  # vpp = 1: stage s on rank s
 
@@ -133,11 +128,6 @@ class ReplicaCosts:
         self.run = run
         self.replicas = {rep: ModelCosts(cost_inputs(replace(sc, hardware=hw)))
                          for rep, hw in rank_profiles(sc, "replica_hardware").items()}
-
-    @property
-    def pair_releases_first(self) -> bool:
-        """The wrapped table's (``ModelCosts.pair_releases_first``)."""
-        return getattr(self.run, "pair_releases_first", False)
 
     def for_replica(self, rep: int):
         return self.replicas.get(rep, self.run)

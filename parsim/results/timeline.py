@@ -82,27 +82,22 @@ def hidden_comm(j: pd.DataFrame) -> pd.DataFrame:
     comm_cols, work_cols = ["tp_comm", "cp_comm", "ep_comm"], ["compute", "recompute"]
     comm = j[comm_cols].sum(axis=1).to_numpy()
     work = j[work_cols].sum(axis=1).to_numpy()
+    cut = np.where(mask, np.minimum(excess, comm), 0.0)
+    rest = np.where(mask, excess - cut, 0.0)
+    k_comm = np.where(comm > 0, (comm - cut) / np.where(comm > 0, comm, 1.0), 1.0)
+    k_work = np.where(work > 0, (work - rest) / np.where(work > 0, work, 1.0), 1.0)
     # the two halves of one composite (an F span ending where the next span of its rank starts,
     # both shorter than their parts) hid each other's communication: pool them, so the pair's
-    # communication goes before either half's compute
-    comm, work = comm.copy(), work.copy()
+    # communication goes before either half's compute, both halves scaled by the pair's factors
     op, rank = j["op"].to_numpy(), j["rank"].to_numpy()
     start, end = j["start_s"].to_numpy(), j["end_s"].to_numpy()
-    pair = np.zeros(len(j), dtype=bool)
-    if len(j) > 1:
-        pair[:-1] = (mask[:-1] & mask[1:] & (op[:-1] == "F") & (op[1:] != "F") & (rank[:-1] == rank[1:])
-                     & np.isclose(end[:-1], start[1:], rtol=0.0, atol=1e-12))
-    pooled = np.zeros(len(j), dtype=bool)
+    pair = (mask[:-1] & mask[1:] & (op[:-1] == "F") & (op[1:] != "F") & (rank[:-1] == rank[1:])
+            & np.isclose(end[:-1], start[1:], rtol=0.0, atol=1e-12))
     for i in np.flatnonzero(pair):
         e, c, w = excess[i] + excess[i + 1], comm[i] + comm[i + 1], work[i] + work[i + 1]
-        cut, rest = min(e, c), e - min(e, c)
-        for k in (i, i + 1):  # both halves scaled by the pair's factors
-            pooled[k] = True
-            comm[k], work[k] = (c - cut) / c if c > 0 else 1.0, (w - rest) / w if w > 0 else 1.0
-    cut = np.where(mask & ~pooled, np.minimum(excess, comm), 0.0)
-    rest = np.where(mask & ~pooled, excess - cut, 0.0)
-    k_comm = np.where(pooled, comm, np.where(comm > 0, (comm - cut) / np.where(comm > 0, comm, 1.0), 1.0))
-    k_work = np.where(pooled, work, np.where(work > 0, (work - rest) / np.where(work > 0, work, 1.0), 1.0))
+        c_cut = min(e, c)
+        k_comm[i:i + 2] = (c - c_cut) / c if c > 0 else 1.0
+        k_work[i:i + 2] = (w - (e - c_cut)) / w if w > 0 else 1.0
     for c in comm_cols:
         j[c] = j[c].to_numpy() * k_comm
     for c in work_cols:

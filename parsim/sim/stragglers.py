@@ -59,11 +59,6 @@ class SlowedCosts:
         if hasattr(base, "unit_cost"):  # token slices (TeraPipe): the engine asks per slice
             self.unit_cost = self._unit_cost
 
-    @property
-    def pair_releases_first(self) -> bool:
-        """The wrapped table's (``ModelCosts.pair_releases_first``)."""
-        return getattr(self.base, "pair_releases_first", False)
-
     def _unit_cost(self, stage: int, op: Op, unit: int) -> OpCost:
         c = self.base.unit_cost(stage, op, unit)
         f = self.factor.get(stage, 1.0)

@@ -39,11 +39,6 @@ class SampledCosts:
         if hasattr(base, "unit_cost"):  # token slices (TeraPipe): the engine asks per slice
             self.unit_cost = self._unit_cost
 
-    @property
-    def pair_releases_first(self) -> bool:
-        """The wrapped table's (``ModelCosts.pair_releases_first``)."""
-        return getattr(self.base, "pair_releases_first", False)
-
     def _draw(self, sigma: float) -> float:
         return math.exp(sigma * self.rng.gauss(0.0, 1.0)) if sigma > 0 else 1.0
 
