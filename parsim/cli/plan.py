@@ -84,6 +84,8 @@ def build_spec(args):
         PRECISIONS,
         RECOMPUTE,
         RECOMPUTE_MODULES,
+        TrainingConfig,
+        check_recompute_modules,
         split_recompute,
     )
     from parsim.model import get_preset, model_from_hf_config
@@ -129,8 +131,11 @@ def build_spec(args):
                 raise ConfigError(f, "--recompute", f"{mod!r} in {x!r} is not one of {', '.join(RECOMPUTE_MODULES)}")
         if modules is not None and not modules:
             raise ConfigError(f, "--recompute", f"{x!r} names no module")
-        if "mla_up_proj" in (modules or ()) and not model.is_mla:
-            raise ConfigError(f, "--recompute", f"'mla_up_proj' needs multi-latent attention; {model.name} has none")
+        try:  # what Megatron refuses for this model, as a scenario would be refused
+            check_recompute_modules(TrainingConfig(1, 1, precision=args.precision, recompute=mode,
+                                                   recompute_modules=modules), model, f)
+        except ConfigError as e:
+            raise ConfigError(f, "--recompute", f"{x!r}: {e.problem}") from None
     zero = _ints(args.zero, "--zero", (0, 1, 2, 3))
     if any(z not in (0, 1, 2, 3) for z in zero):
         raise ConfigError(f, "--zero", "stages are 0..3")
