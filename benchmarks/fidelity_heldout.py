@@ -649,8 +649,8 @@ def convert(row: dict) -> tuple[dict | Skip, list[str]]:
         "overlap": overlap,
     }
     if moe is not None:
-        notes += _moe_recipe(row["id"], moe, doc["overlap"], doc["training"], notes)
-    notes += _dense_recipe(row["id"], doc, notes)
+        notes += _moe_recipe(row, moe, doc["overlap"], doc["training"], notes)
+    notes += _dense_recipe(row, doc, notes)
     framework, grad_dtype, n = framework_states_for(row, fam, zero, precision)
     notes += n
     if framework != "zero":
@@ -675,18 +675,28 @@ the blocks (``--recompute-method``, ``--recompute-num-layers``) or offloads the 
 blocks to the host (``cpu_offloading``, activations only, ``cpu_offloading_num_layers``)."""
 
 
-def _dense_recipe(row_id: str, doc: dict, notes: list[str]) -> list[str]:
+def _recipe_recompute(row: dict, training: dict, notes: list[str], settings: dict) -> bool:
+    """Put a perf recipe's recompute ``settings`` into ``training`` where the row does not state
+    its recompute (``recompute_for`` then noted the default it took: that note goes); whether
+    they were applied."""
+    if row["training"].get("recompute") is not None:
+        return False
+    training |= settings
+    notes[:] = [n for n in notes if not n.startswith("recompute not stated")]
+    return True
+
+
+def _dense_recipe(row: dict, doc: dict, notes: list[str]) -> list[str]:
     """The row's perf-recipe settings parsim expresses: full recomputation of part of the blocks
     where the row does not state its recompute (the "not stated" note is replaced), and
     block-by-block activation offload (``[offload] activations = "cpu"``, ``activation_layers``)."""
-    r = MB_DENSE_RECIPES.get(row_id)
+    r = MB_DENSE_RECIPES.get(row["id"])
     if r is None:
         return []
     out = []
-    if "recompute" in r and any(n.startswith("recompute not stated") for n in notes):
-        method, k = r["recompute"]
-        doc["training"] |= {"recompute": "full", "recompute_method": method, "recompute_num_layers": k}
-        notes[:] = [n for n in notes if not n.startswith("recompute not stated")]
+    method, k = r.get("recompute", (None, None))
+    if method is not None and _recipe_recompute(row, doc["training"], notes, {
+            "recompute": "full", "recompute_method": method, "recompute_num_layers": k}):
         out.append(f"perf recipe recomputes: full, {method} {k} ({r['where']}; Megatron-Bridge HEAD, not the "
                    "row's release)")
     if "activation_layers" in r:
@@ -701,7 +711,7 @@ def _mb_moe_recipes() -> dict:
     return json.loads(MB_MOE_RECIPES.read_text())["rows"]
 
 
-def _moe_recipe(row_id: str, moe: dict, overlap: dict, training: dict, notes: list[str]) -> list[str]:
+def _moe_recipe(row: dict, moe: dict, overlap: dict, training: dict, notes: list[str]) -> list[str]:
     """Set ``moe`` / ``overlap`` / ``training`` (in place) from the row's Megatron-Bridge perf
     recipe when one with the row's exact layout exists
     (benchmarks/data/megatron_bridge_moe_recipes.json): the dispatcher (HybridEP and DeepEP both
@@ -710,7 +720,7 @@ def _moe_recipe(row_id: str, moe: dict, overlap: dict, training: dict, notes: li
     (``recompute_modules``) where the row does not state its recompute (the recipe's "not
     stated" note is then replaced). Other MoE rows keep NCCL all-to-all without EP overlap
     (Megatron-Core's defaults)."""
-    r = _mb_moe_recipes().get(row_id)
+    r = _mb_moe_recipes().get(row["id"])
     if r is None:
         return []
     name = (r["recipe"] or "?").rsplit("::", 1)[-1]
@@ -724,12 +734,9 @@ def _moe_recipe(row_id: str, moe: dict, overlap: dict, training: dict, notes: li
         overlap["tp_comm"] = bool(r["tp_comm_overlap"])
     note = (f"perf recipe {name} (Megatron-Bridge HEAD, not the row's release): dispatcher {r['dispatcher']}, "
             f"EP overlap {'on' if r['ep_overlap'] else 'off'}")
-    stated = not any(n.startswith("recompute not stated") for n in notes)
     modules = re.match(r"selective, modules \[(.*?)\]", r.get("recompute") or "")
-    if modules and not stated:
-        names = [x.strip().strip("'\"") for x in modules.group(1).split(",")]
-        training["recompute"], training["recompute_modules"] = "selective", names
-        notes[:] = [n for n in notes if not n.startswith("recompute not stated")]
+    names = [x.strip().strip("'\"") for x in modules.group(1).split(",")] if modules else []
+    if names and _recipe_recompute(row, training, notes, {"recompute": "selective", "recompute_modules": names}):
         note += f", recompute selective {'+'.join(names)}"
     return [note]
 
