@@ -28,11 +28,13 @@ def _synthetic(dev, link_alpha, link_beta, noise=0.0, seed=0):
         for pas, mult, passes in (("forward", 1.0, 3.0), ("backward", 2.0, 6.0)):
             # explicit: batched GEMMs at the unfused efficiency + the scores' memory traffic (costs.py)
             rows.append({"kind": "attention", "name": f"explicit_{pas}", "m": seq, "n": bh, "k": hd,
-                         "flops": fl * mult, "seconds": (dev.attention_time(fl * mult, "fp32", fused=False)
-                                                         + dev.memory_time(passes * scores)) * jitter()})
+                         "flops": fl * mult,
+                         "seconds": (dev.attention_time(fl * mult, "fp32", fused=False, backward=pas == "backward")
+                                     + dev.memory_time(passes * scores)) * jitter()})
         for pas, executed in (("forward", fl / 2), ("backward", fl / 2 * 2.5)):
             rows.append({"kind": "attention", "name": f"sdpa_{pas}", "m": seq, "n": bh, "k": hd,
-                         "flops": executed, "seconds": dev.attention_time(executed, "fp32") * jitter()})
+                         "flops": executed,
+                         "seconds": dev.attention_time(executed, "fp32", backward=pas == "backward") * jitter()})
     rows.append({"kind": "launch", "name": "tiny_op", "seconds": dev.kernel_launch_s})
     for s in (1e3, 1e4, 1e5, 1e6, 4e6):
         rows.append({"kind": "p2p", "name": "send_recv", "bytes": s, "group": 2,
@@ -57,6 +59,34 @@ def test_fit_recovers_known_parameters():
     assert fit.profile.nvlink.latency_s == pytest.approx(50e-6, rel=1e-6)
     assert fit.profile.nvlink.effective_bandwidth == pytest.approx(3e9, rel=1e-6)
     assert fit.quality["gemm"] < 0.01
+
+
+def test_fit_recovers_each_pass_s_attention_efficiency_and_the_profile_keeps_them(tmp_path):
+    """A CPU's SDPA backward takes about its forward's time although it counts 2.5x the FLOPs:
+    rows made with distinct forward / backward efficiencies (fused and explicit) give all four
+    back, the written profile loads them, and the cost model prices each pass with its own."""
+    base = load_profile("cpu-gloo")
+    truth = dataclasses.replace(base.device, attention_efficiency=0.12, attention_backward_efficiency=0.29,
+                                unfused_attention_efficiency=0.64, unfused_attention_backward_efficiency=0.80)
+    fit = fit_profile(base, _synthetic(truth, 50e-6, 3e9), "fitted")
+    d = fit.profile.device
+    assert (d.attention_efficiency, d.attention_backward_efficiency) == pytest.approx((0.12, 0.29), rel=1e-9)
+    assert (d.unfused_attention_efficiency, d.unfused_attention_backward_efficiency) == pytest.approx((0.64, 0.80),
+                                                                                                    rel=1e-9)
+    assert fit.quality["attention"] < 1e-9
+    path = tmp_path / "fitted.toml"
+    path.write_text(dumps_profile(fit.profile, fit.sources))
+    back = load_profile(str(path)).device
+    assert back.attention_backward_efficiency == pytest.approx(0.29, rel=1e-9)
+    assert back.unfused_attention_backward_efficiency == pytest.approx(0.80, rel=1e-9)
+    peak = back.peak("fp32")  # hand-computed: FLOPs over peak x the pass's efficiency
+    assert back.attention_time(1e9, "fp32", backward=True) == pytest.approx(1e9 / (peak * 0.29))
+    assert back.attention_time(1e9, "fp32") == pytest.approx(1e9 / (peak * 0.12))
+    assert back.attention_time(1e9, "fp32", fused=False, backward=True) == pytest.approx(1e9 / (peak * 0.80))
+    # without a backward efficiency the backward falls back to its pass-less one (old profiles)
+    plain = dataclasses.replace(back, attention_backward_efficiency=None, unfused_attention_backward_efficiency=None)
+    assert plain.attention_time(1e9, "fp32", backward=True) == pytest.approx(1e9 / (peak * 0.12))
+    assert plain.attention_time(1e9, "fp32", fused=False, backward=True) == pytest.approx(1e9 / (peak * 0.64))
 
 
 def test_fit_is_robust_to_noise_and_written_profile_loads(tmp_path):

@@ -3,6 +3,8 @@ count of the causal pairs, ring exposure by hand, the backward's dK/dV bytes, Ul
 all-to-all bytes by hand, the all-gather variant, and the ``parallel.cp_comm`` key."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 import parsim.costs.context as C
@@ -123,6 +125,20 @@ def test_ring_on_a_scenario_matches_the_kernels_and_the_link_by_hand():
     assert ca.forward_comm_s == pytest.approx(want_f, rel=1e-9)
     assert ca.backward_comm_s == pytest.approx(want_b, rel=1e-9)
     assert want_f > 0 and want_b > 0  # 256-token chunks: each transfer outlasts its small block
+
+
+def test_a_transport_on_the_rank_s_own_core_overlaps_nothing():
+    """Hand-computed: with ``share`` = 1 (gloo on CPU ranks: the transfer progresses only when
+    the rank's thread yields the core) every step pays its whole transfer beside its attention;
+    with a partial share the step costs the longer of the transfer and the slowed attention."""
+    compute, transfers = [3.0, 3.0, 3.0, 3.0], C.forward_transfers(4, 2.0)  # transfer shorter than attention
+    assert C.ring_exposed(compute, transfers) == 0.0
+    assert C.ring_exposed(compute, transfers, share=1.0) == pytest.approx(3 * 2.0)
+    assert C.ring_exposed(compute, transfers, share=0.25) == pytest.approx(3 * 0.25 * 2.0)
+    assert C.ring_exposed([1.0], [5.0], share=0.25) == pytest.approx(4.0)  # the transfer still outlasts it
+    gloo = SimpleNamespace(hardware=SimpleNamespace(device=SimpleNamespace(transport_core_share=0.6)))
+    assert C.ring_share(gloo) == 1.0
+    assert C.ring_share(inputs(seq=4096, cp=2)) == 0.0  # NCCL's p2p SMs: no source, none charged
 
 
 def test_long_blocks_hide_the_ring():

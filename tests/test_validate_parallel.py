@@ -168,3 +168,28 @@ def test_checkpointed_blocks_keep_what_the_cost_model_counts(method, k):
         predicted = costs.stage_costs[s].activation_bytes
         assert measured == pytest.approx(predicted, rel=0.05), (s, measured, predicted)
     assert measured < plain  # the checkpoints keep less than the plain stage
+
+
+@pytest.mark.parametrize("name", ["cp2", "cp2-gqa"])
+def test_ring_sends_what_the_cost_model_counts(two_ranks, name):
+    """The runtime's ring moves the bytes the cost model charges (``parsim.costs.context``): per
+    block, the forward passes K/V on cp - 1 times and the backward K/V and the travelling dK/dV
+    cp - 1 times each, as Transformer Engine's ring does (a rank keeps its own chunk's partial
+    gradient; the others' arrive after the last step) -- twice the forward's bytes."""
+    from parsim.costs.context import cp_attention
+    from parsim.costs.inputs import cost_inputs, layer_inputs
+    out, ranks = two_ranks
+    i = list(TWO).index(name)
+    sc = prepare(TINY, TWO[name], "gloo")
+    ca = cp_attention(layer_inputs(cost_inputs(sc)))
+    for r in ranks:
+        spans = r["variants"][i]["steps"][0]["spans"]
+        sent = {}
+        for stream, op, _stage, mb, _t0, _t1, nbytes in spans:
+            if stream == "cp":
+                sent.setdefault((op, mb), 0.0)
+                sent[(op, mb)] += nbytes
+        assert sent, "no context-parallel communication recorded"
+        for (op, _mb), nbytes in sent.items():
+            per_block = ca.forward_bytes if op == "F" else ca.backward_bytes
+            assert nbytes == pytest.approx(sc.model.n_layers * per_block, rel=1e-12), (op, nbytes)

@@ -271,7 +271,7 @@ def attention_times(inp: LayerInputs) -> tuple[float, float]:
     executed = attn_flops * (0.5 if fused else 1.0)
     ratio = _layer.FLASH_BACKWARD_FLOP_RATIO if fused else 2.0
     f = dev.attention_time(executed, o.precision, fused) + _layer.scores_traffic(inp, 1.0) + _layer.head_layout_traffic(inp)
-    i = dev.attention_time(executed * ratio, o.precision, fused) + _layer.scores_traffic(inp, 2.0)
+    i = dev.attention_time(executed * ratio, o.precision, fused, backward=True) + _layer.scores_traffic(inp, 2.0)
     return f + _layer.launch_gaps(inp, 1), i + _layer.launch_gaps(inp, 2)
 
 

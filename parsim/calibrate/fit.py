@@ -10,10 +10,11 @@ weigh alike):
 * streaming ops -> ``memory_efficiency`` (median achieved bytes/s over the datasheet bandwidth);
 * in-place updates -> ``update_efficiency`` (the same median over that bandwidth: gradient
   accumulation), Adam steps -> ``optimizer_efficiency`` (the optimizer step);
-* attention core -> ``attention_efficiency`` from the fused (SDPA) cases and
-  ``unfused_attention_efficiency`` from the explicit ones (scores + mask, softmax, @V: what
-  runs with ``flash_attention = false``), each the geometric mean of achieved FLOP/s over
-  peak; for the explicit cases the scores' memory traffic the cost model charges
+* attention core -> ``attention_efficiency`` / ``attention_backward_efficiency`` from the
+  fused (SDPA) forward / backward cases and ``unfused_attention_efficiency`` /
+  ``unfused_attention_backward_efficiency`` from the explicit ones (scores + mask, softmax,
+  @V: what runs with ``flash_attention = false``), each the geometric mean of achieved FLOP/s
+  over peak of its pass; for the explicit cases the scores' memory traffic the cost model charges
   separately (``parsim.costs.scores_pass_bytes``: once forward, twice backward) is taken
   off first, so prediction = fitted GEMM part + modelled traffic;
 * the one-element op -> ``kernel_launch_us``;
@@ -182,18 +183,27 @@ def scores_traffic_s(dev: Device, name: str, seq: float, batch_heads: float, pre
     return passes * dev.memory_time(scores_pass_bytes(int(batch_heads), int(seq), int(seq), precision))
 
 
-def fit_attention(dev: Device, rows: pd.DataFrame, precision: str) -> tuple[float | None, float | None]:
-    """(attention_efficiency from fused rows, unfused_attention_efficiency from explicit rows)."""
+def fit_attention(dev: Device, rows: pd.DataFrame, precision: str) -> dict[str, float]:
+    """The attention efficiencies the rows give, by device field: ``attention_efficiency``
+    (fused forward: SDPA), ``attention_backward_efficiency`` (its backward),
+    ``unfused_attention_efficiency`` (explicit scores + mask, softmax, @V, the modelled scores
+    traffic taken off) and ``unfused_attention_backward_efficiency``: each the geometric mean of
+    achieved FLOP/s over its pass's cases (a CPU's SDPA backward takes about its forward's time
+    where the FLOP count says 2.5x: one efficiency for both passes is wrong for each)."""
     peak = dev.peak(precision)
     traffic = [scores_traffic_s(dev, str(r["name"]), r["m"], r["n"], precision) for _, r in rows.iterrows()]
     t = rows["seconds"].to_numpy(float) - np.array(traffic)
     rate = rows["flops"].to_numpy(float) / np.maximum(t, 1e-9)
-    fused = rows["name"].str.startswith("sdpa").to_numpy() & (t > 0)
-    unfused = rows["name"].str.startswith("explicit").to_numpy() & (t > 0)
-
-    def geo(mask):
-        return float(min(1.0, np.exp(np.mean(np.log(rate[mask] / peak))))) if mask.any() else None
-    return geo(fused), geo(unfused)
+    names = rows["name"].astype(str)
+    out = {}
+    for field, prefix, suffix in (("attention_efficiency", "sdpa", "_forward"),
+                                  ("attention_backward_efficiency", "sdpa", "_backward"),
+                                  ("unfused_attention_efficiency", "explicit", "_forward"),
+                                  ("unfused_attention_backward_efficiency", "explicit", "_backward")):
+        mask = (names.str.startswith(prefix) & names.str.endswith(suffix)).to_numpy() & (t > 0)
+        if mask.any():
+            out[field] = float(min(1.0, np.exp(np.mean(np.log(rate[mask] / peak)))))
+    return out
 
 
 def fit_alpha_beta(rows: pd.DataFrame) -> tuple[float, float]:
@@ -274,15 +284,18 @@ def fit_profile(base: HardwareProfile, data: pd.DataFrame, name: str, precision:
         src["device.gemm_half_dim"] = src["device.gemm_efficiency"]
     if "attention" in kinds:
         rows = kinds["attention"]
-        fused, unfused = fit_attention(dev, rows, precision)
-        n_f, n_u = int(rows["name"].str.startswith("sdpa").sum()), int(rows["name"].str.startswith("explicit").sum())
-        if fused is not None:
-            dev = dataclasses.replace(dev, attention_efficiency=fused)
-            src["device.attention_efficiency"] = f"{tag}: geometric mean over {n_f} fused (SDPA) attention fwd/bwd cases"
-        if unfused is not None:
-            dev = dataclasses.replace(dev, unfused_attention_efficiency=unfused)
-            src["device.unfused_attention_efficiency"] = (
-                f"{tag}: geometric mean over {n_u} explicit attention fwd/bwd cases, modelled scores traffic taken off")
+        names = rows["name"].astype(str)
+        fitted = fit_attention(dev, rows, precision)
+        dev = dataclasses.replace(dev, **fitted)
+        for field in fitted:
+            fused = not field.startswith("unfused")
+            backward = "backward" in field
+            n = int((names.str.startswith("sdpa" if fused else "explicit")
+                     & names.str.endswith("_backward" if backward else "_forward")).sum())
+            what = "fused (SDPA)" if fused else "explicit"
+            src[f"device.{field}"] = (f"{tag}: geometric mean over {n} {what} attention "
+                                      f"{'backward' if backward else 'forward'} cases"
+                                      + ("" if fused else ", modelled scores traffic taken off"))
     if "launch" in kinds:
         dev = dataclasses.replace(dev, kernel_launch_s=float(kinds["launch"]["seconds"].median()))
         src["device.kernel_launch_us"] = f"{tag}: one-element op, median"
@@ -336,7 +349,8 @@ def predictions(prof: HardwareProfile, data: pd.DataFrame, precision: str,
             p = dev.optimizer_time(float(r["bytes"]))
         elif kind == "attention":
             name = str(r["name"])
-            p = (dev.attention_time(float(r["flops"]), precision, fused=not name.startswith("explicit"))
+            p = (dev.attention_time(float(r["flops"]), precision, fused=not name.startswith("explicit"),
+                                    backward=name.endswith("backward"))
                  + scores_traffic_s(dev, name, r["m"], r["n"], precision))
         elif kind == "launch":
             p = dev.kernel_launch_s

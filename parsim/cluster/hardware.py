@@ -96,6 +96,18 @@ class Device:
     attention is *not* fused (``training.flash_attention = false``); the s x s scores'
     softmax/mask traffic is costed separately as memory-bound. Optional key
     ``device.unfused_attention_efficiency``; ``None``: the same as ``attention_efficiency``."""
+    attention_backward_efficiency: float | None = None
+    """Fraction of peak the fused attention's *backward* reaches over the FLOPs the cost model
+    counts for it (the forward's times ``FLASH_BACKWARD_FLOP_RATIO``). A GPU's FlashAttention
+    backward runs at its own rate (the kernel models give it); a CPU's SDPA backward takes
+    about as long as its forward, which one efficiency for both passes cannot say (one
+    geometric mean put this 2-core VM's forward 30-49% fast and its backward 57-84% slow).
+    Optional key ``device.attention_backward_efficiency`` (``parsim calibrate`` fits it from
+    the SDPA backward cases); ``None``: ``attention_efficiency``."""
+    unfused_attention_backward_efficiency: float | None = None
+    """The same for the unfused core's backward (its four batched GEMMs, the scores' traffic
+    costed apart). Optional key ``device.unfused_attention_backward_efficiency``; ``None``:
+    ``unfused_attention_efficiency``."""
     update_efficiency: float | None = None
     """Fraction of ``memory_bandwidth`` that in-place read-modify-write kernels reach (gradient
     accumulation into existing buffers; the optimizer step too unless
@@ -241,16 +253,26 @@ class Device:
         """Seconds for a memory-bound kernel that reads + writes ``nbytes`` in total."""
         return _bytes_time("memory_time", nbytes, self.effective_memory_bandwidth)
 
-    def attention_time(self, flops: float, precision: str = "bf16", fused: bool = True) -> float:
+    def attention_time(self, flops: float, precision: str = "bf16", fused: bool = True,
+                       backward: bool = False) -> float:
         """Seconds for the attention core doing ``flops`` FLOP: fused (Flash; scores never
         hit HBM) or, with ``fused=False``, its batched GEMMs alone (the scores' memory
-        traffic is the caller's)."""
+        traffic is the caller's); ``backward``: the backward pass, at its own efficiency where
+        the profile gives one."""
         if flops < 0:
             raise ValueError(f"attention_time: flops={flops} must be >= 0")
+        return flops / (self.peak(precision) * self.attention_efficiency_of(fused, backward))
+
+    def attention_efficiency_of(self, fused: bool, backward: bool = False) -> float:
+        """The attention core's fraction of peak: fused or not, forward or backward (each
+        optional efficiency falling back as its docstring says)."""
         eff = self.attention_efficiency
         if not fused and self.unfused_attention_efficiency is not None:
             eff = self.unfused_attention_efficiency
-        return flops / (self.peak(precision) * eff)
+        if backward:
+            own = self.attention_backward_efficiency if fused else self.unfused_attention_backward_efficiency
+            eff = eff if own is None else own
+        return eff
 
 
 @dataclass(frozen=True)
@@ -357,6 +379,7 @@ _SCHEMA: dict[str, dict[str, tuple[str, bool]]] = {
         "memory_efficiency": ("frac", _REQ), "attention_efficiency": ("frac", _REQ),
         "kernel_launch_us": ("nonneg", _REQ),
         "unfused_attention_efficiency": ("frac", _OPT), "update_efficiency": ("frac", _OPT),
+        "attention_backward_efficiency": ("frac", _OPT), "unfused_attention_backward_efficiency": ("frac", _OPT),
         "optimizer_efficiency": ("frac", _OPT), "transport_core_share": ("frac", _OPT),
         "mxfp8_tflops": ("pos", _OPT),
         # kernel-model facts (parsim.cluster.kernels, attention_kernels): all or none
@@ -496,6 +519,8 @@ def parse_profile(data: Mapping[str, Any], file: str = "<profile>") -> HardwareP
         memory_efficiency=d["memory_efficiency"], attention_efficiency=d["attention_efficiency"],
         kernel_launch_s=to_si("kernel_launch_us", d["kernel_launch_us"]),
         unfused_attention_efficiency=d.get("unfused_attention_efficiency"),
+        attention_backward_efficiency=d.get("attention_backward_efficiency"),
+        unfused_attention_backward_efficiency=d.get("unfused_attention_backward_efficiency"),
         update_efficiency=d.get("update_efficiency"), optimizer_efficiency=d.get("optimizer_efficiency"),
         transport_core_share=d.get("transport_core_share"),
         kernels=kernels.facts_from_table(d, peaks, PRECISIONS, file), gemm_model=d.get("gemm_model", "kernel"),
@@ -608,8 +633,10 @@ def profile_to_tables(profile: HardwareProfile) -> dict[str, dict[str, Any]]:
         "gemm_half_dim": d.gemm_half_dim, "memory_efficiency": d.memory_efficiency,
         "attention_efficiency": d.attention_efficiency, "kernel_launch_us": d.kernel_launch_s / US,
     })
-    if d.unfused_attention_efficiency is not None:
-        dev["unfused_attention_efficiency"] = d.unfused_attention_efficiency
+    for key in ("unfused_attention_efficiency", "attention_backward_efficiency",
+                "unfused_attention_backward_efficiency"):
+        if getattr(d, key) is not None:
+            dev[key] = getattr(d, key)
     if d.update_efficiency is not None:
         dev["update_efficiency"] = d.update_efficiency
     if d.optimizer_efficiency is not None:

@@ -50,6 +50,7 @@ from functools import lru_cache
 
 from parsim.cluster.attention_kernels import ATTENTION_PRECISIONS
 from parsim.cluster.collectives import collective_time
+from parsim.cluster.contention import shared_slowdown_s
 from parsim.cluster.precision import PRECISION_TABLE
 from parsim.config.parallel import CP_COMMS
 from parsim.costs.inputs import Cluster, LayerInputs, Ranks
@@ -111,10 +112,27 @@ def contiguous_steps(seq: int, cp: int, rank: int) -> tuple[tuple[Block, ...], .
     return tuple(out)
 
 
-def ring_exposed(compute_s: Sequence[float], transfer_s: Sequence[float]) -> float:
+def ring_exposed(compute_s: Sequence[float], transfer_s: Sequence[float], share: float = 0.0) -> float:
     """Exposed communication of a ring: step ``i``'s transfer runs beside step ``i``'s
-    attention; what it lasts beyond that attention is exposed (the next step needs its data)."""
-    return sum(max(0.0, t - c) for c, t in zip(compute_s, transfer_s))
+    attention; what it lasts beyond that attention is exposed (the next step needs its data).
+    ``share``: the fraction of the attention's rate the transfer takes while in flight (the SMs
+    NCCL's send/receive kernels hold on a GPU; on a CPU rank, gloo's socket threads on the
+    rank's own core): the attention beside it then runs slower
+    (``parsim.cluster.contention.shared_slowdown_s``), and a step costs the longer of the
+    transfer and the slowed attention."""
+    return sum(max(0.0, t - c, shared_slowdown_s(share, t, c)) for c, t in zip(compute_s, transfer_s))
+
+
+def ring_share(inp: LayerInputs) -> float:
+    """What a ring step's transfer takes from the attention beside it (:func:`ring_exposed`):
+    all of it where the transport runs on the rank's own processor (a profile with
+    ``transport_core_share``: gloo on CPU ranks, every core running a rank), whose threads move
+    the data only when the rank's thread yields the core -- the torch runtime's tiny GPT at
+    cp = 2 computes 0.8 ms of attention after posting a step and then still waits 1.7 ms, longer
+    than the step alone (1.56 ms): nothing overlapped. On a GPU, 0: the SMs NCCL's
+    point-to-point kernels hold beside the attention have no source here (the collectives'
+    CTA counts, ``device.collective_ctas``, are for collectives)."""
+    return 1.0 if inp.hardware.device.transport_core_share is not None else 0.0
 
 
 def forward_transfers(cp: int, step_s: float) -> list[float]:
@@ -289,8 +307,9 @@ def _ring(inp: LayerInputs, fallback: tuple[float, float] | None) -> CPAttention
            for k, (x, s) in enumerate(zip(blocks_b, steps))]
     t = p2p_step_s(inp)
     chunk = kv_chunk_bytes(inp)
-    return CPAttention(sum(fwd), sum(bwd), ring_exposed(fwd, forward_transfers(cp, t)),
-                       ring_exposed(bwd, backward_transfers(cp, t)), (cp - 1) * chunk, 2 * (cp - 1) * chunk)
+    share = ring_share(inp)
+    return CPAttention(sum(fwd), sum(bwd), ring_exposed(fwd, forward_transfers(cp, t), share),
+                       ring_exposed(bwd, backward_transfers(cp, t), share), (cp - 1) * chunk, 2 * (cp - 1) * chunk)
 
 
 def _all_gather(inp: LayerInputs, fallback: tuple[float, float] | None) -> CPAttention:

@@ -166,7 +166,7 @@ def layer_cost(inp: LayerInputs, moe_layer: bool) -> LayerCost:
         executed = attn_flops * (0.5 if fused else 1.0)  # causal blocks skipped
         bwd_ratio = FLASH_BACKWARD_FLOP_RATIO if fused else 2.0
         f_attn = dev.attention_time(executed, prec, fused) + scores_traffic(inp, 1.0) + head_layout_traffic(inp)
-        i_attn = dev.attention_time(executed * bwd_ratio, prec, fused) + scores_traffic(inp, 2.0)
+        i_attn = dev.attention_time(executed * bwd_ratio, prec, fused, backward=True) + scores_traffic(inp, 2.0)
         f_attn, i_attn = f_attn + launch_gaps(inp, 1), i_attn + launch_gaps(inp, 2)
         i_mem = 2 * f_mem
     act_bytes = tokens * m.d_model * PRECISION_TABLE[prec].wire_bytes

@@ -65,7 +65,7 @@ def context_attention_s(inp: LayerInputs, context: int) -> tuple[float, float]:
     extra = 0.0 if o.flash_attention else dev.memory_time(
         scores_pass_bytes(sh.microbatch_size * heads, l, context, o.precision, o.dropout))
     return (dev.attention_time(flops, o.precision, o.flash_attention) + extra,
-            dev.attention_time(flops * ratio, o.precision, o.flash_attention) + 2 * extra)
+            dev.attention_time(flops * ratio, o.precision, o.flash_attention, backward=True) + 2 * extra)
 
 
 def with_seq_len(sc: Scenario, seq_len: int) -> Scenario:

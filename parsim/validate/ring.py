@@ -13,8 +13,11 @@ while the current one is attended to. With rank i holding the K/V of rank j:
 
 Each block runs the fused (FlashAttention-style) CPU kernel, returning its output and
 log-sum-exp; the blocks merge by log-sum-exp. Only q, k, v, the output and the
-log-sum-exp are kept for the backward, which passes K/V round the ring again with the
-K/V gradients travelling one step behind (they arrive at their owner after cp steps);
+log-sum-exp are kept for the backward, which passes K/V round the ring again; a chunk's
+gradient starts at the first rank after its owner and travels one step behind it, each rank
+adding its part, and reaches the owner, which kept its own part, after the last step (as
+Transformer Engine's ring: K/V at the first step, K/V and dK/dV in between, dK/dV at the last,
+``cp - 1`` transfers of each);
 every block's backward uses the merged output and log-sum-exp, as FlashAttention's does.
 Grouped-query K/V heads are expanded only inside a block call.
 """
@@ -140,7 +143,7 @@ class RingAttention(torch.autograd.Function):
         dq = torch.zeros_like(q)
         kv_ring, dkv_ring = _Ring(g), _Ring(g)
         kv = (k.contiguous(), v.contiguous())
-        dkv_in = None
+        own = dkv_in = None
         for step in range(cp):
             nxt = kv_ring.start(list(kv)) if step < cp - 1 else None
             j = (i - step) % cp
@@ -164,13 +167,16 @@ class RingAttention(torch.autograd.Function):
                 dq[:, :, sl] += bq
                 dk += _fold(bk, groups)
                 dv += _fold(bv, groups)
-            if dkv_in is not None:  # the gradients of this block accumulated by the ranks before
-                dkv_ring.wait()
-                dk += dkv_in[0]
-                dv += dkv_in[1]
+            if step == 0:  # this rank's own chunk: its partial gradient stays here
+                own = (dk, dv)
+            else:  # the chunk's gradient so far (ranks before this one), then on to the next rank
+                if dkv_in is not None:
+                    dkv_ring.wait()
+                    dk += dkv_in[0]
+                    dv += dkv_in[1]
+                dkv_in = dkv_ring.start([dk, dv])
             if nxt is not None:
                 kv_ring.wait()
                 kv = tuple(nxt)
-            dkv_in = dkv_ring.start([dk, dv])
-        dkv_ring.wait()
-        return dq, dkv_in[0], dkv_in[1], None
+        dkv_ring.wait()  # what the other ranks accumulated for this rank's own chunk
+        return dq, own[0] + dkv_in[0], own[1] + dkv_in[1], None
