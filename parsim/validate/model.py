@@ -166,13 +166,19 @@ class Block(nn.Module):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[first:first + s, :sk], enable_gqa=nkv != nh)
         if self.flash:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=nkv != nh)
-        # explicit scores: (q/sqrt(d)) k^T + additive causal mask -> softmax -> @ v; with GQA the
-        # query heads of one group broadcast against their K/V head (no repeated copies)
+        # explicit scores as Megatron's unfused core runs them: Q, K and V copied once into
+        # head-major (batch * kv heads, rows, d) layout -- three of the four layout copies the cost
+        # model counts (costs.layer.head_layout_traffic; the caller's context reshape is the
+        # fourth) -- then (q/sqrt(d)) k^T + additive causal mask -> softmax -> @ v as batched
+        # GEMMs on them (k^T a transposed view the GEMM reads as it is, no copy). With GQA the g
+        # query heads of one group stack their rows against their K/V head (no repeated K/V).
         g = nh // nkv
-        qg = (q * (1.0 / math.sqrt(self.hd))).view(b, nkv, g, s, self.hd)
-        scores = qg @ k.unsqueeze(2).transpose(-2, -1)
-        probs = torch.softmax(scores + mask[first:first + s, :sk], dim=-1)
-        return (probs @ v.unsqueeze(2)).view(b, nh, s, self.hd)
+        qh = q.reshape(b * nkv, g * s, self.hd)
+        kh, vh = k.reshape(b * nkv, sk, self.hd), v.reshape(b * nkv, sk, self.hd)
+        rows = mask[first:first + s, :sk]
+        scores = (qh * (1.0 / math.sqrt(self.hd))) @ kh.transpose(1, 2) + (rows.repeat(g, 1) if g > 1 else rows)
+        probs = torch.softmax(scores, dim=-1)
+        return (probs @ vh).view(b, nh, s, self.hd)
 
     def mlp(self, h: torch.Tensor) -> torch.Tensor:
         if self.moe is not None:
