@@ -178,7 +178,7 @@ def test_ring_sends_what_the_cost_model_counts(two_ranks, name):
     gradient; the others' arrive after the last step) -- twice the forward's bytes."""
     from parsim.costs.context import cp_attention
     from parsim.costs.inputs import cost_inputs, layer_inputs
-    out, ranks = two_ranks
+    _, ranks = two_ranks
     i = list(TWO).index(name)
     sc = prepare(TINY, TWO[name], "gloo")
     ca = cp_attention(layer_inputs(cost_inputs(sc)))
