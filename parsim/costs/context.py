@@ -115,9 +115,8 @@ def contiguous_steps(seq: int, cp: int, rank: int) -> tuple[tuple[Block, ...], .
 def ring_exposed(compute_s: Sequence[float], transfer_s: Sequence[float], share: float = 0.0) -> float:
     """Exposed communication of a ring: step ``i``'s transfer runs beside step ``i``'s
     attention; what it lasts beyond that attention is exposed (the next step needs its data).
-    ``share``: the fraction of the attention's rate the transfer takes while in flight (the SMs
-    NCCL's send/receive kernels hold on a GPU; on a CPU rank, gloo's socket threads on the
-    rank's own core): the attention beside it then runs slower
+    ``share``: the fraction of the attention's rate the transfer takes while in flight
+    (:func:`ring_share`): the attention beside it then runs slower
     (``parsim.cluster.contention.shared_slowdown_s``), and a step costs the longer of the
     transfer and the slowed attention."""
     return sum(max(0.0, t - c, shared_slowdown_s(share, t, c)) for c, t in zip(compute_s, transfer_s))
