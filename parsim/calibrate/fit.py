@@ -183,26 +183,31 @@ def scores_traffic_s(dev: Device, name: str, seq: float, batch_heads: float, pre
     return passes * dev.memory_time(scores_pass_bytes(int(batch_heads), int(seq), int(seq), precision))
 
 
-def fit_attention(dev: Device, rows: pd.DataFrame, precision: str) -> dict[str, float]:
-    """The attention efficiencies the rows give, by device field: ``attention_efficiency``
-    (fused forward: SDPA), ``attention_backward_efficiency`` (its backward),
-    ``unfused_attention_efficiency`` (explicit scores + mask, softmax, @V, the modelled scores
-    traffic taken off) and ``unfused_attention_backward_efficiency``: each the geometric mean of
-    achieved FLOP/s over its pass's cases (a CPU's SDPA backward takes about its forward's time
-    where the FLOP count says 2.5x: one efficiency for both passes is wrong for each)."""
+ATTENTION_FITS = (("attention_efficiency", "sdpa", "forward"),
+                  ("attention_backward_efficiency", "sdpa", "backward"),
+                  ("unfused_attention_efficiency", "explicit", "forward"),
+                  ("unfused_attention_backward_efficiency", "explicit", "backward"))
+"""(device field, benchmark case prefix, pass) of each attention efficiency calibration fits."""
+
+
+def fit_attention(dev: Device, rows: pd.DataFrame, precision: str) -> dict[str, tuple[float, int]]:
+    """The attention efficiencies the rows give, by device field (:data:`ATTENTION_FITS`), each
+    with the number of cases behind it: ``attention_efficiency`` (fused forward: SDPA),
+    ``attention_backward_efficiency`` (its backward), ``unfused_attention_efficiency`` (explicit
+    scores + mask, softmax, @V, the modelled scores traffic taken off) and
+    ``unfused_attention_backward_efficiency``: each the geometric mean of achieved FLOP/s over its
+    pass's cases (a CPU's SDPA backward takes about its forward's time where the FLOP count says
+    2.5x: one efficiency for both passes is wrong for each)."""
     peak = dev.peak(precision)
     traffic = [scores_traffic_s(dev, str(r["name"]), r["m"], r["n"], precision) for _, r in rows.iterrows()]
     t = rows["seconds"].to_numpy(float) - np.array(traffic)
     rate = rows["flops"].to_numpy(float) / np.maximum(t, 1e-9)
     names = rows["name"].astype(str)
     out = {}
-    for field, prefix, suffix in (("attention_efficiency", "sdpa", "_forward"),
-                                  ("attention_backward_efficiency", "sdpa", "_backward"),
-                                  ("unfused_attention_efficiency", "explicit", "_forward"),
-                                  ("unfused_attention_backward_efficiency", "explicit", "_backward")):
-        mask = (names.str.startswith(prefix) & names.str.endswith(suffix)).to_numpy() & (t > 0)
+    for field, prefix, pas in ATTENTION_FITS:
+        mask = (names == f"{prefix}_{pas}").to_numpy() & (t > 0)
         if mask.any():
-            out[field] = float(min(1.0, np.exp(np.mean(np.log(rate[mask] / peak)))))
+            out[field] = (float(min(1.0, np.exp(np.mean(np.log(rate[mask] / peak))))), int(mask.sum()))
     return out
 
 
@@ -283,19 +288,13 @@ def fit_profile(base: HardwareProfile, data: pd.DataFrame, name: str, precision:
         src["device.gemm_efficiency"] = f"{tag}: least-squares (log time) over {n} GEMMs (forward, dX, dW; all ranks computing)"
         src["device.gemm_half_dim"] = src["device.gemm_efficiency"]
     if "attention" in kinds:
-        rows = kinds["attention"]
-        names = rows["name"].astype(str)
-        fitted = fit_attention(dev, rows, precision)
-        dev = dataclasses.replace(dev, **fitted)
-        for field in fitted:
-            fused = not field.startswith("unfused")
-            backward = "backward" in field
-            n = int((names.str.startswith("sdpa" if fused else "explicit")
-                     & names.str.endswith("_backward" if backward else "_forward")).sum())
-            what = "fused (SDPA)" if fused else "explicit"
-            src[f"device.{field}"] = (f"{tag}: geometric mean over {n} {what} attention "
-                                      f"{'backward' if backward else 'forward'} cases"
-                                      + ("" if fused else ", modelled scores traffic taken off"))
+        fitted = fit_attention(dev, kinds["attention"], precision)
+        dev = dataclasses.replace(dev, **{field: eff for field, (eff, _) in fitted.items()})
+        for field, prefix, pas in ATTENTION_FITS:
+            if field in fitted:
+                what = "fused (SDPA)" if prefix == "sdpa" else "explicit"
+                src[f"device.{field}"] = (f"{tag}: geometric mean over {fitted[field][1]} {what} attention {pas} "
+                                          "cases" + ("" if prefix == "sdpa" else ", modelled scores traffic taken off"))
     if "launch" in kinds:
         dev = dataclasses.replace(dev, kernel_launch_s=float(kinds["launch"]["seconds"].median()))
         src["device.kernel_launch_us"] = f"{tag}: one-element op, median"
