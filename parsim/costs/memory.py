@@ -342,7 +342,6 @@ DEEPSPEED_REDUCE_BUCKET = 5e8
 """DeepSpeed's ``reduce_bucket_size`` default (elements): ZeRO-1/2's gradient bucket."""
 
 
-
 def nccl_buffer_bytes(n_communicators: int) -> float:
     """NCCL's buffers for ``n_communicators`` ring communicators (a send and a receive buffer
     per channel each)."""
