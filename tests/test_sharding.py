@@ -136,9 +136,13 @@ SH = {"mesh": {"pp": 2, "dp": 2, "op": 2}, "pipeline": "pp", "batch": ["dp"],
 
 def test_sharding_table_runs_as_the_parallel_axes_it_amounts_to():
     a = scenario_from_dict(_doc(sharding=SH), "s.toml")
-    b = scenario_from_dict(_doc(parallel={"dp": 2, "tp": 2, "pp": 2}), "p.toml")
+    # the mesh's axis order (pp outermost) placed on the ranks: on the p3's cube-mesh a pair's
+    # links depend on which GPUs it joins (dp over GPUs 0, 2: one NVLink; 0, 4: two)
+    b = scenario_from_dict(_doc(parallel={"dp": 2, "tp": 2, "pp": 2, "order": ["cp", "pp", "dp", "ep", "tp"]}),
+                           "p.toml")
     assert (a.parallel.dp, a.parallel.tp, a.parallel.pp, a.parallel.zero) == (2, 2, 2, 0)
-    assert a.parallel.group_ranks("tp") == b.parallel.group_ranks("tp")
+    for axis in ("tp", "dp", "pp"):
+        assert a.parallel.group_ranks(axis) == b.parallel.group_ranks(axis)
     assert a.sharding is not None and a.sharding.weight("qkv").axis == "op"
     assert simulate(a).metrics["step_time_s"] == pytest.approx(simulate(b).metrics["step_time_s"], rel=1e-12)
     sp = scenario_from_dict(_doc(sharding={**SH, "sequence": "op", "fsdp": ["dp"]}), "s.toml")

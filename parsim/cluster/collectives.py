@@ -132,7 +132,8 @@ class GroupPath:
     """The bottleneck path of a communication group on the topology."""
 
     name: str
-    """``"nvlink"`` (inside one node) or ``"nic"`` (crosses nodes)."""
+    """``"nvlink"`` (inside one node), ``"pcie"`` (inside a node of direct links that close no
+    ring over the group) or ``"nic"`` (crosses nodes)."""
     bandwidth: float
     """Bytes/s per rank of the group's slowest hop, after sharing with concurrent groups."""
     latency_s: float
@@ -195,8 +196,20 @@ def group_path(hw: HardwareProfile, ranks: list[int], concurrent: int | None = N
     """Bottleneck bandwidth/latency of a flat ring over ``ranks`` (global GPU indices)."""
     pl = placement(hw, ranks, concurrent)
     if pl.nodes <= 1:
-        return GroupPath("nvlink", hw.nvlink.effective_bandwidth, hw.nvlink.latency_s)
+        return _intra_node_path(hw, ranks)
     return _nic_share(hw, pl, switch_hops(hw, ranks))
+
+
+def _intra_node_path(hw: HardwareProfile, ranks: list[int]) -> GroupPath:
+    """A ring inside one node: the GPU's NVLink port on an NVSwitch; on a direct-link mesh
+    as many links as the group has rings (:mod:`parsim.cluster.nvlink_mesh`), or PCIe
+    through the host where direct links cannot close one."""
+    rings = hw.local_rings(ranks)
+    if rings is None:
+        return GroupPath("nvlink", hw.nvlink.effective_bandwidth, hw.nvlink.latency_s)
+    if not rings:
+        return GroupPath("pcie", hw.pcie.effective_bandwidth, hw.pcie.latency_s)
+    return GroupPath("nvlink", len(rings) * hw.nvlink_link_bandwidth * hw.nvlink.efficiency, hw.nvlink.latency_s)
 
 
 def algorithm_times(hw: HardwareProfile, kind: str, nbytes: float, ranks: list[int],
@@ -216,17 +229,21 @@ def algorithm_times(hw: HardwareProfile, kind: str, nbytes: float, ranks: list[i
     if not isinstance(NVLS[kind], str) and pl.nodes == 1 and hw.nvls_bandwidth > 0 and n == hw.gpus_per_node:
         out["nvls"] = alpha_beta_time(kind, nbytes, n, hw.nvls_bandwidth, hw.nvlink.latency_s, "nvls")
     if kind in HIER_KINDS and pl.nodes > 1 and pl.per_node > 1 and n == pl.nodes * pl.per_node:
-        out["hierarchical"] = _hierarchical(hw, kind, nbytes, pl, switch_hops(hw, ranks))
+        local = [r for r in ranks if hw.node_of(r) == hw.node_of(ranks[0])]
+        out["hierarchical"] = _hierarchical(hw, kind, nbytes, pl, switch_hops(hw, ranks), local)
     return out
 
 
-def _hierarchical(hw: HardwareProfile, kind: str, nbytes: float, pl: GroupPlacement, hops: int = 1) -> float:
-    """Intra-node reduce-scatter / all-gather over NVLink + inter-node on S/g per rail."""
+def _hierarchical(hw: HardwareProfile, kind: str, nbytes: float, pl: GroupPlacement, hops: int = 1,
+                  local: list[int] | None = None) -> float:
+    """Intra-node reduce-scatter / all-gather over NVLink (the ring ``local``, the group's
+    ranks on one node, can run) + inter-node on S/g per rail."""
     g, k = pl.per_node, pl.nodes
-    nv = hw.nvlink
+    nv = _intra_node_path(hw, local) if local else GroupPath("nvlink", hw.nvlink.effective_bandwidth,
+                                                             hw.nvlink.latency_s)
     intra_kind = {"all_reduce": ("reduce_scatter", "all_gather"), "reduce_scatter": ("reduce_scatter",),
                   "all_gather": ("all_gather",)}[kind]
-    intra = sum(alpha_beta_time(x, nbytes, g, nv.effective_bandwidth, nv.latency_s) for x in intra_kind)
+    intra = sum(alpha_beta_time(x, nbytes, g, nv.bandwidth, nv.latency_s) for x in intra_kind)
     # each local rank drives its own rail: one inter-node ring per local rank, NICs shared
     # by the gpus_per_node/g concurrent groups' rails (nics_per_node/gpus_per_node each)
     rail = GroupPlacement(k, k, 1, pl.leaves, pl.concurrent * g)

@@ -22,12 +22,13 @@ from __future__ import annotations
 import math
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
+from itertools import combinations
 from pathlib import Path
 from typing import Any
 
-from parsim.cluster import attention_kernels, kernels
+from parsim.cluster import attention_kernels, kernels, nvlink_mesh
 from parsim.cluster.host import HostTier, parse_host
 from parsim.cluster.kernels import KernelFacts, parse_shape, parse_tile
 from parsim.cluster.precision import GEMM_PRECISIONS, PRECISION_TABLE
@@ -338,6 +339,35 @@ class HardwareProfile:
     one node with a fit for its kind and size is priced by it (``parsim.cluster.collectives``)."""
     host: HostTier | None = None
     """Host memory, CPU, NVMe and C2C per node (optional ``[host]`` table; None: not given)."""
+    nvlink_links: nvlink_mesh.Links | None = None
+    """GPUs wired to each other directly (a hybrid cube-mesh, no NVSwitch): NVLink links between
+    local GPUs a and b of a node (``node.nvlink_links``, ``nvidia-smi topo -m``'s NV#; 0 = none);
+    ``nvlink`` is then one GPU's links together. None: an NVSwitch, every pair at the port rate."""
+    mesh_rings: dict[tuple[int, ...], tuple[tuple[int, ...], ...]] = field(
+        default_factory=dict, compare=False, repr=False)
+    """With ``nvlink_links``: the rings (:func:`nvlink_mesh.rings`) of every group of local GPUs,
+    sorted, worked out once when the profile is built (a search over the group's cycles)."""
+
+    def __post_init__(self) -> None:
+        if self.nvlink_links is not None and not self.mesh_rings:
+            g = range(self.gpus_per_node)
+            for size in range(2, self.gpus_per_node + 1):
+                for group in combinations(g, size):
+                    self.mesh_rings[group] = nvlink_mesh.rings(self.nvlink_links, group)
+
+    @property
+    def nvlink_link_bandwidth(self) -> float:
+        """Line rate of one NVLink link per direction (bytes/s): the GPU's port over its links."""
+        if self.nvlink_links is None:
+            return self.nvlink.bandwidth
+        return self.nvlink.bandwidth / nvlink_mesh.links_per_gpu(self.nvlink_links)
+
+    def local_rings(self, gpus: list[int]) -> tuple[tuple[int, ...], ...] | None:
+        """Directed rings (local GPU indices) a group inside one node of a direct-link mesh can
+        run at once; None on an NVSwitch (or when the group spans nodes)."""
+        if self.nvlink_links is None or len({self.node_of(g) for g in gpus}) != 1:
+            return None
+        return self.mesh_rings[tuple(sorted({g % self.gpus_per_node for g in gpus}))]
 
     @property
     def node_nic_bandwidth(self) -> float:
@@ -355,8 +385,16 @@ class HardwareProfile:
         return self.node_of(gpu) // (self.gpus_per_leaf // self.gpus_per_node)
 
     def link_between(self, gpu_a: int, gpu_b: int) -> LinkTier:
-        """The tier a transfer between two global GPU indices uses (same node -> NVLink)."""
-        return self.nvlink if self.node_of(gpu_a) == self.node_of(gpu_b) else self.nic
+        """The tier a transfer between two global GPU indices uses (same node -> NVLink; on a
+        direct-link mesh the links between the two, or PCIe through the host where none)."""
+        if self.node_of(gpu_a) != self.node_of(gpu_b):
+            return self.nic
+        if self.nvlink_links is None:
+            return self.nvlink
+        n = self.nvlink_links[gpu_a % self.gpus_per_node][gpu_b % self.gpus_per_node]
+        if n == 0:
+            return self.pcie
+        return replace(self.nvlink, bandwidth=n * self.nvlink_link_bandwidth)
 
     def crosses_spine(self, gpu_a: int, gpu_b: int) -> bool:
         """True when the two GPUs sit under different leaf domains."""
@@ -398,6 +436,7 @@ _SCHEMA: dict[str, dict[str, tuple[str, bool]]] = {
         "nvlink_efficiency": ("frac", _REQ),
         "pcie_gbyte_per_s": ("pos", _REQ), "pcie_latency_us": ("nonneg", _REQ),
         "pcie_efficiency": ("frac", _REQ), "nvls_gbyte_per_s": ("pos", _OPT),
+        "nvlink_links": ("links", _OPT),
     },
     "network": {
         "nic_gbit_per_s": ("pos", _REQ), "nics_per_node": ("int", _REQ),
@@ -432,6 +471,8 @@ def _check_value(file: str, key: str, kind: str, v: Any) -> Any:
             return parse_shape(v) if isinstance(v, str) else parse_shape("")
         except ValueError as exc:
             raise ConfigError(file, key, str(exc)) from None
+    if kind == "links":
+        return v  # checked against node.gpus_per_node in parse_profile (nvlink_mesh.check_links)
     if kind == "bool":
         if not isinstance(v, bool):
             raise ConfigError(file, key, f"must be true or false, got {v!r}")
@@ -507,6 +548,11 @@ def parse_profile(data: Mapping[str, Any], file: str = "<profile>") -> HardwareP
     if nw["gpus_per_leaf"] % nd["gpus_per_node"]:
         raise ConfigError(file, "network.gpus_per_leaf",
                           f"must be a multiple of node.gpus_per_node ({nd['gpus_per_node']})")
+    links = None
+    if "nvlink_links" in nd:
+        links = nvlink_mesh.check_links(nd["nvlink_links"], nd["gpus_per_node"])
+        if isinstance(links, str):
+            raise ConfigError(file, "node.nvlink_links", links)
     if "bf16_tflops" not in d and "fp16_tflops" not in d:  # V100 has fp16 tensor cores, no bf16
         raise ConfigError(file, "device.bf16_tflops", "missing (every profile gives bf16_tflops or fp16_tflops)")
     peaks = {p: to_si(f"{p}_tflops", d[f"{p}_tflops"]) for p in PRECISIONS if f"{p}_tflops" in d}
@@ -542,6 +588,7 @@ def parse_profile(data: Mapping[str, Any], file: str = "<profile>") -> HardwareP
         nvls_bandwidth=to_si("nvls_gbyte_per_s", nd["nvls_gbyte_per_s"]) if "nvls_gbyte_per_s" in nd else 0.0,
         collective_fits=_collective_fits(data.get("calibration", {}), file),
         host=parse_host(data.get("host"), file),
+        nvlink_links=links,
     )
 
 
@@ -653,6 +700,8 @@ def profile_to_tables(profile: HardwareProfile) -> dict[str, dict[str, Any]]:
             "pcie_efficiency": pc.efficiency}
     if profile.nvls_bandwidth:
         node["nvls_gbyte_per_s"] = profile.nvls_bandwidth / GB
+    if profile.nvlink_links is not None:
+        node["nvlink_links"] = [list(row) for row in profile.nvlink_links]
     net = {"nic_gbit_per_s": nic.bandwidth * 8 / GB, "nics_per_node": profile.nics_per_node,
            "nic_latency_us": nic.latency_s / US, "nic_efficiency": nic.efficiency,
            "spine_oversubscription": profile.spine_oversubscription,

@@ -85,7 +85,13 @@ def _by_node(hw: HardwareProfile, ranks: list[int]) -> list[list[int]]:
 
 
 def _ring_flows(hw: HardwareProfile, ranks: list[int], per_rank: float) -> tuple[tuple[int, int, float], ...]:
-    """One ring over the group, node by node, each node crossing spread over the node's ranks."""
+    """One ring over the group, node by node, each node crossing spread over the node's ranks;
+    inside one node of a direct-link mesh, the rings its links close, each a share."""
+    rings = hw.local_rings(ranks)
+    if rings:
+        base = ranks[0] - ranks[0] % hw.gpus_per_node
+        return tuple((base + a, base + b, per_rank / len(rings))
+                     for ring in rings for a, b in zip(ring, ring[1:] + ring[:1]))
     nodes = _by_node(hw, ranks)
     flows = []
     for j, members in enumerate(nodes):

@@ -6,7 +6,10 @@ bandwidth; the NVSwitch itself is non-blocking) and a PCIe link to the host; eac
 drives its own NIC (rail-optimised: local GPU i uses NIC i·nics/gpus_per_node), NICs
 plug into the leaf of their scalable unit (``gpus_per_leaf`` GPUs, non-blocking inside);
 each leaf has one aggregate uplink/downlink to the spine whose bandwidth is the leaf's
-NIC bandwidth divided by ``spine_oversubscription``.
+NIC bandwidth divided by ``spine_oversubscription``. GPUs wired to each other directly
+(``node.nvlink_links``: DGX-1, p3.16xlarge) have, in place of the port, one link per ordered
+pair of a node's GPUs carrying the NVLink links between them (PCIe through the host where
+there are none).
 
 Flows (:class:`FlowNetwork`): concurrent transfers share every link they cross under
 max-min fairness (progressive filling). Two flows on one link each get half of it: each
@@ -75,7 +78,13 @@ class Topology:
         for nic, f in self.nic_scale.items():  # both directions of a degraded NIC
             for k in (0, 1):
                 self.capacity[self._first[2] + 2 * nic + k] *= f
-        self.names = _LinkNames(self._first, len(self.capacity))
+        self._pair0 = len(self.capacity)
+        """First of the directed GPU-pair links of a direct-link mesh (none on an NVSwitch)."""
+        if hw.nvlink_links is not None:  # a pair has its own links (or PCIe through the host)
+            per_link = hw.nvlink_link_bandwidth * hw.nvlink.efficiency
+            self.capacity += [hw.nvlink_links[a][b] * per_link or hw.pcie.effective_bandwidth
+                              for _ in range(nodes) for a in range(gpn) for b in range(gpn)]
+        self.names = _LinkNames(self._first, len(self.capacity), self._pair0, gpn)
 
     def link(self, kind: str, index: int) -> int:
         """Link id of ``(kind, index)``, e.g. ``("nic_up", 3)``."""
@@ -86,7 +95,7 @@ class Topology:
 
     def name(self, link: int) -> str:
         """``kind[index]`` of a link id."""
-        return _link_name(self._first, link)
+        return self.names[link]
 
     def nic_of(self, gpu: int) -> int:
         hw = self.hw
@@ -107,7 +116,12 @@ class Topology:
         if src == dst:
             return [], 0.0
         if hw.node_of(src) == hw.node_of(dst):
-            return [2 * src, 2 * dst + 1], hw.nvlink.latency_s
+            if hw.nvlink_links is None:
+                return [2 * src, 2 * dst + 1], hw.nvlink.latency_s
+            gpn = hw.gpus_per_node
+            node, a, b = hw.node_of(src), src % gpn, dst % gpn
+            lat = hw.nvlink.latency_s if hw.nvlink_links[a][b] else hw.pcie.latency_s
+            return [self._pair0 + (node * gpn + a) * gpn + b], lat
         nic0 = self._first[2]
         path = [nic0 + 2 * self.nic_of(src)]
         hops = 1
@@ -142,7 +156,7 @@ class Topology:
         cap = list(self.capacity)
         if block <= 1:
             return cap
-        if gpn % block:
+        if gpn % block or hw.nvlink_links is not None:  # a mesh's pairs differ: no shift maps it onto itself
             return None
         for start in range(0, gpn, block):
             on = {i * nics // gpn for i in range(start, start + block)}
@@ -155,7 +169,11 @@ class Topology:
         return cap
 
 
-def _link_name(first: tuple[int, ...], link: int) -> str:
+def _link_name(first: tuple[int, ...], link: int, pair0: int | None = None, gpn: int = 1) -> str:
+    if pair0 is not None and link >= pair0:
+        node, rest = divmod(link - pair0, gpn * gpn)
+        a, b = divmod(rest, gpn)
+        return f"nv_pair[{node * gpn + a}->{node * gpn + b}]"
     for k in (4, 2, 0):
         if link >= first[k]:
             off = link - first[k]
@@ -167,13 +185,14 @@ class _LinkNames:
     """``names[link]`` without a table of strings (and without a reference back to the
     topology: no cycle for the garbage collector to find)."""
 
-    def __init__(self, first: tuple[int, ...], n_links: int):
+    def __init__(self, first: tuple[int, ...], n_links: int, pair0: int | None = None, gpn: int = 1):
         self._first, self._n = first, n_links
+        self._pair0, self._gpn = (pair0 if pair0 is not None and pair0 < n_links else None), gpn
 
     def __getitem__(self, link: int) -> str:
         if not 0 <= link < self._n:
             raise IndexError(link)
-        return _link_name(self._first, link)
+        return _link_name(self._first, link, self._pair0, self._gpn)
 
     def __len__(self) -> int:
         return self._n
