@@ -166,3 +166,9 @@ def test_bad_link_matrices_are_refused_in_one_line(edit, problem):
         parse_profile(data, "p3.toml")
     msg = str(exc.value)
     assert "node.nvlink_links" in msg and problem in msg and "\n" not in msg
+
+
+def test_a_mesh_larger_than_the_ring_search_handles_is_refused():
+    big = [[0 if a == b else 1 for b in range(9)] for a in range(9)]
+    msg = nvlink_mesh.check_links(big, 9)
+    assert isinstance(msg, str) and "up to 8" in msg

@@ -16,6 +16,10 @@ from __future__ import annotations
 
 from itertools import permutations
 
+MAX_MESH_GPUS = 8
+"""Largest node a link matrix may describe: the ring search tries every cycle through a group
+((n-1)! orders; DGX-1, the p3 and 8-GPU Infinity Fabric boards are 8)."""
+
 Links = tuple[tuple[int, ...], ...]
 """links[a][b]: NVLink links between local GPUs a and b of a node (symmetric, 0 on the diagonal)."""
 
@@ -23,6 +27,9 @@ Links = tuple[tuple[int, ...], ...]
 def check_links(value: object, gpus_per_node: int) -> Links | str:
     """The matrix as a tuple of tuples, or what is wrong with it (one sentence)."""
     n = gpus_per_node
+    if n > MAX_MESH_GPUS:
+        return (f"direct-link meshes of up to {MAX_MESH_GPUS} GPUs per node are supported (node.gpus_per_node = {n}): "
+                "every group's rings are searched over its cycles")
     if not isinstance(value, list) or len(value) != n or not all(isinstance(r, list) and len(r) == n for r in value):
         return f"must be a {n} x {n} list of lists (node.gpus_per_node = {n}), one row per GPU of the node"
     for a, row in enumerate(value):
