@@ -40,6 +40,11 @@ into the next linear, where Megatron has nothing to recompute), ``mla_up_proj`` 
 up-projections and rotary: the attention core's Q, K and V)."""
 
 
+DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
+"""What selective recomputation reruns when no modules are named: Megatron-Core's default
+(``--recompute-activations`` / ``--recompute-granularity selective``), the attention core."""
+
+
 def split_recompute(mode: str) -> tuple[str, tuple[str, ...] | None]:
     """A recompute mode as planners write it -> (``training.recompute``, ``recompute_modules``):
     ``"selective:mla_up_proj+moe_act"`` is selective recomputation of those Megatron modules;
@@ -106,7 +111,7 @@ class TrainingConfig:
     @property
     def recompute_modules_(self) -> tuple[str, ...]:
         """The modules selective recomputation reruns (Megatron's default: the attention core)."""
-        return self.recompute_modules if self.recompute_modules is not None else ("core_attn",)
+        return self.recompute_modules if self.recompute_modules is not None else DEFAULT_RECOMPUTE_MODULES
 
 
 @dataclass(frozen=True)

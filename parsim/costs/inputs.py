@@ -17,6 +17,7 @@ from parsim.config.moe import MoEConfig
 from parsim.config.offload import OffloadConfig
 from parsim.config.parallel import ParallelConfig
 from parsim.config.scenario import (
+    DEFAULT_RECOMPUTE_MODULES,
     MeasuredCosts,
     OverlapConfig,
     Scenario,
@@ -186,7 +187,7 @@ class TrainOptions:
     """The loss as fused kernels (else Megatron's op-by-op vocabulary-parallel cross-entropy)."""
     attention_kernel: str | None = None
     """The fused-attention implementation (None: the device's own)."""
-    recompute_modules: tuple[str, ...] = ("core_attn",)
+    recompute_modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES
     """Under selective recomputation: the Megatron modules rerun (``parsim.config.scenario.RECOMPUTE_MODULES``)."""
     recompute_method: str = "uniform"
     """Under full recomputation: uniform (every block, ``recompute_num_layers`` a unit) or block

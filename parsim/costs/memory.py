@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 
 from parsim.cluster.precision import PRECISION_TABLE
 from parsim.config.parallel import grad_reduce_bytes
+from parsim.config.scenario import DEFAULT_RECOMPUTE_MODULES
 from parsim.model import ModelSpec
 
 # Optimizer state bytes per parameter beyond weights and gradients (K in ZeRO's
@@ -105,7 +106,7 @@ class ActivationOptions:
     forward GEMM consumed, 1 byte per element (Transformer Engine under FP8: ``Linear`` saves
     the quantised ``inputmat``, ``LayerNormLinear`` its FP8 ``ln_out``; MXFP8 adds one 8-bit
     scale per 32 elements, neglected): the QKV and FC1 inputs, the projection's and FC2's."""
-    recompute_modules: tuple[str, ...] = ("core_attn",)
+    recompute_modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES
     """Under ``recompute = "selective"``: the modules rerun (``parsim.config.scenario.RECOMPUTE_MODULES``; Megatron's
     default is the attention core alone)."""
 
