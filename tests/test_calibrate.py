@@ -403,3 +403,38 @@ def test_core_share_is_measured_only_where_the_transport_shares_the_rank_s_proce
     assert "all_reduce" in calls
     assert [r["kind"] for r in cpu.rows] == ["core_share"]
     assert cpu.rows[0]["seconds"] == pytest.approx(0.5e-3)
+
+
+def test_exchange_waits_time_each_direction_from_the_later_readiness():
+    """Hand-computed: rank 0 sends at 1.0 s and has rank 1's data at 1.25 s; rank 1 sends at
+    1.2 s and has rank 0's data at 1.5 s. Both were ready at 1.2 s (the later send): 0 -> 1
+    waited 0.3 s, 1 -> 0 0.05 s. A receive completing before the later send (the data was
+    there before the receiver looked) counts as 0.1 us, not a negative time."""
+    pytest.importorskip("torch")
+    from parsim.validate.bench import exchange_waits
+    waits = exchange_waits([(1.0, 1.25), (2.0, 2.01)], [(1.2, 1.5), (2.1, 2.05)])
+    assert waits == pytest.approx([0.3, 0.05, 1e-7, 1e-7], abs=1e-12)
+
+
+def test_p2p_exchange_needs_one_host_and_otherwise_leaves_the_busy_sender_rows(monkeypatch):
+    """The exchange is timed against the host's common clock: ranks on several hosts have none,
+    so the benchmark declines (the caller then times one-way sends) and writes no row."""
+    torch = pytest.importorskip("torch")
+    from parsim.validate import bench
+
+    def gather(out, obj):
+        out[:] = ["node-a", "node-b"]
+    monkeypatch.setattr(bench.dist, "all_gather_object", gather)
+    b = bench.Bench(0, 2, torch.device("cpu"), torch.float32, quick=True)
+    assert b.p2p_exchange([4096]) is False and b.rows == []
+
+
+def test_fit_says_which_p2p_benchmark_the_link_comes_from():
+    """Rows from the exchange benchmark name it in the link's source; alpha and beta are the
+    exact fit of t = alpha + S / beta through them (closed form: alpha 0.5 ms, 2 GB/s)."""
+    rows = pd.DataFrame([{"kind": "p2p", "name": "exchange", "bytes": s, "group": 2, "peers": "0-1",
+                          "seconds": 5e-4 + s / 2e9, "rank": 1, "host": "vm"} for s in (1024, 65536, 1 << 20, 1 << 22)])
+    fit = fit_profile(load_profile("cpu-gloo"), rows, name="x")
+    assert fit.profile.nvlink.latency_s == pytest.approx(5e-4, rel=1e-6)
+    assert fit.profile.nvlink.bandwidth == pytest.approx(2e9, rel=1e-6)
+    assert "pipeline exchanges" in fit.sources["node.nvlink_latency_us"]

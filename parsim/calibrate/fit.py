@@ -20,8 +20,9 @@ weigh alike):
 * the one-element op -> ``kernel_launch_us``;
 * a GEMM loop beside an in-flight all-reduce (``core_share``) -> ``transport_core_share`` (its
   slowdown over the all-reduce's own time, summed over sizes);
-* one-way p2p with the sender computing after its isend (``p2p``) -> link ``latency`` alpha
-  and ``bandwidth`` beta of ``t = alpha + S/beta`` (the ping-pong ``p2p_idle`` rows are reported)
+* p2p as pipeline ranks meet it (``p2p``: the exchange after an F/B on one host, else one-way
+  sends with the sender computing after its isend; mean times) -> link ``latency`` alpha and
+  ``bandwidth`` beta of ``t = alpha + S/beta`` (the ping-pong ``p2p_idle`` rows are reported)
   (non-negative least squares on relative error);
 * collectives (all-reduce, all-gather, reduce-scatter, all-to-all, broadcast, as the runtime
   calls them) -> per kind, group size and size range (:data:`SIZE_RANGES`) a latency alpha and
@@ -311,8 +312,10 @@ def fit_profile(base: HardwareProfile, data: pd.DataFrame, name: str, precision:
         alpha, beta = fit_alpha_beta(kinds["p2p"])
         tier = LinkTier(base.nvlink.name, beta, alpha, 1.0)
         prof = dataclasses.replace(prof, nvlink=tier)
-        msg = (f"{tag}: alpha-beta fit of one-way sends over {len(kinds['p2p'])} sizes, the sender computing "
-               "after its isend (as a pipeline rank does)")
+        how = ("pipeline exchanges (both ranks send after computing, one computes on)"
+               if set(kinds["p2p"]["name"]) == {"exchange"} else
+               "one-way sends, the sender computing after its isend (as a pipeline rank does)")
+        msg = f"{tag}: alpha-beta fit of the mean time of {how} over {len(kinds['p2p'])} sizes"
         src.update({"node.nvlink_gbyte_per_s": msg, "node.nvlink_latency_us": msg,
                     "node.nvlink_efficiency": f"{tag}: bandwidth above is the achieved one"})
         if len({*data.get("host", pd.Series(["x"])).dropna()}) <= 1:  # one host: no inter-node tier to measure
@@ -355,7 +358,7 @@ def predictions(prof: HardwareProfile, data: pd.DataFrame, precision: str,
             p = dev.kernel_launch_s
         elif kind == "core_share":
             p = (dev.transport_core_share or 0.0) * float(r["comm_s"])
-        elif kind in ("p2p", "p2p_idle"):  # p2p_idle: reported against the fitted (busy-sender) link
+        elif kind in ("p2p", "p2p_idle"):  # p2p_idle: reported against the fitted link
             p = prof.nvlink.transfer_time(float(r["bytes"]))
         elif kind == "collective":
             ring = alpha_beta_time(r["name"], float(r["bytes"]), int(r["group"]),

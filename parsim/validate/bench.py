@@ -18,8 +18,10 @@ of a real run shares the machine with the others, so the device being calibrated
   recording, as in training) and backward over a grid of sequence lengths and head counts;
 * launch: a one-element op (per-op dispatch overhead);
 * p2p: isend/irecv ping-pong between rank 0 and every other rank over message sizes
-  (``p2p_idle``: both sides waiting), and one-way sends whose sender goes on computing
-  (``p2p``: what a pipeline does; this is what the link's alpha/beta are fitted to);
+  (``p2p_idle``: both sides waiting), and the exchange pipeline ranks make after an F or B,
+  one of them computing on while its send drains (``p2p`` ``exchange``; on several hosts,
+  one-way sends whose sender goes on computing, ``send_busy_sender``): what the link's
+  alpha/beta are fitted to;
 * collectives: all_reduce, all_gather, reduce_scatter, all_to_all (as the runtime calls
   them), broadcast and the context-parallel ring step over message sizes and group sizes;
 * core share: a GEMM loop beside an in-flight all-reduce against both alone (``core_share``:
@@ -405,6 +407,69 @@ class Bench:
                 self.add("p2p", "send_busy_sender", mean, bytes=float(buf.numel() * 4), group=2, peers="0-1",
                          repeat_sigma=robust_sigma([math.log(t / mean) for t in kept]))
 
+    def p2p_exchange(self, sizes, trials: int = 40, busy_s: float = 0.010) -> bool:
+        """One-way p2p time as pipeline ranks meet it: ranks 0 and 1 compute (an F or B), then
+        send to each other at about the same moment, the receive posted early, as the runtime
+        posts it; after its receive one rank goes on computing (its next F/B, while its own
+        send drains) and the other waits for its send, the roles alternating trial by trial.
+        A direction's time runs from the later of the send and the receiver's wait (both
+        clocks are this host's monotonic clock) to the receive completing: what the receiver
+        waited beyond its own readiness.
+
+        On this 2-vCPU VM that time is heavy-tailed: ~0.2-0.4 ms usually, 4-5 ms in about
+        one exchange of five (a transport thread woken on a core that is computing waits for
+        a scheduler tick; pinning ranks to cores, idle polling and keeping the vCPUs busy did
+        not remove it). Those ticks accumulate over a step (a DualPipe step on the tiny GPT
+        lost ~15 ms to them against 0.14 ms a send fitted one-way), so the row is the mean
+        over the samples less the slowest one, not a median; its ``repeat_sigma`` is the spread
+        of the mean over blocks of ``EXCHANGES_PER_STEP`` (what one step's sends average to).
+        Only where every rank shares one host (a common clock); returns whether it ran."""
+        hosts = [None] * self.world
+        dist.all_gather_object(hosts, socket.gethostname())
+        if len(set(hosts)) > 1:
+            return False
+        a, w = self.rand(256, 256), self.rand(256, 256)
+        for nbytes in sizes:
+            out = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=self.dev)
+            inn = torch.zeros_like(out)
+            stamps = []
+            for trial in range(trials):
+                other = 1 - self.rank
+                recv = dist.irecv(inn, other) if self.rank < 2 else None
+                dist.barrier()
+                if self.rank >= 2:
+                    continue
+                t0 = time.perf_counter()
+                while time.perf_counter() - t0 < busy_s:
+                    a @ w
+                self.sync()
+                sent = time.perf_counter()
+                send = dist.isend(out, other)
+                recv.wait()
+                self.sync()
+                got = time.perf_counter()
+                if trial % 2 == self.rank:
+                    t1 = time.perf_counter()
+                    while time.perf_counter() - t1 < busy_s:
+                        a @ w
+                send.wait()
+                stamps.append((sent, got))
+            mine = torch.tensor(stamps if self.rank < 2 else [(0.0, 0.0)] * trials, dtype=torch.float64)
+            both = [torch.zeros_like(mine) for _ in range(self.world)]
+            dist.all_gather(both, mine)
+            if self.rank != 1:
+                continue
+            times = exchange_waits(both[0].tolist(), both[1].tolist())
+            kept = sorted(times)[:-1]
+            mean = sum(kept) / len(kept)
+            # the band's sampler prices a link once per sample (a step): its repeat noise is the
+            # spread of a step's mean wait, not of one exchange (consecutive blocks of a step's worth)
+            blocks = [times[i:i + EXCHANGES_PER_STEP] for i in range(0, len(times) - EXCHANGES_PER_STEP + 1,
+                                                                      EXCHANGES_PER_STEP)]
+            self.add("p2p", "exchange", mean, bytes=float(out.numel() * 4), group=2, peers="0-1",
+                     repeat_sigma=robust_sigma([math.log(sum(b) / len(b) / mean) for b in blocks]))
+        return True
+
     def compute_gap(self, seconds: float):
         """About ``seconds`` of compute as a layer runs it between two collectives: GEMMs on
         operands cycled through more memory than the caches hold, the count measured on rank 0
@@ -542,6 +607,22 @@ def core_share_trials(gemm, collective, sync, trials: int) -> tuple[float, float
     return (statistics.fmean(alone), statistics.fmean(comm), statistics.fmean(beside))
 
 
+EXCHANGES_PER_STEP = 8
+"""Pipeline exchanges in one step of the bundled tiny scenarios (4 microbatches, 2 stages: an F
+and a B send each): the block over which :meth:`Bench.p2p_exchange` measures a step's spread."""
+
+
+def exchange_waits(rank0: list, rank1: list) -> list[float]:
+    """Per trial and direction of :meth:`Bench.p2p_exchange`, from each rank's (isend issued,
+    receive completed) stamps on the host's common clock: how long the receiver waited for the
+    data beyond the later of the send and its own readiness (floored at 0.1 us)."""
+    out = []
+    for (s0, r0), (s1, r1) in zip(rank0, rank1):
+        ready = max(s0, s1)
+        out += [max(r1 - ready, 1e-7), max(r0 - ready, 1e-7)]  # 0 -> 1, then 1 -> 0
+    return out
+
+
 def ring_step(send: tuple, recv: tuple, n: int, group) -> None:
     """One ring step over the group of global ranks 0..n-1: ``send`` to the successor, ``recv``
     from the predecessor, posted as ``parsim.validate.ring`` posts them, then waited."""
@@ -560,7 +641,10 @@ def main(job_file: str) -> int:
     b.gemms(); b.memory(); b.attention(); b.launch()
     if world > 1:
         p2p_sizes = sizes if quick else MSG_BYTES[:7]  # 1 KiB .. 4 MiB: what a pipeline sends
-        b.p2p(p2p_sizes); b.p2p_busy_sender(p2p_sizes); b.collectives(sizes)
+        b.p2p(p2p_sizes)
+        if not b.p2p_exchange(p2p_sizes):  # ranks on several hosts: no common clock
+            b.p2p_busy_sender(p2p_sizes)
+        b.collectives(sizes)
         b.core_share(CORE_SHARE_BYTES[:1] if quick else CORE_SHARE_BYTES)
     (Path(job["out"]) / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "rows": b.rows}))
     dist.barrier()
