@@ -201,6 +201,10 @@ def test_calibrate_quick_run_writes_profile_and_data(tmp_path):
     data = pd.read_csv(tmp_path / "quick-cpu.csv")
     assert {"gemm", "memory", "update", "optimizer", "attention", "p2p", "collective"} <= set(data["kind"])
     assert 0 < prof.device.update_efficiency <= 1 and 0 < prof.device.optimizer_efficiency <= 1
+    # the runtime's block timed on this CPU: seconds per aten op, both passes, from both flavours
+    eager = data[data["kind"] == "eager"]
+    assert len(set(eager["name"])) == 4 and (eager["ops"] > 40).all()  # every rank times them
+    assert 0 < prof.device.eager_op_forward_s < 1e-3 and 0 < prof.device.eager_op_backward_s < 1e-3
     assert {"seconds", "predicted_s", "relative_error"} <= set(data.columns)
     # the collectives the runtime runs, each fitted on the 2-rank group
     # and the context-parallel ring step (both directions at once, K and V as two sends)

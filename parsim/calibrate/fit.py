@@ -18,6 +18,8 @@ weigh alike):
   separately (``parsim.costs.scores_pass_bytes``: once forward, twice backward) is taken
   off first, so prediction = fitted GEMM part + modelled traffic;
 * the one-element op -> ``kernel_launch_us``;
+* the runtime's block at a negligible size (``eager``) -> ``eager_op_forward_us`` and
+  ``eager_op_backward_us`` (pass time over the aten ops dispatched, median over flavours);
 * a GEMM loop beside an in-flight all-reduce (``core_share``) -> ``transport_core_share`` (its
   slowdown over the all-reduce's own time, summed over sizes);
 * p2p as pipeline ranks meet it (``p2p``: the exchange after an F/B on one host, else one-way
@@ -299,6 +301,16 @@ def fit_profile(base: HardwareProfile, data: pd.DataFrame, name: str, precision:
     if "launch" in kinds:
         dev = dataclasses.replace(dev, kernel_launch_s=float(kinds["launch"]["seconds"].median()))
         src["device.kernel_launch_us"] = f"{tag}: one-element op, median"
+    if "eager" in kinds:
+        rows = kinds["eager"]
+        for pas in ("forward", "backward"):
+            mine = rows[rows["name"].str.startswith(f"block_{pas}")]
+            if len(mine):
+                per_op = float((mine["seconds"] / mine["ops"]).median())
+                dev = dataclasses.replace(dev, **{f"eager_op_{pas}_s": per_op})
+                src[f"device.eager_op_{pas}_us"] = (
+                    f"{tag}: the torch runtime's block {pas} at a negligible size over the aten ops it "
+                    f"dispatched, median of {len(mine)} flavours")
     if "core_share" in kinds:
         share = fit_core_share(kinds["core_share"])
         if share is not None:
@@ -356,6 +368,9 @@ def predictions(prof: HardwareProfile, data: pd.DataFrame, precision: str,
                  + scores_traffic_s(dev, name, r["m"], r["n"], precision))
         elif kind == "launch":
             p = dev.kernel_launch_s
+        elif kind == "eager":
+            per_op = dev.eager_op_forward_s if "forward" in str(r["name"]) else dev.eager_op_backward_s
+            p = float(r["ops"]) * (per_op or dev.kernel_launch_s)
         elif kind == "core_share":
             p = (dev.transport_core_share or 0.0) * float(r["comm_s"])
         elif kind in ("p2p", "p2p_idle"):  # p2p_idle: reported against the fitted link

@@ -136,6 +136,17 @@ class Device:
     (``parsim.cluster.contention.transport_slowdown_s``). Optional key
     ``device.transport_core_share`` (``parsim calibrate`` times GEMMs beside all-reduces);
     ``None``: no such sharing (a GPU's collectives hold SMs instead: ``parsim.cluster.contention``)."""
+    eager_op_forward_s: float | None = None
+    """Host seconds per aten op of the torch runtime's eager block forward (the Python module
+    call, the dispatcher and autograd recording, views included) on a device where the host
+    runs the kernels itself: a CPU rank, where that time adds to the compute. 53 ops of the
+    tiny GPT's block took ~240 us at a negligible size on this VM, where the launch-gap count
+    (15 kernels at the one-element op's 2 us) said 30 us. Optional key
+    ``device.eager_op_forward_us`` (``parsim calibrate`` times the runtime's block); ``None``:
+    launch gaps (``kernel_launch_s`` per kernel; a GPU's host runs ahead of its kernels)."""
+    eager_op_backward_s: float | None = None
+    """The same for the block's backward (autograd's engine, ~3.8 us an op here). Optional key
+    ``device.eager_op_backward_us``."""
     kernels: KernelFacts | None = field(default=None, hash=False)
     """Facts the kernel models need (SM count, per-clock rates, GEMM tiles, MAMF, attention
     kernel); ``None`` when the profile gives none (``kernel_*`` methods then refuse)."""
@@ -419,6 +430,7 @@ _SCHEMA: dict[str, dict[str, tuple[str, bool]]] = {
         "unfused_attention_efficiency": ("frac", _OPT), "update_efficiency": ("frac", _OPT),
         "attention_backward_efficiency": ("frac", _OPT), "unfused_attention_backward_efficiency": ("frac", _OPT),
         "optimizer_efficiency": ("frac", _OPT), "transport_core_share": ("frac", _OPT),
+        "eager_op_forward_us": ("pos", _OPT), "eager_op_backward_us": ("pos", _OPT),
         "mxfp8_tflops": ("pos", _OPT),
         # kernel-model facts (parsim.cluster.kernels, attention_kernels): all or none
         "sm_count": ("int", _OPT), "tensor_flop_per_clock_per_sm": ("pos", _OPT),
@@ -569,6 +581,8 @@ def parse_profile(data: Mapping[str, Any], file: str = "<profile>") -> HardwareP
         unfused_attention_backward_efficiency=d.get("unfused_attention_backward_efficiency"),
         update_efficiency=d.get("update_efficiency"), optimizer_efficiency=d.get("optimizer_efficiency"),
         transport_core_share=d.get("transport_core_share"),
+        eager_op_forward_s=None if "eager_op_forward_us" not in d else to_si("eager_op_forward_us", d["eager_op_forward_us"]),
+        eager_op_backward_s=None if "eager_op_backward_us" not in d else to_si("eager_op_backward_us", d["eager_op_backward_us"]),
         kernels=kernels.facts_from_table(d, peaks, PRECISIONS, file), gemm_model=d.get("gemm_model", "kernel"),
     )
 
@@ -690,6 +704,9 @@ def profile_to_tables(profile: HardwareProfile) -> dict[str, dict[str, Any]]:
         dev["optimizer_efficiency"] = d.optimizer_efficiency
     if d.transport_core_share is not None:
         dev["transport_core_share"] = d.transport_core_share
+    for key in ("eager_op_forward", "eager_op_backward"):
+        if getattr(d, f"{key}_s") is not None:
+            dev[f"{key}_us"] = getattr(d, f"{key}_s") / US
     dev.update(kernels.facts_to_table(d.kernels))
     if d.gemm_model != "kernel":
         dev["gemm_model"] = d.gemm_model

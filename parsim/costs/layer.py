@@ -351,11 +351,36 @@ def head_layout_traffic(inp: LayerInputs) -> float:
 
 
 def launch_gaps(inp: LayerInputs, passes: int) -> float:
-    """Kernel launch gaps of one block per pass: ~12 kernels in a fused forward (2 norms,
-    4 GEMMs, attention, bias-gelu, 2 bias-dropout-adds, 2 TP collectives), +3 unfused
-    attention kernels without FlashAttention; the backward launches twice as many."""
+    """Host time of one block per pass outside the kernels' own time. On a device that states
+    the torch runtime's per-op host time (``eager_op_forward_s`` / ``eager_op_backward_s``:
+    a CPU rank, where the host is the device and every op's Python module call, dispatch and
+    autograd recording run serially with the compute) the runtime's own ops per pass
+    (:func:`eager_block_ops`) at that time. Otherwise kernel launch gaps: ~12 kernels in a
+    fused forward (2 norms, 4 GEMMs, attention, bias-gelu, 2 bias-dropout-adds, 2 TP
+    collectives), +3 unfused attention kernels without FlashAttention; the backward launches
+    twice as many."""
+    dev = inp.hardware.device
+    per_op = dev.eager_op_forward_s if passes == 1 else dev.eager_op_backward_s
+    if per_op is not None:
+        fwd, bwd = eager_block_ops(inp.model, inp.options.flash_attention)
+        return (fwd if passes == 1 else bwd) * per_op
     n = 12 + (0 if inp.options.flash_attention else 3)
-    return passes * n * inp.hardware.device.kernel_launch_s
+    return passes * n * dev.kernel_launch_s
+
+
+def eager_block_ops(m: ModelSpec, flash: bool) -> tuple[int, int]:
+    """(forward, backward) aten ops one dense block of the torch validation runtime
+    (``parsim.validate.model.Block``, tp = cp = 1) dispatches, views included: counted with a
+    ``TorchDispatchMode`` over every norm / FFN / bias / attention-kernel / GQA combination
+    (``tests/test_eager_ops.py`` holds this to the count). The explicit attention core adds
+    the head-major reshapes, two batched GEMMs, the mask add and the softmax (GQA: the mask
+    repeated per grouped head); RMSNorm and SwiGLU are autograd Functions with their own
+    elementwise ops; each biased linear adds a reduction (and its view) to the backward."""
+    norm_rms, swiglu, gqa = m.norm != "layernorm", m.ffn == "swiglu", m.n_kv_heads < m.n_heads
+    fwd = 32 + (0 if flash else 21 + 2 * gqa) + 10 * norm_rms + 5 * swiglu
+    biased = (4 + swiglu) if m.bias else int(m.qkv_bias)
+    bwd = 54 + (0 if flash else 22 + gqa) + 16 * norm_rms + 17 * swiglu + 2 * biased
+    return fwd, bwd
 
 
 def _attention_flops(inp: LayerInputs) -> float:

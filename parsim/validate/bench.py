@@ -17,6 +17,8 @@ of a real run shares the machine with the others, so the device being calibrated
 * attention: the attention core (explicit scores + softmax + @V, and SDPA) forward (autograd
   recording, as in training) and backward over a grid of sequence lengths and head counts;
 * launch: a one-element op (per-op dispatch overhead);
+* eager: the runtime's own block forward and backward at a negligible size, with the aten ops
+  each dispatched (host time per op of an eager module pass; CPU devices only);
 * p2p: isend/irecv ping-pong between rank 0 and every other rank over message sizes
   (``p2p_idle``: both sides waiting), and the exchange pipeline ranks make after an F or B,
   one of them computing on while its send drains (``p2p`` ``exchange``; on several hosts,
@@ -357,6 +359,53 @@ class Bench:
         dist.barrier()
         self.add("launch", "tiny_op", _time(lambda: a.add(1.0), self.sync, repeats=7))
 
+    def eager(self, repeats: int = 201) -> None:
+        """Host time per aten op of the torch runtime's own block (``parsim.validate.model.Block``)
+        at a negligible size (d_model 8, 4 tokens): forward and backward, two flavours (the tiny
+        GPT's LayerNorm / GELU / biases / explicit attention, and RMSNorm / SwiGLU / GQA / SDPA,
+        whose norm and FFN are autograd Functions). Rows ``eager`` ``block_<pass>_<flavour>``:
+        the median pass time and, in ``ops``, the aten ops it dispatched (counted with a
+        ``TorchDispatchMode``), from which the fit takes seconds per op. Only where the host runs
+        the kernels (a CPU device): a GPU's host issues them ahead of the device."""
+        if self.dev.type != "cpu":
+            return
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        from parsim.model import ModelSpec
+        from parsim.validate.model import Block
+
+        class Count(TorchDispatchMode):
+            n = 0
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                self.n += 1
+                return func(*args, **(kwargs or {}))
+        flavours = {"gpt": (ModelSpec("eager-gpt", 1, 8, 2, 2, 32, 16, ffn="gelu", norm="layernorm", bias=True,
+                                      position="learned", max_seq_len=8), False),
+                    "llama": (ModelSpec("eager-llama", 1, 8, 2, 1, 32, 16, ffn="swiglu", norm="rmsnorm"), True)}
+        mask = torch.full((4, 4), float("-inf"), dtype=self.dtype, device=self.dev).triu(1)
+        dist.barrier()
+        for flavour, (spec, flash) in flavours.items():
+            blk = Block(spec, flash, self.dtype).to(self.dev)
+            x = torch.randn(1, 4, spec.d_model, dtype=self.dtype, device=self.dev, requires_grad=True)
+            fwd, bwd = [], []
+            for i in range(repeats + 20):
+                t0 = time.perf_counter()
+                y = blk(x, mask)
+                t1 = time.perf_counter()
+                y.backward(torch.ones_like(y))
+                t2 = time.perf_counter()
+                if i >= 20:  # warm
+                    fwd.append(t1 - t0)
+                    bwd.append(t2 - t1)
+            with Count() as cf:
+                y = blk(x, mask)
+            with Count() as cb:
+                y.backward(torch.ones_like(y))
+            for name, times, ops in (("forward", fwd, cf.n), ("backward", bwd, cb.n)):
+                self.add("eager", f"block_{name}_{flavour}", statistics.median(times), ops=float(ops),
+                         repeat_sigma=robust_sigma([math.log(t / statistics.median(times)) for t in times]))
+
     def p2p(self, sizes):
         for peer in range(1, self.world):
             for nbytes in sizes:
@@ -638,7 +687,7 @@ def main(job_file: str) -> int:
     quick = bool(job.get("quick"))
     b = Bench(rank, world, device, dtype, quick, passes=int(job.get("passes") or 0))
     sizes = QUICK["MSG_BYTES"] if quick else MSG_BYTES
-    b.gemms(); b.memory(); b.attention(); b.launch()
+    b.gemms(); b.memory(); b.attention(); b.launch(); b.eager()
     if world > 1:
         p2p_sizes = sizes if quick else MSG_BYTES[:7]  # 1 KiB .. 4 MiB: what a pipeline sends
         b.p2p(p2p_sizes)
