@@ -139,14 +139,14 @@ class Device:
     eager_op_forward_s: float | None = None
     """Host seconds per aten op of the torch runtime's eager block forward (the Python module
     call, the dispatcher and autograd recording, views included) on a device where the host
-    runs the kernels itself: a CPU rank, where that time adds to the compute. 53 ops of the
-    tiny GPT's block took ~240 us at a negligible size on this VM, where the launch-gap count
-    (15 kernels at the one-element op's 2 us) said 30 us. Optional key
+    runs the kernels itself: a CPU rank, where that time adds to the compute. The 53 ops of
+    the tiny GPT's block took 210-240 us at a negligible size on this VM (~4 us an op), where
+    the launch-gap count (15 kernels at the one-element op's 2 us) said 30 us. Optional key
     ``device.eager_op_forward_us`` (``parsim calibrate`` times the runtime's block); ``None``:
     launch gaps (``kernel_launch_s`` per kernel; a GPU's host runs ahead of its kernels)."""
     eager_op_backward_s: float | None = None
-    """The same for the block's backward (autograd's engine, ~3.8 us an op here). Optional key
-    ``device.eager_op_backward_us``."""
+    """The same for the block's backward, run by autograd's engine (the tiny GPT's 84 ops took
+    ~290 us here, 2.5-3.4 us an op by flavour). Optional key ``device.eager_op_backward_us``."""
     kernels: KernelFacts | None = field(default=None, hash=False)
     """Facts the kernel models need (SM count, per-clock rates, GEMM tiles, MAMF, attention
     kernel); ``None`` when the profile gives none (``kernel_*`` methods then refuse)."""

@@ -355,7 +355,8 @@ def launch_gaps(inp: LayerInputs, passes: int) -> float:
     the torch runtime's per-op host time (``eager_op_forward_s`` / ``eager_op_backward_s``:
     a CPU rank, where the host is the device and every op's Python module call, dispatch and
     autograd recording run serially with the compute) the runtime's own ops per pass
-    (:func:`eager_block_ops`) at that time. Otherwise kernel launch gaps: ~12 kernels in a
+    (:func:`eager_block_ops`; for an MoE layer its dense count: the router's and the expert
+    loop's own ops are not counted) at that time. Otherwise kernel launch gaps: ~12 kernels in a
     fused forward (2 norms, 4 GEMMs, attention, bias-gelu, 2 bias-dropout-adds, 2 TP
     collectives), +3 unfused attention kernels without FlashAttention; the backward launches
     twice as many."""
