@@ -27,27 +27,19 @@ def _spec(ffn, norm, bias, kv):
 @pytest.mark.parametrize("ffn,norm,bias,flash,kv", VARIANTS)
 def test_op_count_is_the_runtime_block_s_own(ffn, norm, bias, flash, kv):
     """Oracle: every aten op the validation runtime's Block dispatches in one forward and one
-    backward, counted by a TorchDispatchMode (views included), for each norm / FFN / bias /
-    attention kernel / GQA combination."""
+    backward, counted by a TorchDispatchMode (views included; calibration's ``op_counter``), for
+    each norm / FFN / bias / attention kernel / GQA combination."""
     torch = pytest.importorskip("torch")
-    from torch.utils._python_dispatch import TorchDispatchMode
-
+    from parsim.validate.bench import op_counter
     from parsim.validate.model import Block
-
-    class Count(TorchDispatchMode):
-        n = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.n += 1
-            return func(*args, **(kwargs or {}))
     spec = _spec(ffn, norm, bias, kv)
     blk = Block(spec, flash, torch.float32)
     x = torch.randn(1, 4, 16, requires_grad=True)
     mask = torch.full((4, 4), float("-inf")).triu(1)
     blk(x, mask).sum().backward()  # first-call work (lazy init) out of the count
-    with Count() as f:
+    with op_counter() as f:
         y = blk(x, mask)
-    with Count() as b:
+    with op_counter() as b:
         y.backward(torch.ones_like(y))
     assert eager_block_ops(spec, flash) == (f.n, b.n)
 

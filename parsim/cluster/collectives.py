@@ -234,13 +234,12 @@ def algorithm_times(hw: HardwareProfile, kind: str, nbytes: float, ranks: list[i
     return out
 
 
-def _hierarchical(hw: HardwareProfile, kind: str, nbytes: float, pl: GroupPlacement, hops: int = 1,
-                  local: list[int] | None = None) -> float:
+def _hierarchical(hw: HardwareProfile, kind: str, nbytes: float, pl: GroupPlacement, hops: int,
+                  local: list[int]) -> float:
     """Intra-node reduce-scatter / all-gather over NVLink (the ring ``local``, the group's
     ranks on one node, can run) + inter-node on S/g per rail."""
     g, k = pl.per_node, pl.nodes
-    nv = _intra_node_path(hw, local) if local else GroupPath("nvlink", hw.nvlink.effective_bandwidth,
-                                                             hw.nvlink.latency_s)
+    nv = _intra_node_path(hw, local)
     intra_kind = {"all_reduce": ("reduce_scatter", "all_gather"), "reduce_scatter": ("reduce_scatter",),
                   "all_gather": ("all_gather",)}[kind]
     intra = sum(alpha_beta_time(x, nbytes, g, nv.bandwidth, nv.latency_s) for x in intra_kind)

@@ -369,17 +369,8 @@ class Bench:
         the kernels (a CPU device): a GPU's host issues them ahead of the device."""
         if self.dev.type != "cpu":
             return
-        from torch.utils._python_dispatch import TorchDispatchMode
-
         from parsim.model import ModelSpec
         from parsim.validate.model import Block
-
-        class Count(TorchDispatchMode):
-            n = 0
-
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                self.n += 1
-                return func(*args, **(kwargs or {}))
         flavours = {"gpt": (ModelSpec("eager-gpt", 1, 8, 2, 2, 32, 16, ffn="gelu", norm="layernorm", bias=True,
                                       position="learned", max_seq_len=8), False),
                     "llama": (ModelSpec("eager-llama", 1, 8, 2, 1, 32, 16, ffn="swiglu", norm="rmsnorm"), True)}
@@ -398,13 +389,14 @@ class Bench:
                 if i >= 20:  # warm
                     fwd.append(t1 - t0)
                     bwd.append(t2 - t1)
-            with Count() as cf:
+            with op_counter() as cf:
                 y = blk(x, mask)
-            with Count() as cb:
+            with op_counter() as cb:
                 y.backward(torch.ones_like(y))
             for name, times, ops in (("forward", fwd, cf.n), ("backward", bwd, cb.n)):
-                self.add("eager", f"block_{name}_{flavour}", statistics.median(times), ops=float(ops),
-                         repeat_sigma=robust_sigma([math.log(t / statistics.median(times)) for t in times]))
+                mid = statistics.median(times)
+                self.add("eager", f"block_{name}_{flavour}", mid, ops=float(ops),
+                         repeat_sigma=robust_sigma([math.log(t / mid) for t in times]))
 
     def p2p(self, sizes):
         for peer in range(1, self.world):
@@ -440,9 +432,7 @@ class Bench:
                 dist.barrier()
                 if self.rank == 0:
                     work = dist.isend(buf, 1)
-                    t0 = time.perf_counter()
-                    while time.perf_counter() - t0 < busy_s:
-                        a @ w
+                    gemms_for(busy_s, a, w)
                     work.wait()
                     self.sync()
                 elif self.rank == 1:
@@ -474,7 +464,7 @@ class Bench:
         of the mean over blocks of ``EXCHANGES_PER_STEP`` (what one step's sends average to).
         Only where every rank shares one host (a common clock); returns whether it ran."""
         hosts = [None] * self.world
-        dist.all_gather_object(hosts, socket.gethostname())
+        dist.all_gather_object(hosts, self.host)
         if len(set(hosts)) > 1:
             return False
         a, w = self.rand(256, 256), self.rand(256, 256)
@@ -488,9 +478,7 @@ class Bench:
                 dist.barrier()
                 if self.rank >= 2:
                     continue
-                t0 = time.perf_counter()
-                while time.perf_counter() - t0 < busy_s:
-                    a @ w
+                gemms_for(busy_s, a, w)
                 self.sync()
                 sent = time.perf_counter()
                 send = dist.isend(out, other)
@@ -498,9 +486,7 @@ class Bench:
                 self.sync()
                 got = time.perf_counter()
                 if trial % 2 == self.rank:
-                    t1 = time.perf_counter()
-                    while time.perf_counter() - t1 < busy_s:
-                        a @ w
+                    gemms_for(busy_s, a, w)
                 send.wait()
                 stamps.append((sent, got))
             mine = torch.tensor(stamps if self.rank < 2 else [(0.0, 0.0)] * trials, dtype=torch.float64)
@@ -654,6 +640,27 @@ def core_share_trials(gemm, collective, sync, trials: int) -> tuple[float, float
         t0 = time.perf_counter(); gemm(); sync(); beside.append(time.perf_counter() - t0)
         work.wait()
     return (statistics.fmean(alone), statistics.fmean(comm), statistics.fmean(beside))
+
+
+def gemms_for(seconds: float, a, w) -> None:
+    """GEMMs ``a @ w`` for about ``seconds`` (a rank's F or B beside a transfer)."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        a @ w
+
+
+def op_counter():
+    """A context manager counting the aten ops dispatched inside it, views included (a
+    ``TorchDispatchMode``): ``with op_counter() as c: ...`` then ``c.n``."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n += 1
+            return func(*args, **(kwargs or {}))
+    return Count()
 
 
 EXCHANGES_PER_STEP = 8
