@@ -74,3 +74,50 @@ def test_tp_overlap_charges_the_userbuffers_sms_to_the_gemms():
     assert slow == pytest.approx((comm - exposed) * sms / 132, rel=1e-9)
     off = load_scenario("scenarios/llama3-70b-h100.toml", ["overlap.tp_comm=false"])
     assert tp_layer_comm(layer_inputs(cost_inputs(off)), 1e8, gemm)[1] == 0.0
+
+
+def test_an_async_collective_beside_compute_exposes_what_outlasts_it():
+    """Megatron's backward re-gather launched beside a GEMM (``async_beside``), hand-computed:
+    1.0 ms of all-gather beside 0.4 ms of GEMM on an H100 exposes 0.6 ms and slows the GEMM by
+    the gather's 24 of 132 SMs over the 0.4 ms it ran beside it; beside a longer GEMM nothing is
+    exposed; on a CPU rank (gloo: the transport shares the core) all of it is."""
+    from parsim.cluster.contention import async_beside
+    hw = load_profile("dgx-h100")
+    share = hw.device.kernels.collective_ctas / hw.device.kernels.sm_count
+    exposed, slow = async_beside(hw, 1.0e-3, 0.4e-3, range(8))
+    assert exposed == pytest.approx(0.6e-3, rel=1e-12)
+    assert slow == pytest.approx(0.4e-3 * share, rel=1e-12)
+    exposed, slow = async_beside(hw, 1.0e-3, 5.0e-3, range(8))
+    assert exposed == 0.0 and slow == pytest.approx(1.0e-3 * share, rel=1e-12)
+    assert async_beside(load_profile("cpu-gloo"), 1.0e-3, 5.0e-3, range(2)) == (1.0e-3, 0.0)
+
+
+@pytest.mark.parametrize("hardware", ["dgx-h100", "cpu-gloo"])
+def test_sequence_parallel_backward_adds_the_re_gathers(hardware):
+    """Under sequence parallelism a block's backward communicates its forward's all-gathers and
+    reduce-scatters' conjugates plus QKV's and FC1's input gathered again: on an H100 each
+    re-gather beside its site's input-gradient GEMMs (exposed beyond them), on a CPU rank
+    blocking. Hand-assembled from the collective's time and the GEMM model."""
+    from parsim.cluster.precision import PRECISION_TABLE
+    from parsim.costs.inputs import cost_inputs, layer_inputs
+    from parsim.costs.layer import layer_cost, tp_collective_time
+    from parsim.model import layer_gemms
+    from tests.helpers import scenario
+
+    sc = scenario(tp=4, hardware=hardware, model={"preset": "llama3-8b"}, parallel={"sequence_parallel": True},
+                  training={"seq_len": 2048, "microbatch_size": 1, "global_batch": 8, "precision": "bf16"})
+    li = layer_inputs(cost_inputs(sc))
+    lc = layer_cost(li, False)
+    act = li.shard.tokens * sc.model.d_model * PRECISION_TABLE["bf16"].wire_bytes
+    ag, rs = tp_collective_time(li, "all_gather", act), tp_collective_time(li, "reduce_scatter", act)
+    assert lc.forward.tp_comm == pytest.approx(2 * (ag + rs), rel=1e-12)
+    dev = li.hardware.device
+    if hardware == "cpu-gloo":
+        assert lc.backward_input.tp_comm == pytest.approx(2 * (ag + rs) + 2 * ag, rel=1e-12)
+        return
+    from parsim.costs.compute import gemm_precision
+    g = {x.name: x for x in layer_gemms(sc.model, li.shard.tokens, 4)}
+    windows = [sum(dev.gemm_time(g[n].m, g[n].k, g[n].n, gemm_precision(li, n)) for n in site)
+               for site in (("qkv",), ("gate", "up"))]
+    exposed = sum(max(0.0, ag - w) for w in windows)
+    assert lc.backward_input.tp_comm == pytest.approx(2 * (ag + rs) + exposed, rel=1e-12)

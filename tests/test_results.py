@@ -64,12 +64,15 @@ def _tp_bytes_by_hand(tp: int, wire: int, m: int, passes: int, layers_per_rank: 
     cross-entropy's three all-reduces of one fp32 number per token in its forward. Sequence
     parallelism (``sp``) turns each block's all-reduce into an all-gather and a reduce-scatter
     (the same bytes), the head's into a forward all-gather and a backward reduce-scatter (the
-    same again) and the embedding's into one reduce-scatter (half)."""
+    same again) and the embedding's into one reduce-scatter (half); each block's backward also
+    gathers QKV's and FC1's input again (Megatron keeps only the sequence shard): two
+    all-gathers sending (t-1)/t of the activation each, one ring's worth; the head's backward
+    gathers its input again too (half a ring)."""
     act = 512 * 256 * wire
     ring = 2 * (tp - 1) / tp * act
-    per_rank = layers_per_rank * passes * 2 * ring * m
-    embedding = ring * m / (2 if sp else 1)
-    head = ring * m + (3 * 2 * (tp - 1) / tp * 512 * 4 * m if loss else 0.0)
+    per_rank = layers_per_rank * (passes * 2 + (1 if sp else 0)) * ring * m
+    embedding = ring * m
+    head = ring * m * (1.5 if sp else 1) + (3 * 2 * (tp - 1) / tp * 512 * 4 * m if loss else 0.0)
     return (pp * per_rank + embedding + head) / pp
 
 

@@ -193,3 +193,37 @@ def test_ring_sends_what_the_cost_model_counts(two_ranks, name):
         for (op, _mb), nbytes in sent.items():
             per_block = ca.forward_bytes if op == "F" else ca.backward_bytes
             assert nbytes == pytest.approx(sc.model.n_layers * per_block, rel=1e-12), (op, nbytes)
+
+
+def test_sequence_parallel_backward_gathers_each_column_input_again(two_ranks):
+    """Megatron's sequence parallelism keeps only the sequence shard of every column-parallel
+    layer's input (QKV, FC1, the LM head) and gathers it again in the backward. Every other
+    collective has its conjugate in the other pass (block all-gathers / reduce-scatters, the
+    embedding's reduce-scatter / all-gather, the head's all-gather / reduce-scatter), except the
+    cross-entropy's three all-reduces of one fp32 number per token in the forward. So a
+    microbatch's backward moves 2 L + 1 gathered activations more than its forward, less
+    those three: in the runtime's records (buffer bytes) and in the cost model's bytes sent
+    (an all-gather over 2 ranks sends half its buffer, an all-reduce all of it)."""
+    from parsim.costs.inputs import cost_inputs, layer_inputs
+    from parsim.costs.layer import layer_cost
+    from parsim.costs.stage import embedding_cost, head_cost
+    _, ranks = two_ranks
+    i = list(TWO).index("tp2-sp")
+    sc = prepare(TINY, TWO["tp2-sp"], "gloo")
+    tr, m = sc.training, sc.model
+    tokens = tr.microbatch_size * tr.seq_len
+    act, loss = tokens * m.d_model * 4, tokens * 4  # fp32
+    for r in ranks:
+        sent: dict = {}
+        for stream, op, _stage, mb, _t0, _t1, nbytes in r["variants"][i]["steps"][0]["spans"]:
+            if stream == "tp":
+                sent.setdefault(mb, {}).setdefault(op, 0.0)
+                sent[mb][op] += nbytes
+        assert sent and all(set(ops) == {"F", "B"} for ops in sent.values())
+        for ops in sent.values():
+            assert ops["B"] - ops["F"] == (2 * m.n_layers + 1) * act - 3 * loss
+    li = layer_inputs(cost_inputs(sc))
+    lc, head, emb = layer_cost(li, False), head_cost(li), embedding_cost(li)
+    model = (m.n_layers * (lc.backward_input_bytes.tp - lc.forward_bytes.tp)
+             + head.backward_bytes.tp - head.forward_bytes.tp + emb.backward_bytes.tp - emb.forward_bytes.tp)
+    assert model == pytest.approx((2 * m.n_layers + 1) * act / 2 - 3 * loss, rel=1e-12)

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 
 import parsim.costs.compute as _compute
 import parsim.costs.layer as _layer
-from parsim.autoplan.mesh import Layout, Mesh, collective, reshard_time
+from parsim.autoplan.mesh import Layout, Mesh, collective, reshard_steps, reshard_time
+from parsim.cluster.contention import async_beside
 from parsim.cluster.hardware import HardwareProfile
 from parsim.cluster.precision import PRECISION_TABLE
 from parsim.config.scenario import OverlapConfig, dropout_enabled
@@ -80,6 +81,9 @@ class Strategy:
     transient_bytes: float = 0.0
     """Bytes alive only while the op runs: FSDP's gathered weight (and its gradient before the
     reduce-scatter), on top of everything kept at that liveness point."""
+    dgrad_s: float = 0.0
+    """Seconds of its input-gradient GEMMs (linear ops), part of ``backward_s``: what a
+    column-parallel layer's backward re-gather of a sequence-sharded input runs beside."""
 
 
 @dataclass(frozen=True)
@@ -248,7 +252,7 @@ def linear_op(st: Setting, mesh: Mesh, name: str, only: frozenset | None = None)
         stash = tokens / bz * K / r * st_act_bytes(st)
         strategies.append(Strategy(tuple(roles), inp_l, out_l, gin, f, i + w, per_mb, step,
                                    _states(st, params) / z, stash, _fam_linear(name, roles),
-                                   transient_bytes=_gathered(st, params, z)))
+                                   transient_bytes=_gathered(st, params, z), dgrad_s=i))
     return Op(name, "linear", K, tuple(strategies))
 
 
@@ -404,8 +408,25 @@ def _edge_matrix(hw: HardwareProfile, g: Graph, e: int):
             seen[(x, y)] = reshard_time(hw, x, y, full, g.mesh)
         return seen[(x, y)]
     fwd = tuple(tuple(t(s.out, d.inp) for d in b.strategies) for s in a.strategies)
-    bwd = tuple(tuple(t(d.grad_in, s.out.without_partial()) for d in b.strategies) for s in a.strategies)
+    bwd = tuple(tuple(t(d.grad_in, s.out.without_partial()) + sum(regather(hw, g, e, s, d)) for d in b.strategies)
+                for s in a.strategies)
     return fwd, bwd
+
+
+def regather(hw: HardwareProfile, g: Graph, e: int, s: Strategy, d: Strategy) -> tuple[float, float]:
+    """(exposed seconds, compute slowdown) of the backward re-gather on edge ``e`` (source
+    strategy ``s``, destination ``d``): a column-parallel linear whose input arrives sharded
+    along the tokens and is only all-gathered (Megatron's sequence parallelism) keeps the
+    shard and gathers it again for its weight gradient, launched beside its input-gradient
+    GEMMs (``parsim.cluster.contention.async_beside``, as ``parsim.costs.layer`` books it)."""
+    _, dst, width = g.edges[e]
+    if g.ops[dst].kind != "linear" or g.ops[dst].name not in COLUMN or s.out == d.inp:
+        return 0.0, 0.0
+    steps = reshard_steps(s.out, d.inp, g.tokens * width * g.act_bytes, g.mesh)
+    if not steps or any(k != "all_gather" for k, _, _ in steps):
+        return 0.0, 0.0
+    t = sum(collective(hw, k, b, grp) for k, b, grp in steps)
+    return async_beside(hw, t, d.dgrad_s, [r for _, _, grp in steps for r in grp])
 
 
 def op_time(s: Strategy, recompute: str, n_microbatches: int) -> float:

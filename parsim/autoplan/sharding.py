@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from parsim.autoplan.graph import Graph, edge_matrices
+from parsim.autoplan.graph import Graph, edge_matrices, regather
 from parsim.autoplan.mesh import Mesh
 from parsim.cluster.hardware import HardwareProfile
 from parsim.config.sharding import REPLICATE, Annotation, ShardingConfig
@@ -108,7 +108,7 @@ class Breakdown:
     forward_s: float
     """Compute of the forward."""
     backward_s: float
-    """Compute of the backward (input and weight gradients)."""
+    """Compute of the backward (input and weight gradients; slowed by what it hides)."""
     forward_comm_s: float
     """Resharding collectives of the forward (Megatron's g: all-reduce / reduce-scatter, all-gather)."""
     backward_comm_s: float
@@ -123,12 +123,14 @@ class Breakdown:
 
 def breakdown(hw: HardwareProfile, g: Graph, choice: tuple[int, ...]) -> Breakdown:
     ss = [op.strategies[s] for op, s in zip(g.ops, choice)]
-    fc = bc = 0.0
+    fc = bc = slow = 0.0
     for e, (u, v, _) in enumerate(g.edges):
         fwd, bwd = edge_matrices(hw, g, e)
+        _, hidden_cost = regather(hw, g, e, ss[u], ss[v])  # the edge's cost holds it: compute, not comm
         fc += fwd[choice[u]][choice[v]]
-        bc += bwd[choice[u]][choice[v]]
+        bc += bwd[choice[u]][choice[v]] - hidden_cost
+        slow += hidden_cost
     a2a = sum(s.a2a_s for s in ss)  # the experts' dispatch + combine, once per pass
     counts = sum(s.counts_s for s in ss)  # the forward's count exchange before its dispatch
-    return Breakdown(sum(s.forward_s for s in ss), sum(s.backward_s for s in ss), fc + a2a + counts, bc + a2a,
+    return Breakdown(sum(s.forward_s for s in ss), sum(s.backward_s for s in ss) + slow, fc + a2a + counts, bc + a2a,
                      sum(s.comm_s for s in ss), sum(s.step_comm_s for s in ss), sum(s.state_bytes for s in ss))

@@ -81,3 +81,19 @@ def transport_slowdown_s(dev: Device, comm_s: float, compute_s: float) -> float:
     whose transport shares the rank's processor (``Device.transport_core_share``: gloo on CPU
     ranks); 0 elsewhere."""
     return shared_slowdown_s(dev.transport_core_share or 0.0, comm_s, compute_s)
+
+
+def async_beside(hw: HardwareProfile, comm_s: float, compute_s: float, ranks: Iterable[int]) -> tuple[float, float]:
+    """(exposed seconds, compute slowdown) of a collective over the global ``ranks`` launched
+    asynchronously beside ``compute_s`` of compute and waited for after it (Megatron's
+    backward re-gather beside the input-gradient GEMM): what outlasts the compute is exposed,
+    the hidden part slows the compute by the SMs its CTAs hold. Only a GPU (a profile with kernel
+    facts) runs a collective's kernels on a stream beside the compute; on CPU ranks (gloo, the
+    transport's threads on the rank's own cores, the torch runtime's collectives blocking)
+    nothing hides."""
+    if comm_s <= 0.0:
+        return 0.0, 0.0
+    if hw.device.kernels is None or hw.device.transport_core_share is not None:
+        return comm_s, 0.0
+    exposed = max(0.0, comm_s - compute_s)
+    return exposed, slowdown_s(hw.device, group_sms(hw, ranks), comm_s - exposed, compute_s)

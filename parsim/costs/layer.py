@@ -171,7 +171,8 @@ def layer_cost(inp: LayerInputs, moe_layer: bool) -> LayerCost:
         i_mem = 2 * f_mem
     act_bytes = tokens * m.d_model * PRECISION_TABLE[prec].wire_bytes
     tp_fwd, f_slow = tp_layer_comm(inp, act_bytes, f_gemm)
-    tp_bwd, i_slow = tp_layer_comm(inp, act_bytes, i_gemm, backward=True)
+    tp_bwd, i_slow = tp_layer_comm(inp, act_bytes, i_gemm, backward=True,
+                                   regather_windows=regather_windows_s(inp, gemms))
     # context parallelism (parsim.costs.context): the K/V ring (or gather / all-to-all) and,
     # with the kernel model, its per-block attention kernels in place of the 1/cp share
     ca = _context.cp_attention(inp, (f_attn, i_attn)) if sh.cp > 1 else None
@@ -181,9 +182,9 @@ def layer_cost(inp: LayerInputs, moe_layer: bool) -> LayerCost:
     fwd = Parts(compute=f_gemm + f_attn + f_mem + f_slow, tp_comm=tp_fwd, cp_comm=cp_f)
     inp_parts = Parts(compute=i_gemm + i_attn + i_mem + i_slow, tp_comm=tp_bwd, cp_comm=cp_i)
     wgt = Parts(compute=w_gemm)
-    tp_sent = tp_layer_bytes(inp, act_bytes)
-    sent_f = AxisBytes(tp=tp_sent, cp=ca.forward_bytes if ca is not None else 0.0)
-    sent_i = AxisBytes(tp=tp_sent, cp=ca.backward_bytes if ca is not None else 0.0)  # dK/dV ride back too
+    sent_f = AxisBytes(tp=tp_layer_bytes(inp, act_bytes), cp=ca.forward_bytes if ca is not None else 0.0)
+    sent_i = AxisBytes(tp=tp_layer_bytes(inp, act_bytes, backward=True),
+                       cp=ca.backward_bytes if ca is not None else 0.0)  # dK/dV ride back too
     if ph is not None:
         fwd, inp_parts, wgt, gemm_flops = _moe_parts(inp, ph, fwd, inp_parts, wgt, gemm_flops)
         a2a = _moe.all_to_all_bytes(ph.routing, m.d_model, PRECISION_TABLE[prec].activation_bytes)
@@ -279,14 +280,40 @@ def tp_collective_time(inp: LayerInputs, kind: str, nbytes: float) -> float:
     return cached_collective_time(inp.cluster, kind, nbytes, inp.shard.tp_group)
 
 
-def tp_layer_comm(inp: LayerInputs, act_bytes: float, gemm_s: float, backward: bool = False) -> tuple[float, float]:
+SEQUENCE_GATHERED_GEMMS = (("qkv", "q", "q_down", "kv_down"), ("fc1", "gate", "up", "shared_fc1", "shared_gate", "shared_up"))
+"""The column-parallel GEMMs whose input is sequence parallelism's all-gathered activation, by
+site (the attention's, the MLP's; ``parsim.model.shapes`` names): in the backward Megatron
+gathers each site's input again for its weight gradients, beside its input-gradient GEMMs."""
+
+
+def regather_windows_s(inp: LayerInputs, gemms: tuple) -> tuple[float, ...]:
+    """Seconds of each site's input-gradient GEMMs (:data:`SEQUENCE_GATHERED_GEMMS`): what
+    Megatron's backward re-gather of that site's input runs beside."""
+    dev = inp.hardware.device
+    kernels = dev.kernels is not None
+
+    def dgrad(g) -> float:
+        prec = _compute.gemm_precision(inp, g.name) if kernels else inp.options.precision
+        return dev.gemm_time(g.m, g.k, g.n, prec, g.count)
+    return tuple(sum(dgrad(g) for g in gemms if g.name in site) for site in SEQUENCE_GATHERED_GEMMS)
+
+
+def tp_layer_comm(inp: LayerInputs, act_bytes: float, gemm_s: float, backward: bool = False,
+                  regather_windows: tuple[float, ...] = (0.0, 0.0)) -> tuple[float, float]:
     """(exposed TP communication, compute slowed by the hidden part) of one block in one pass
     (Megatron f/g operators).
 
     Without sequence parallelism: two all-reduces of the block's activation (after the
     attention projection and after FC2). With it: an all-gather before QKV/FC1 and a
-    reduce-scatter after proj/FC2 -- the same ring bytes, norms sharded. With
-    ``overlap.tp_comm`` the collectives are split into tp chunks pipelined with the
+    reduce-scatter after proj/FC2 -- the same ring bytes, norms sharded. The backward runs
+    their conjugates (the reduce-scatters' all-gathers, the all-gathers' reduce-scatters) and,
+    as Megatron-Core's ``LinearWithGradAccumulationAndAsyncCommunication`` keeps only this
+    rank's sequence slice of QKV's and FC1's input (what the activation model counts), gathers
+    that input again for their weight gradients: two more all-gathers. Megatron launches each
+    re-gather asynchronously beside its layer's input-gradient GEMMs (``regather_windows``, one
+    per site) and waits for it after them (``parsim.cluster.contention.async_beside``).
+
+    With ``overlap.tp_comm`` the collectives are split into tp chunks pipelined with the
     neighbouring GEMMs: the first chunk stays exposed, and whatever exceeds the GEMMs. The
     hidden chunks hold SMs the GEMMs lose (``parsim.cluster.contention``): with sequence
     parallelism Transformer Engine's userbuffers (forward: ring-exchange all-gathers and
@@ -296,14 +323,21 @@ def tp_layer_comm(inp: LayerInputs, act_bytes: float, gemm_s: float, backward: b
     sh = inp.shard
     if sh.tp <= 1:
         return 0.0, 0.0
+    gather = tp_collective_time(inp, "all_gather", act_bytes) if sh.sequence_parallel else 0.0
+    regathers = (gather,) * len(regather_windows) if backward else ()
     if sh.sequence_parallel:
-        comm = 2 * (tp_collective_time(inp, "all_gather", act_bytes) + tp_collective_time(inp, "reduce_scatter", act_bytes))
+        comm = 2 * (gather + tp_collective_time(inp, "reduce_scatter", act_bytes))
     else:
         comm = 2 * tp_collective_time(inp, "all_reduce", act_bytes)
-    if not inp.options.overlap.tp_comm:
-        return comm, 0.0
-    exposed = max(comm / sh.tp, comm - gemm_s)
     dev = inp.hardware.device
+    if not inp.options.overlap.tp_comm:
+        slow = 0.0
+        for t, window in zip(regathers, regather_windows):
+            exposed, hidden_cost = _contention.async_beside(inp.hardware, t, window, sh.tp_group)
+            comm, slow = comm + exposed, slow + hidden_cost
+        return comm, slow
+    comm += sum(regathers)
+    exposed = max(comm / sh.tp, comm - gemm_s)
     if sh.sequence_parallel:
         ub = _contention.USERBUFFERS_SMS
         sms = (ub["ring_exchange"] + (ub["bulk"] if backward else ub["pipeline"])) / 2
@@ -312,13 +346,16 @@ def tp_layer_comm(inp: LayerInputs, act_bytes: float, gemm_s: float, backward: b
     return exposed, _contention.slowdown_s(dev, sms, comm - exposed, gemm_s)
 
 
-def tp_layer_bytes(inp: LayerInputs, act_bytes: float) -> float:
-    """Bytes one GPU sends in a block's TP collectives in one pass (those :func:`tp_layer_comm` times)."""
+def tp_layer_bytes(inp: LayerInputs, act_bytes: float, backward: bool = False) -> float:
+    """Bytes one GPU sends in a block's TP collectives in one pass (those :func:`tp_layer_comm`
+    times; the backward's re-gathers under sequence parallelism included)."""
     tp = inp.shard.tp
     if tp <= 1:
         return 0.0
     if inp.shard.sequence_parallel:
-        return 2 * (bytes_sent_per_rank("all_gather", act_bytes, tp) + bytes_sent_per_rank("reduce_scatter", act_bytes, tp))
+        regather = 2 * bytes_sent_per_rank("all_gather", act_bytes, tp) if backward else 0.0
+        return 2 * (bytes_sent_per_rank("all_gather", act_bytes, tp)
+                    + bytes_sent_per_rank("reduce_scatter", act_bytes, tp)) + regather
     return 2 * bytes_sent_per_rank("all_reduce", act_bytes, tp)
 
 

@@ -13,6 +13,7 @@ from functools import lru_cache
 from operator import add
 
 from parsim.cluster.collectives import bytes_sent_per_rank
+from parsim.cluster.contention import async_beside
 from parsim.cluster.precision import PRECISION_TABLE
 from parsim.costs.inputs import LayerInputs
 from parsim.costs.layer import (
@@ -256,12 +257,14 @@ class EndCost:
     """Bytes held for a moment in the backward beyond the stash (the loss's temporaries,
     ``memory_ops.loss_transient_bytes_per_logit``)."""
     backward_bytes: AxisBytes = field(default_factory=AxisBytes)
-    """Bytes sent in the backward (the LM head's input-gradient all-reduce or reduce-scatter)."""
+    """Bytes sent in the backward (the LM head's input-gradient all-reduce or reduce-scatter and
+    its input gathered again; the embedding's output gradient gathered under sequence parallelism)."""
 
 
 @lru_cache(maxsize=4096)
 def embedding_cost(inp: LayerInputs) -> EndCost:
-    """The embedding lookup (memory-bound) and its vocabulary-parallel all-reduce."""
+    """The embedding lookup (memory-bound) and its vocabulary-parallel all-reduce (under
+    sequence parallelism a reduce-scatter, and the backward's all-gather)."""
     m, sh, dev = inp.model, inp.shard, inp.hardware.device
     tokens = sh.tokens
     emb = dev.memory_time(2 * tokens * m.d_model * 2)
@@ -270,6 +273,9 @@ def embedding_cost(inp: LayerInputs) -> EndCost:
     # over tp (Megatron's VocabParallelEmbedding), reduce-scattered along the sequence under
     # sequence parallelism
     tp, sent = _tp_collective(inp, "reduce_scatter" if sh.sequence_parallel else "all_reduce", out_bytes)
+    # its conjugate in the backward: under sequence parallelism the output gradient all-gathered
+    # (every rank's rows need every token's gradient), else Megatron's g: nothing
+    tp_b, sent_b = _tp_collective(inp, "all_gather", out_bytes) if sh.sequence_parallel else (0.0, 0.0)
     # the weight gradient: the tokens' output gradients scattered into their rows, into a dense
     # table of this rank's vocabulary rows that autograd allocates zeroed (torch's
     # embedding_dense_backward), then added into the gradient buffer (Megatron's DDP hook
@@ -278,9 +284,9 @@ def embedding_cost(inp: LayerInputs) -> EndCost:
     rows = m.vocab_size / sh.tp
     w, g, _ = state_bytes_per_param(inp.options.optimizer, inp.options.precision)
     dense = dev.memory_time(rows * m.d_model * (2 * w + 2 * g))
-    return EndCost(Parts(compute=emb, tp_comm=tp), Parts(),
+    return EndCost(Parts(compute=emb, tp_comm=tp), Parts(tp_comm=tp_b),
                    Parts(compute=dev.memory_time(tokens * m.d_model * 4) + dense),
-                   0.0, AxisBytes(tp=sent), 0.0)
+                   0.0, AxisBytes(tp=sent), 0.0, backward_bytes=AxisBytes(tp=sent_b))
 
 
 def _tp_collective(inp: LayerInputs, kind: str, nbytes: float) -> tuple[float, float]:
@@ -292,25 +298,32 @@ def _tp_collective(inp: LayerInputs, kind: str, nbytes: float) -> tuple[float, f
     return tp_collective_time(inp, kind, nbytes), bytes_sent_per_rank(kind, nbytes, sh.tp)
 
 
-def head_tp_comm(inp: LayerInputs) -> tuple[float, float, AxisBytes, AxisBytes]:
-    """(forward, backward seconds; forward, backward bytes sent) of the LM head's tensor-parallel
-    collectives, none of which Transformer Engine's userbuffers overlap (Megatron's output layer
-    is a plain ColumnParallelLinear): the head input gathered along the sequence under sequence
-    parallelism (else Megatron's f, free), its gradient all-reduced (reduce-scattered under
-    sequence parallelism) in the backward; and the vocabulary-parallel cross-entropy's three
-    fp32 all-reduces of one number per token (the logits' max, the target logit, the sum of
-    exponentials: ``_VocabParallelCrossEntropy``) in the forward."""
+def head_tp_comm(inp: LayerInputs, dgrad_s: float = 0.0) -> tuple[float, float, AxisBytes, AxisBytes, float]:
+    """(forward, backward seconds; forward, backward bytes sent; backward compute slowdown) of
+    the LM head's tensor-parallel collectives, none of which Transformer Engine's userbuffers
+    overlap (Megatron's output layer is a plain ColumnParallelLinear): the head input gathered
+    along the sequence under sequence parallelism (else Megatron's f, free), its gradient
+    all-reduced (reduce-scattered under sequence parallelism) in the backward; and the
+    vocabulary-parallel cross-entropy's three fp32 all-reduces of one number per token (the
+    logits' max, the target logit, the sum of exponentials: ``_VocabParallelCrossEntropy``) in
+    the forward. Under sequence parallelism the layer keeps only its input's shard, as every
+    sequence-parallel column layer does, and gathers it again in the backward for its weight
+    gradient, beside its input-gradient GEMM (``dgrad_s``;
+    ``parsim.cluster.contention.async_beside``)."""
     sh = inp.shard
     act = sh.tokens * inp.model.d_model * PRECISION_TABLE[inp.options.precision].wire_bytes
     loss_s, loss_sent = _tp_collective(inp, "all_reduce", sh.tokens * 4.0)
+    slow = 0.0
     if sh.sequence_parallel:
         gather_s, gather_sent = _tp_collective(inp, "all_gather", act)
         bwd, bwd_sent = _tp_collective(inp, "reduce_scatter", act)
+        exposed, slow = async_beside(inp.hardware, gather_s, dgrad_s, sh.tp_group)
+        bwd, bwd_sent = bwd + exposed, bwd_sent + gather_sent
     else:
         gather_s, gather_sent = 0.0, 0.0
         bwd, bwd_sent = _tp_collective(inp, "all_reduce", act)
     fwd, fwd_sent = 3 * loss_s + gather_s, 3 * loss_sent + gather_sent
-    return fwd, bwd, AxisBytes(tp=fwd_sent), AxisBytes(tp=bwd_sent)
+    return fwd, bwd, AxisBytes(tp=fwd_sent), AxisBytes(tp=bwd_sent), slow
 
 
 @lru_cache(maxsize=4096)
@@ -330,9 +343,10 @@ def head_cost(inp: LayerInputs) -> EndCost:
     # fp32 logits for the loss, plus the final norm's input and the LM head's input
     # (two d_model activations per token; replicated over tp unless sequence parallel)
     head_inputs = 2 * tokens * m.d_model * activation_options(inp).bytes_per_element
-    tp_f, tp_b, sent_f, sent_b = head_tp_comm(inp)
+    dgrad = dev.gemm_time(g.m, g.k, g.n, prec)
+    tp_f, tp_b, sent_f, sent_b, slow = head_tp_comm(inp, dgrad)
     return EndCost(Parts(compute=dev.gemm_time(g.m, g.n, g.k, prec) + loss_f, tp_comm=tp_f),
-                   Parts(compute=dev.gemm_time(g.m, g.k, g.n, prec) + loss_b, tp_comm=tp_b),
+                   Parts(compute=dgrad + loss_b + slow, tp_comm=tp_b),
                    Parts(compute=dev.gemm_time(g.k, g.n, g.m, prec)), g.flops, sent_f,
                    logits_bytes(m, seq, b, sh.tp) + head_inputs / (sh.tp if sh.sequence_parallel else 1),
                    logits * loss_transient_bytes_per_logit(out_bytes, o.fused_kernels, o.cross_entropy_fusion),
