@@ -334,33 +334,6 @@ def test_measured_collectives_price_groups_inside_the_node(tmp_path):
         load_profile(str(bad))
 
 
-def test_collective_benchmark_reports_the_mean_call_time_not_a_median():
-    """A collective that now and then stalls costs a step its expected time: the benchmark's
-    row is the mean over every timed call. Hand-computed case: 3 repeats of 10 calls, every
-    7th call stalls 20 ms (calls 7, 14, 21, 28: one stall in each of the first two repeats, two
-    in the third), the others return at once. Mean = 4 x 20 ms / 30 = 2.67 ms, where the median
-    of the repeats' means would say 2.0 ms."""
-    pytest.importorskip("torch")
-    import time
-
-    from parsim.validate.bench import expected_call_time
-
-    calls = {"n": 0}
-
-    def fn():
-        calls["n"] += 1
-        if calls["n"] % 7 == 0:
-            time.sleep(0.02)
-
-    # expected_call_time makes one untimed call first (call 1), so shift the count by one
-    calls["n"] = -1
-    mean, per_repeat = expected_call_time(fn, lambda: None, lambda: None, repeats=3, calls=10)
-    assert len(per_repeat) == 3
-    assert sorted(per_repeat)[1] == pytest.approx(0.002, rel=0.25)   # the median a repeat-median would report
-    assert mean == pytest.approx(4 * 0.02 / 30, rel=0.25)             # what the benchmark reports
-    assert mean > sorted(per_repeat)[1] * 1.2
-
-
 def test_in_situ_call_time_charges_the_call_and_the_compute_it_slows(monkeypatch):
     """A fake clock: each gap takes 1.0 ms, each call 0.3 ms, and the gap right after a call
     0.2 ms more (caches refilled, the transport's threads still on the core). What a call adds

@@ -173,10 +173,11 @@ def layer_cost(inp: LayerInputs, moe_layer: bool) -> LayerCost:
     tp_fwd, f_slow = tp_layer_comm(inp, act_bytes, f_gemm)
     tp_bwd, i_slow = tp_layer_comm(inp, act_bytes, i_gemm, backward=True,
                                    regather_windows=regather_windows_s(inp, gemms))
-    # context parallelism (parsim.costs.context): the K/V ring (or gather / all-to-all) and,
-    # with the kernel model, its per-block attention kernels in place of the 1/cp share
+    # context parallelism (parsim.costs.context): the K/V ring (or gather / all-to-all) and its
+    # attention -- with the kernel model per-block kernels in place of the 1/cp share, without
+    # it that share spread over the ring's steps, each later step paying its merge
     ca = _context.cp_attention(inp, (f_attn, i_attn)) if sh.cp > 1 else None
-    if ca is not None and _context.uses_kernels(inp):
+    if ca is not None:
         f_attn, i_attn = ca.forward_s, ca.backward_s
     cp_f, cp_i = (ca.forward_comm_s, ca.backward_comm_s) if ca is not None else (0.0, 0.0)
     fwd = Parts(compute=f_gemm + f_attn + f_mem + f_slow, tp_comm=tp_fwd, cp_comm=cp_f)

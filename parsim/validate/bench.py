@@ -92,19 +92,6 @@ def _time(fn, sync, target_s: float = 0.03, repeats: int = 7, calls: int | None 
     return statistics.median(out)
 
 
-def _time_after(fn, pre, sync, repeats: int, calls: int) -> float:
-    """Median over ``repeats`` of the mean seconds of ``fn`` alone, each call right after ``pre``."""
-    return statistics.median(_times_after(fn, pre, sync, repeats, calls))
-
-
-def expected_call_time(fn, pre, sync, repeats: int, calls: int) -> tuple[float, list[float]]:
-    """(mean seconds of one call of ``fn`` right after ``pre``, over every timed call; the
-    per-repeat means). The mean, not a median: where calls now and then stall, a sequence of
-    them costs their expected time, which a median of repeats leaves out."""
-    ts = _times_after(fn, pre, sync, repeats, calls)
-    return statistics.fmean(ts), ts  # equal calls per repeat: the mean of means is the mean of all
-
-
 def in_situ_call_time(fn, gap, sync, repeats: int, calls: int) -> tuple[float, list[float]]:
     """(mean seconds ``fn`` adds to a rank that computes ``gap`` between its calls, per
     repeat). Each repeat, after one gap, times ``calls`` x (fn, gap) and then ``calls`` x gap
@@ -127,21 +114,6 @@ def in_situ_call_time(fn, gap, sync, repeats: int, calls: int) -> tuple[float, l
         sync()
         out.append(max(0.0, both - (time.perf_counter() - t)) / calls)
     return statistics.fmean(out), out
-
-
-def _times_after(fn, pre, sync, repeats: int, calls: int) -> list[float]:
-    """Per repeat, the mean seconds of ``fn`` alone, each call right after ``pre``."""
-    fn(); sync()
-    out = []
-    for _ in range(repeats):
-        total = 0.0
-        for _ in range(calls):
-            pre(); sync()
-            t = time.perf_counter()
-            fn(); sync()
-            total += time.perf_counter() - t
-        out.append(total / calls)
-    return out
 
 
 def rotating(shapes, dtype, device):
@@ -543,15 +515,17 @@ class Bench:
 
         ``p2p`` is a context-parallel ring step as ``parsim.validate.ring`` runs it: every rank
         sends K and V (two tensors, ``bytes`` together) to its successor and receives its
-        predecessor's in one batch_isend_irecv. The ring posts it before the attention it
-        overlaps, so its row is the exchange's own duration, timed right after a short GEMM.
-        Both directions at once on one host is not a one-way send: 2 x 128 KiB took 0.30 ms
-        (median; mean 0.53) where one 256 KiB send took 0.10-0.25 ms. ``bytes``: nccl-tests'
+        predecessor's in one batch_isend_irecv, and later waits for them. It is timed in situ
+        too: on a CPU rank the posting is not free -- gloo's caller thread writes into the
+        socket and takes the pair's lock, so a post waits for a scheduler tick as a wait does
+        (the tiny GPT's ring at cp = 2: posts 0.1-0.3 ms median but 0.5-0.9 ms mean, one in
+        five 2-5 ms; waits 0.6-0.8 ms mean), and the runtime pays both, the post inside its
+        attention's compute and the wait after it; timed right after a short GEMM, post + wait
+        came to 0.9 ms at 2 x 128 KiB where the ring paid ~2 ms a step. ``bytes``: nccl-tests'
         size convention (the all-reduce buffer, all-gather's output, reduce-scatter's input,
         the all-to-all send buffer; the ring step's K + V)."""
         from parsim.validate.comm import all_gather_flat, reduce_scatter_flat
         gap = self.compute_gap(COMM_GAP_S)
-        a, w = self.rand(128, 512), self.rand(512, 512)
         for n in range(2, self.world + 1):
             group = dist.new_group(list(range(n)))
             for nbytes in sizes:
@@ -569,13 +543,9 @@ class Bench:
                          "p2p": lambda kv=kv, kv_in=kv_in, n=n, group=group: ring_step(kv, kv_in, n, group)}
                 for name, fn in cases.items():
                     dist.barrier()
-                    if self.rank < n:
-                        if name == "p2p":  # the ring overlaps its exchange with attention: its duration
-                            t, ts = expected_call_time(fn, lambda: a @ w, self.sync, repeats=COMM_REPEATS,
-                                                       calls=_comm_calls(nbytes))
-                        else:  # blocking inside F/B (or waited on at STEP): what it adds to the rank
-                            t, ts = in_situ_call_time(fn, gap, self.sync, repeats=COMM_REPEATS,
-                                                      calls=max(IN_SITU_CALLS, _comm_calls(nbytes)))
+                    if self.rank < n:  # inside F/B (or waited on at STEP): what it adds to the rank
+                        t, ts = in_situ_call_time(fn, gap, self.sync, repeats=COMM_REPEATS,
+                                                  calls=max(IN_SITU_CALLS, _comm_calls(nbytes)))
                         if self.rank == 0:
                             self.add("collective", name, t, bytes=float(el * 4), group=n,
                                      repeat_sigma=robust_sigma([math.log(x / t) for x in ts]))
