@@ -35,9 +35,10 @@ the training runs in fp16 (Transformer Engine keeps dot-product attention out of
 in the profile the caller's attention time (its FLOP model) stands in, spread evenly over the
 ring's steps, each later step still paying its merge / gradient accumulation (memory-bound). The
 ring step's transfer is the link's latency plus the chunk at its bandwidth, or, on a calibrated
-profile that measured it (``collective_p2p_<cp>``), the ring step as the torch runtime runs it:
-on one CPU host both directions at once cost about 1 ms for 2 x 128 KiB (the link's one-way fit
-said 0.18 ms).
+profile that measured it (``collective_p2p_<cp>``), the ring step as the torch runtime pays it,
+timed in situ between stretches of compute, posting included: on one CPU host about 1.9 ms for
+2 x 128 KiB (the link's one-way fit said 0.18 ms; post and wait timed right after a short GEMM,
+0.9 ms).
 
 K/V heads per rank follow tensor parallelism (``n_kv_heads / tp``, or one replicated head when
 there are fewer KV heads than TP ranks): GQA shrinks the bytes on the ring.

@@ -314,8 +314,9 @@ def tp_layer_comm(inp: LayerInputs, act_bytes: float, gemm_s: float, backward: b
     re-gather asynchronously beside its layer's input-gradient GEMMs (``regather_windows``, one
     per site) and waits for it after them (``parsim.cluster.contention.async_beside``).
 
-    With ``overlap.tp_comm`` the collectives are split into tp chunks pipelined with the
-    neighbouring GEMMs: the first chunk stays exposed, and whatever exceeds the GEMMs. The
+    With ``overlap.tp_comm`` the collectives (the backward's re-gathers among them) are split
+    into tp chunks pipelined with the neighbouring GEMMs: the first chunk stays exposed, and
+    whatever exceeds the GEMMs. The
     hidden chunks hold SMs the GEMMs lose (``parsim.cluster.contention``): with sequence
     parallelism Transformer Engine's userbuffers (forward: ring-exchange all-gathers and
     pipelined reduce-scatters; backward: ring-exchange and bulk overlaps, half each), else
