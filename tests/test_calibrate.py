@@ -358,6 +358,34 @@ def test_in_situ_call_time_charges_the_call_and_the_compute_it_slows(monkeypatch
     assert mean == pytest.approx(0.5e-3, rel=1e-9)
 
 
+def test_in_situ_call_time_is_floored_where_noise_hides_the_call(monkeypatch):
+    """A fake clock where a gap takes 1.0 ms right after a call and 1.1 ms otherwise (the
+    gap-only loop slower: a cheap call drowned in the machine's noise). Each repeat: 10 x (0.05
+    ms call + 1.0 ms gap) = 10.5 ms against 10 x 1.1 ms = 11 ms of gaps alone, a negative
+    difference; the row is the 0.1 us floor, not zero or less, so its repeat spread (a log
+    ratio) is defined (the quick calibration's ring step once died on log(0))."""
+    pytest.importorskip("torch")
+    import math
+
+    from parsim.calibrate.spread import robust_sigma
+    from parsim.validate import bench
+
+    clock = {"t": 0.0, "after_call": False}
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock["t"])
+
+    def gap():
+        clock["t"] += 1.0e-3 if clock["after_call"] else 1.1e-3
+        clock["after_call"] = False
+
+    def call():
+        clock["t"] += 0.05e-3
+        clock["after_call"] = True
+
+    mean, per_repeat = bench.in_situ_call_time(call, gap, lambda: None, repeats=3, calls=10)
+    assert per_repeat == [bench.IN_SITU_FLOOR_S] * 3 and mean == bench.IN_SITU_FLOOR_S
+    assert robust_sigma([math.log(x / mean) for x in per_repeat]) == 0.0
+
+
 def test_core_share_is_measured_only_where_the_transport_shares_the_rank_s_processor(monkeypatch):
     """``transport_core_share`` is a CPU rank's quantity (gloo's threads on its core); NCCL on a
     GPU holds SMs instead (``collective_ctas``). A GPU calibration must neither time it (its

@@ -92,6 +92,9 @@ def _time(fn, sync, target_s: float = 0.03, repeats: int = 7, calls: int | None 
     return statistics.median(out)
 
 
+IN_SITU_FLOOR_S = 1e-7
+
+
 def in_situ_call_time(fn, gap, sync, repeats: int, calls: int) -> tuple[float, list[float]]:
     """(mean seconds ``fn`` adds to a rank that computes ``gap`` between its calls, per
     repeat). Each repeat, after one gap, times ``calls`` x (fn, gap) and then ``calls`` x gap
@@ -112,7 +115,9 @@ def in_situ_call_time(fn, gap, sync, repeats: int, calls: int) -> tuple[float, l
         for _ in range(calls):
             gap()
         sync()
-        out.append(max(0.0, both - (time.perf_counter() - t)) / calls)
+        # floored at 0.1 us a call: where the loop's own noise is larger than the call (a cheap
+        # call, a quick calibration's few repeats) the difference can come out at or below zero
+        out.append(max(IN_SITU_FLOOR_S, (both - (time.perf_counter() - t)) / calls))
     return statistics.fmean(out), out
 
 
