@@ -382,7 +382,7 @@ def test_in_situ_call_time_is_floored_where_noise_hides_the_call(monkeypatch):
         clock["after_call"] = True
 
     mean, per_repeat = bench.in_situ_call_time(call, gap, lambda: None, repeats=3, calls=10)
-    assert per_repeat == [bench.IN_SITU_FLOOR_S] * 3 and mean == bench.IN_SITU_FLOOR_S
+    assert per_repeat == [bench.FLOOR_S] * 3 and mean == bench.FLOOR_S
     assert robust_sigma([math.log(x / mean) for x in per_repeat]) == 0.0
 
 

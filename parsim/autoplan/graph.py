@@ -260,25 +260,6 @@ def st_act_bytes(st: Setting) -> float:
     return PRECISION_TABLE[st.precision].activation_bytes
 
 
-def attention_times(inp: LayerInputs) -> tuple[float, float]:
-    """(forward, backward) seconds of one block's attention core as ``parsim.costs.layer`` costs it."""
-    dev, o = inp.hardware.device, inp.options
-    if dev.kernels is not None:
-        if o.flash_attention and _compute.has_attention_kernel(inp):
-            a_f, a_i = _compute.fused_attention_times(inp)
-        else:
-            a_f, a_i = _compute.unfused_attention_gemms(inp, False), _compute.unfused_attention_gemms(inp, True)
-        return (a_f + _layer.scores_traffic(inp, 1.0) + _layer.head_layout_traffic(inp),
-                a_i + _layer.scores_traffic(inp, 2.0))
-    attn_flops = _layer._attention_flops(inp)
-    fused = o.flash_attention
-    executed = attn_flops * (0.5 if fused else 1.0)
-    ratio = _layer.FLASH_BACKWARD_FLOP_RATIO if fused else 2.0
-    f = dev.attention_time(executed, o.precision, fused) + _layer.scores_traffic(inp, 1.0) + _layer.head_layout_traffic(inp)
-    i = dev.attention_time(executed * ratio, o.precision, fused, backward=True) + _layer.scores_traffic(inp, 2.0)
-    return f + _layer.launch_gaps(inp, 1), i + _layer.launch_gaps(inp, 2)
-
-
 def _attn_stash(st: Setting, inp: LayerInputs, heads: int) -> float:
     """q, k, v and the output per local head (plus the scores without FlashAttention)."""
     m, sh = st.model, inp.shard
@@ -301,7 +282,7 @@ def attention_op(st: Setting, mesh: Mesh, only: frozenset | None = None) -> Op:
         if st.microbatch % b or m.n_heads % h or (m.n_kv_heads % h and h % m.n_kv_heads):
             continue
         inp = _inputs(st, st.microbatch // b, h, False)
-        f, i = attention_times(inp)
+        f, i = _layer.attention_times(inp)
         lay = Layout(tuple("T" if x == "B" else "F" if x == "H" else "-" for x in roles))
         fam = tuple("T" if x == "H" else x for x in roles)
         out.append(Strategy(tuple(roles), lay, lay, lay, f, i, 0.0, 0.0, 0.0,

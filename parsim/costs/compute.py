@@ -135,7 +135,7 @@ def _distinct_layers(m) -> range:
 def unfused_attention_gemms(inp: LayerInputs, backward: bool) -> float:
     """Seconds of the unfused attention core's batched GEMMs (the full s x s scores: eager
     attention masks, it does not skip): QK^T and PV forward; dV, dP, dQ, dK backward."""
-    m, sh, dev = inp.model, inp.shard, inp.hardware.device
+    sh, dev = inp.shard, inp.hardware.device
     heads, _, hd = _heads(inp)
     prec = attention_precision(inp.options.precision) if inp.options.precision == "fp8" else inp.options.precision
     sq, sk, bh = sh.seq_len // sh.cp, sh.seq_len, sh.microbatch_size * heads
@@ -159,6 +159,14 @@ def memory_work(inp: LayerInputs, moe_layer: bool) -> tuple[MemoryWork, MemoryWo
     return fwd, bwd
 
 
+def attention_core_times(inp: LayerInputs) -> tuple[float, float]:
+    """(forward, backward) kernel seconds of one block's attention core: the fused kernel where
+    FlashAttention is on and the device names one, else the unfused core's batched GEMMs."""
+    if inp.options.flash_attention and has_attention_kernel(inp):
+        return fused_attention_times(inp)
+    return unfused_attention_gemms(inp, False), unfused_attention_gemms(inp, True)
+
+
 @lru_cache(maxsize=4096)
 def block_compute(inp: LayerInputs, gemms: tuple, moe_layer: bool) -> BlockCompute:
     """Compute of one block from its GEMMs (``parsim.model.layer_gemms``, routed experts
@@ -171,12 +179,8 @@ def block_compute(inp: LayerInputs, gemms: tuple, moe_layer: bool) -> BlockCompu
         g_i += dev.gemm_time(g.m, g.k, g.n, p, g.count)
         g_w += dev.gemm_time(g.k, g.n, g.m, p, g.count)
     n_gemm = len(gemms)
-    if o.flash_attention and has_attention_kernel(inp):
-        a_f, a_i = fused_attention_times(inp)
-        k_attn = (1, ATTENTION_BACKWARD_KERNELS)
-    else:
-        a_f, a_i = unfused_attention_gemms(inp, False), unfused_attention_gemms(inp, True)
-        k_attn = (2, 4)
+    a_f, a_i = attention_core_times(inp)
+    k_attn = (1, ATTENTION_BACKWARD_KERNELS) if o.flash_attention and has_attention_kernel(inp) else (2, 4)
     mf, mb = memory_work(inp, moe_layer)
     # two TP collectives per pass launch kernels too (NCCL), counted with the block's gaps
     tp_kernels = 2 if inp.shard.tp > 1 else 0

@@ -139,7 +139,7 @@ def layer_cost(inp: LayerInputs, moe_layer: bool) -> LayerCost:
     m, dev, sh, o = inp.model, inp.hardware.device, inp.shard, inp.options
     prec = o.precision
     li = representative_layer(m, moe_layer)
-    b, tokens = sh.microbatch_size, sh.tokens
+    tokens = sh.tokens
     gemms = block_gemms(inp, moe_layer)
     ph = moe_phase(inp) if moe_layer and inp.moe is not None else None
     gemm_flops = sum(g.flops for g in gemms)
@@ -148,8 +148,7 @@ def layer_cost(inp: LayerInputs, moe_layer: bool) -> LayerCost:
     if dev.kernels is not None:  # every kernel through its own model (parsim.costs.compute)
         bc = _compute.block_compute(inp, gemms, moe_layer)
         f_gemm, i_gemm, w_gemm = bc.gemm
-        f_attn = bc.attention[0] + scores_traffic(inp, 1.0) + head_layout_traffic(inp)
-        i_attn = bc.attention[1] + scores_traffic(inp, 2.0)
+        f_attn, i_attn = attention_times(inp)
         f_mem, i_mem = bc.memory
         # the host issues each pass's kernels one by one (``kernel_launch_s`` each: Python
         # dispatch + the CUDA launch); when that takes longer than the GPU runs them, the GPU
@@ -162,12 +161,7 @@ def layer_cost(inp: LayerInputs, moe_layer: bool) -> LayerCost:
         f_gemm, f_mem = plain_forward_times(inp, gemms)
         i_gemm = sum(dev.gemm_time(g.m, g.k, g.n, prec, g.count) for g in gemms)
         w_gemm = sum(dev.gemm_time(g.k, g.n, g.m, prec, g.count) for g in gemms)
-        fused = o.flash_attention
-        executed = attn_flops * (0.5 if fused else 1.0)  # causal blocks skipped
-        bwd_ratio = FLASH_BACKWARD_FLOP_RATIO if fused else 2.0
-        f_attn = dev.attention_time(executed, prec, fused) + scores_traffic(inp, 1.0) + head_layout_traffic(inp)
-        i_attn = dev.attention_time(executed * bwd_ratio, prec, fused, backward=True) + scores_traffic(inp, 2.0)
-        f_attn, i_attn = f_attn + launch_gaps(inp, 1), i_attn + launch_gaps(inp, 2)
+        f_attn, i_attn = attention_times(inp)
         i_mem = 2 * f_mem
     act_bytes = tokens * m.d_model * PRECISION_TABLE[prec].wire_bytes
     tp_fwd, f_slow = tp_layer_comm(inp, act_bytes, f_gemm)
@@ -197,6 +191,24 @@ def layer_cost(inp: LayerInputs, moe_layer: bool) -> LayerCost:
     return LayerCost(fwd, inp_parts, wgt, gemm_flops + attn_flops, gemm_flops + 2 * attn_flops, gemm_flops,
                      sent_f, sent_i, params, expert / (sh.tp * sh.ep), act, wstash, transient,
                      attention_forward=Parts(compute=f_attn, cp_comm=cp_f))
+
+
+def attention_times(inp: LayerInputs) -> tuple[float, float]:
+    """(forward, backward) seconds of one block's attention core on this rank (its 1/cp share of
+    the queries, before context parallelism's ring): with kernel facts the core's kernels
+    (``parsim.costs.compute.attention_core_times``), else the calibrated FLOP model (causal
+    blocks skipped when fused; the host's per-pass time added); plus the scores' and the head
+    layout's traffic where the core is unfused."""
+    dev, o = inp.hardware.device, inp.options
+    if dev.kernels is not None:
+        a_f, a_i = _compute.attention_core_times(inp)
+        return a_f + scores_traffic(inp, 1.0) + head_layout_traffic(inp), a_i + scores_traffic(inp, 2.0)
+    fused = o.flash_attention
+    executed = _attention_flops(inp) / inp.shard.cp * (0.5 if fused else 1.0)  # causal blocks skipped
+    bwd_ratio = FLASH_BACKWARD_FLOP_RATIO if fused else 2.0
+    f = dev.attention_time(executed, o.precision, fused) + scores_traffic(inp, 1.0) + head_layout_traffic(inp)
+    i = dev.attention_time(executed * bwd_ratio, o.precision, fused, backward=True) + scores_traffic(inp, 2.0)
+    return f + launch_gaps(inp, 1), i + launch_gaps(inp, 2)
 
 
 def _layer_memory(inp: LayerInputs, li: int, ph) -> tuple[float, float, float]:

@@ -84,7 +84,8 @@ class Topology:
             per_link = hw.nvlink_link_bandwidth * hw.nvlink.efficiency
             self.capacity += [hw.nvlink_links[a][b] * per_link or hw.pcie.effective_bandwidth
                               for _ in range(nodes) for a in range(gpn) for b in range(gpn)]
-        self.names = _LinkNames(self._first, len(self.capacity), self._pair0, gpn)
+        self.names = _LinkNames(self._first, len(self.capacity), self._pair0 if hw.nvlink_links is not None else None,
+                                gpn)
 
     def link(self, kind: str, index: int) -> int:
         """Link id of ``(kind, index)``, e.g. ``("nic_up", 3)``."""
@@ -187,7 +188,7 @@ class _LinkNames:
 
     def __init__(self, first: tuple[int, ...], n_links: int, pair0: int | None = None, gpn: int = 1):
         self._first, self._n = first, n_links
-        self._pair0, self._gpn = (pair0 if pair0 is not None and pair0 < n_links else None), gpn
+        self._pair0, self._gpn = pair0, gpn  # pair0: first directed GPU-pair link (None: no mesh)
 
     def __getitem__(self, link: int) -> str:
         if not 0 <= link < self._n:

@@ -92,7 +92,9 @@ def _time(fn, sync, target_s: float = 0.03, repeats: int = 7, calls: int | None 
     return statistics.median(out)
 
 
-IN_SITU_FLOOR_S = 1e-7
+FLOOR_S = 1e-7
+"""Least seconds a measured communication time is taken as (0.1 us): an in-situ difference or
+an exchange wait can come out at or below zero in the noise, and rows' spreads are log ratios."""
 
 
 def in_situ_call_time(fn, gap, sync, repeats: int, calls: int) -> tuple[float, list[float]]:
@@ -115,9 +117,9 @@ def in_situ_call_time(fn, gap, sync, repeats: int, calls: int) -> tuple[float, l
         for _ in range(calls):
             gap()
         sync()
-        # floored at 0.1 us a call: where the loop's own noise is larger than the call (a cheap
+        # floored (FLOOR_S) a call: where the loop's own noise is larger than the call (a cheap
         # call, a quick calibration's few repeats) the difference can come out at or below zero
-        out.append(max(IN_SITU_FLOOR_S, (both - (time.perf_counter() - t)) / calls))
+        out.append(max(FLOOR_S, (both - (time.perf_counter() - t)) / calls))
     return statistics.fmean(out), out
 
 
@@ -650,7 +652,7 @@ def exchange_waits(rank0: list, rank1: list) -> list[float]:
     out = []
     for (s0, r0), (s1, r1) in zip(rank0, rank1):
         ready = max(s0, s1)
-        out += [max(r1 - ready, 1e-7), max(r0 - ready, 1e-7)]  # 0 -> 1, then 1 -> 0
+        out += [max(r1 - ready, FLOOR_S), max(r0 - ready, FLOOR_S)]  # 0 -> 1, then 1 -> 0
     return out
 
 
