@@ -84,28 +84,24 @@ def test_pipeline_and_dp_gradients_equal_single_process(parity_two, i, name):
 
 
 def test_every_registered_schedule_runs_and_is_checked_for_parity():
-    """The runtime runs every registered schedule but message-driven AMPNet (whose order is an
-    output of the costs: refused in one line), and each one is a parity variant here
-    (synchronous), in tests/test_validate_async.py or in tests/test_validate_terapipe.py."""
+    """The runtime runs every registered schedule, and each one is a parity variant here
+    (synchronous), in tests/test_validate_async.py, tests/test_validate_terapipe.py or (the
+    message-driven one) tests/test_validate_ampnet.py."""
+    from test_validate_ampnet import VARIANTS as MESSAGE_DRIVEN
     from test_validate_async import ASYNC
     from test_validate_terapipe import VARIANTS
 
-    from parsim.errors import ScheduleError
     from parsim.schedule import BUILDERS
-    from parsim.schedule.coverage import Trait
     from parsim.schedule.semantics import traits
     from parsim.validate.scale import RUNTIME_COVERAGE
-    assert RUNTIME_COVERAGE.refuses == {Trait.MESSAGE_DRIVEN}
-    checked = {o.split("=")[1] for v in [*TWO_RANKS.values(), *VARIANTS.values()] for o in v
-               if o.startswith("schedule.name=")} | {"1F1B"}
+    assert RUNTIME_COVERAGE.refuses == frozenset()
+    checked = {o.split("=")[1] for v in [*TWO_RANKS.values(), *VARIANTS.values(), *MESSAGE_DRIVEN.values()]
+               for o in v if o.startswith("schedule.name=")} | {"1F1B"}
     for name in BUILDERS:
         over = [f"schedule.name={name}"] + (["parallel.vpp=2"] if name == "Interleaved1F1B" else [])
-        if traits(name).message_driven:
-            with pytest.raises(ScheduleError, match="torch runtime does not run message-driven"):
-                prepare(TINY, over, "gloo")
-            continue
         prepare(TINY, over, "gloo")  # accepted
-        assert name in (ASYNC if traits(name).asynchronous else checked), name
+        t = traits(name)
+        assert name in (ASYNC if t.asynchronous and not t.message_driven else checked), name
 
 
 def test_pp2_dp2_zero_gradients_equal_single_process(tmp_path):

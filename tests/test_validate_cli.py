@@ -39,19 +39,9 @@ def _validate(scenario: str, sets: list[str]) -> dict:
     return json.loads(p.stdout)
 
 
-def _registered():
-    """Every registered schedule; message-driven AMPNet (its order an output of the costs) is
-    refused by the runtime in one line: the issue's "every schedule runs" is not met for it,
-    kept visible as a strict xfail."""
-    from parsim.schedule.semantics import traits
-    return [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="the torch runtime refuses message-driven "
-                                                                         "schedules"))
-            if traits(n).message_driven else n for n in BUILDERS]
-
-
 @pytest.mark.slow
 @pytest.mark.torch
-@pytest.mark.parametrize("name", _registered())
+@pytest.mark.parametrize("name", list(BUILDERS))
 def test_every_registered_schedule_validates(name):
     pytest.importorskip("torch")
     c = _validate(TINY, [f"schedule.name={name}"] + (["parallel.vpp=2"] if name == "Interleaved1F1B" else []))

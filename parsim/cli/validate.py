@@ -72,6 +72,10 @@ def plan_validation(scenario: str, overrides=None, backend: str = "gloo", profil
     if backend == "nccl" and job["recv"] == "early":
         raise ConfigError(str(scenario), "--recv", "early receive posting can deadlock NCCL p2p (posting order); use late")
     sc = prepare(scenario, overrides, backend, profile)
+    from parsim.schedule.semantics import traits
+    if backend == "nccl" and traits(sc.schedule.name).message_driven:
+        raise ConfigError(str(scenario), "--backend", "AMPNet's message-driven receives run in threads beside the "
+                          "compute, which one NCCL communicator does not allow; validate it on gloo")
     job["profile"] = profile or default_profile(sc, backend)
     res = simulate(sc, schedule=schedule_for(sc, early_recv=early_recv(job)))  # the schedule the ranks run
     return ValidationRun(sc, res, job, sc.parallel.world_size)

@@ -163,11 +163,39 @@ def compare(res: Result, runs) -> dict:
                              for p, m in zip(predicted["activation_bytes"], measured["activation_bytes"])],
     }
     actions = compare_actions(res.timeline, tls, predicted_comm(res))
+    orders = message_orders(res, runs)
     return {"scenario": res.scenario.name, "hardware": res.scenario.hardware.name,
             "hardware_file": res.scenario.hardware.source_path, "schedule": res.schedule.name,
             "model": res.scenario.model.name, "predicted": predicted, "measured": measured,
             "relative_error": err, "actions": actions.to_dict(orient="records"),
+            **({"message_order": orders} if orders is not None else {}),
             "_timelines": (res.timeline, tl_med)}
+
+
+def message_orders(res: Result, runs) -> dict | None:
+    """Message-driven runs (AMPNet): the order each stage realized in every measured step
+    against the order the simulator predicts from the costs (None for a listed schedule)."""
+    reps = [r for launch in _launch_list(runs) for r in representatives(launch)]
+    if not reps or "order" not in reps[0]["steps"][-1]:
+        return None
+    predicted = [[_order_item(a) for a in row if a.op.value in ("F", "B", "STEP")] for row in res.schedule.actions]
+    steps, matching = 0, 0
+    measured = {}
+    for launch in _launch_list(runs):
+        by_rank = {r["pp_rank"]: r for r in representatives(launch)}
+        first = launch[0]["warmup"]
+        for k in range(first, len(launch[0]["steps"])):
+            got = [[tuple(x) for x in by_rank[p]["steps"][k]["order"]] for p in sorted(by_rank)]
+            steps += 1
+            matching += got == predicted
+            measured.setdefault(str(got), [got, 0])[1] += 1
+    common = max(measured.values(), key=lambda v: v[1])
+    return {"predicted": predicted, "measured_most_common": common[0], "steps": steps,
+            "steps_matching_prediction": matching}
+
+
+def _order_item(a) -> tuple:
+    return (a.op.value, -1 if a.microbatch is None else a.microbatch)
 
 
 COMM_PARTS = {"tp_comm": "tp", "cp_comm": "cp", "ep_comm": "ep"}

@@ -32,6 +32,7 @@ class FlatParams:
         self.padded = -(-self.numel // size) * size
         self.shard = self.padded // size
         self.group, self.size, self.index, self.zero = group, size, index, zero
+        self._factory = opt_factory
         p0 = params[0]
         self.dtype, self.device = p0.dtype, p0.device
         self.grads = torch.zeros(self.padded, dtype=self.dtype, device=self.device)
@@ -43,6 +44,19 @@ class FlatParams:
             self.opt = opt_factory([self.master])
         else:
             self.opt = opt_factory(params)
+
+    def update_unversioned(self) -> None:
+        """Let the optimizer update the parameters' storage through aliases with their own
+        version counters (AMPNet: no weight stashing). A backward whose forward ran before an
+        update then computes with the updated weights -- the weights of now, as the
+        asynchronous update means -- where an in-place step on the parameters themselves would
+        fail autograd's saved-tensor version check. Zero-0 only (the whole stage on this rank)."""
+        if self.zero >= 1:
+            raise ValueError("unversioned updates need the whole optimizer state on this rank (zero=0)")
+        self.aliases = [torch.nn.Parameter(p.data) for p in self.params]  # p.data: own version counter
+        for a, p in zip(self.aliases, self.params):
+            a.grad = p.grad  # the same view of the persistent gradient buffer
+        self.opt = self._factory(self.aliases)
 
     def flat_params(self) -> torch.Tensor:
         flat = torch.cat([p.detach().reshape(-1) for p in self.params])

@@ -117,3 +117,131 @@ def check_parity(sc: Scenario, out_dir, ranks: list[dict], variant: int = 0, see
                 torch.testing.assert_close(got, want, rtol=rtol, atol=atol,
                                            msg=lambda m: f"step {k} stage {key} rank {r['rank']}: {m}")
     return {"loss": first, "max_abs_diff": worst}
+
+
+def _kinds(stage) -> dict[str, list]:
+    """A stage's trainable parameters by reduction kind, in the runtime's order (``FlatParams``)."""
+    ps = [p for p in stage.parameters() if p.requires_grad]
+    out = {kind: [p for p in ps if getattr(p, "expert", False) == (kind == "expert")] for kind in ("dense", "expert")}
+    return {k: v for k, v in out.items() if v}
+
+
+def ampnet_reference(sc: Scenario, orders: list[list[list]], seed: int = 0, weights: str = "now") -> list[dict]:
+    """AMPNet in one process: each step replays, stage by stage, the order a message-driven run
+    realized (``orders[step][stage]``: ``[(op, instance), ...]`` with op F, B or STEP).
+
+    Every stage's results depend only on its own order and on the messages it receives, so
+    any interleaving that respects the messages reproduces the run. ``weights``: "now" (AMPNet:
+    a backward computes with the stage's current weights, updated in place since its forward)
+    or "forward" (the weights the instance's forward used, loaded into the storage for its
+    backward, as weight stashing would keep them: a negative control). The optimizer state and the gradients of backwards not yet
+    applied carry over from step to step, as in the run. Per step: {"losses": per instance in
+    the last stage's forward order, "updates": {stage: {kind: [flat gradient per update]}},
+    "params": {stage: {kind: flat parameters after the step}}}."""
+    from parsim.validate.optim import optimizer_factory
+
+    if weights not in ("now", "forward"):
+        raise ValueError(f"weights must be 'now' or 'forward', got {weights!r}")
+    tr = sc.training
+    m = sc.n_microbatches
+    stages = build_stages(sc.model, sc.layers_per_stage, tr.seq_len, tr.flash_attention, seed)
+    for st in stages:
+        set_token_dropping(st, sc.moe.drop_tokens)
+    make = optimizer_factory(tr.optimizer)
+    kinds = [_kinds(st) for st in stages]
+    # the optimizer steps aliases of each parameter's storage (own version counters), as the runtime does
+    aliases = [{k: [torch.nn.Parameter(p.data) for p in ps] for k, ps in ks.items()} for ks in kinds]
+    opts = [{k: make(a) for k, a in al.items()} for al in aliases]
+    params = [[p for ps in ks.values() for p in ps] for ks in kinds]
+    live = [[a for al in als.values() for a in al] for als in aliases]  # writes that autograd does not version
+    data = microbatch_data(sc.model, m, tr.microbatch_size, tr.seq_len, seed)
+    n_stages, out = len(stages), []
+    for step_orders in orders:
+        if len(step_orders) != n_stages:
+            raise ValueError(f"{len(step_orders)} stage orders for {n_stages} stages")
+        fwd, bwd, kept = {}, {}, {}  # (stage, instance) -> output sent on / input gradient sent back / (x, out)
+        losses, updates = [], {s: {k: [] for k in kinds[s]} for s in range(n_stages)}
+        at = [0] * n_stages
+        while any(at[s] < len(step_orders[s]) for s in range(n_stages)):
+            moved = False
+            for s in range(n_stages):
+                if at[s] == len(step_orders[s]):
+                    continue
+                op, j = step_orders[s][at[s]]
+                last = s == n_stages - 1
+                if op == "F" and (s == 0 or (s - 1, j) in fwd):
+                    x = data[j][0] if s == 0 else fwd.pop((s - 1, j)).detach().requires_grad_(True)
+                    y = stages[s](x, data[j][1]) if last else stages[s](x)
+                    if last:
+                        losses.append(float(y.detach()))
+                        y = y * (1.0 / m)  # the runtime's loss scale, to the bit
+                    else:
+                        fwd[(s, j)] = y.detach()
+                    kept[(s, j)] = (x, y, [p.detach().clone() for p in params[s]] if weights == "forward" else None)
+                elif op == "B" and (last or (s + 1, j) in bwd):
+                    x, y, stashed = kept.pop((s, j))
+                    if stashed is not None:  # the forward's weights into the storage for this backward
+                        now = [p.detach().clone() for p in params[s]]
+                        _load(live[s], stashed)
+                    torch.autograd.backward(y, None if last else bwd.pop((s + 1, j)))
+                    if stashed is not None:
+                        _load(live[s], now)
+                    if s > 0:
+                        bwd[(s, j)] = x.grad
+                elif op == "STEP":
+                    for k, ps in kinds[s].items():
+                        updates[s][k].append(torch.cat([p.grad.reshape(-1) if p.grad is not None
+                                                        else torch.zeros(p.numel()) for p in ps]))
+                        for p, a in zip(ps, aliases[s][k]):
+                            a.grad = p.grad if p.grad is not None else torch.zeros_like(p)
+                        opts[s][k].step()
+                        for p in ps:
+                            p.grad = None
+                else:
+                    continue  # its message is not there yet
+                at[s] += 1
+                moved = True
+            if not moved:
+                raise ValueError("the stage orders wait on each other: not a realizable message-driven run")
+        out.append({"losses": losses, "updates": updates,
+                    "params": {s: {k: torch.cat([p.detach().reshape(-1) for p in ps]) for k, ps in kinds[s].items()}
+                               for s in range(n_stages)}})
+    return out
+
+
+def _load(aliases: list, values: list) -> None:
+    with torch.no_grad():
+        for a, v in zip(aliases, values):
+            a.copy_(v)
+
+
+def check_ampnet_parity(sc: Scenario, out_dir, ranks: list[dict], variant: int = 0, seed: int = 0,
+                        rtol: float = 1e-4, atol: float = 1e-6, weights: str = "now") -> dict:
+    """Compare a message-driven parity run (``ampnet_rank<R>_v<variant>_s<k>.pt``: the realized
+    order, the losses, every update's gradients and the parameters after each step) with
+    :func:`ampnet_reference` replaying the same orders. Returns {"max_abs_diff", "updates",
+    "orders"}; raises AssertionError on a mismatch."""
+    by_stage = {r["pp_rank"]: r for r in ranks}
+    n_steps = len(ranks[0]["steps"])
+    saved = [[torch.load(Path(out_dir) / f"ampnet_rank{by_stage[s]['rank']}_v{variant}_s{k}.pt")
+              for s in sorted(by_stage)] for k in range(n_steps)]
+    orders = [[[tuple(x) for x in st["order"]] for st in step] for step in saved]
+    ref = ampnet_reference(sc, orders, seed, weights)
+    worst, n_updates = 0.0, 0
+    for k, (got, want) in enumerate(zip(saved, ref)):
+        torch.testing.assert_close(torch.tensor(got[-1]["losses"]), torch.tensor(want["losses"]), rtol=rtol, atol=atol,
+                                   msg=lambda msg: f"step {k}: losses: {msg}")
+        for s, g in enumerate(got):
+            for kind, flats in g["updates"].items():
+                exp = want["updates"][s][kind]
+                assert len(flats) == len(exp), f"step {k} stage {s}: {len(flats)} updates, reference {len(exp)}"
+                for u, (a, b) in enumerate(zip(flats, exp)):
+                    worst = max(worst, float((a - b).abs().max()))
+                    torch.testing.assert_close(a, b, rtol=rtol, atol=atol,
+                                               msg=lambda msg: f"step {k} stage {s} update {u}: {msg}")
+                n_updates += len(flats)
+                a, b = g["params"][kind], want["params"][s][kind]
+                worst = max(worst, float((a - b).abs().max()))
+                torch.testing.assert_close(a, b, rtol=rtol, atol=atol,
+                                           msg=lambda msg: f"step {k} stage {s} parameters: {msg}")
+    return {"max_abs_diff": worst, "updates": n_updates, "orders": orders}

@@ -57,6 +57,13 @@ def markdown(c: dict) -> str:
                   f"{d['calibration_s'] * 1e3:.3f} ms at calibration ({d['run_over_calibration'] - 1:+.1%}). "
                   f"Had the prediction used the device's speed during the run, the step-time error would be "
                   f"{_pct(d['step_time_error_at_run_speed'])} (a diagnostic; the error above is the one reported)."]
+    mo = c.get("message_order")
+    if mo:
+        show = (lambda rows: "; ".join(f"rank {r}: " + " ".join(f"{op}{'' if j < 0 else j}" for op, j in row)
+                                       for r, row in enumerate(rows)))
+        lines += ["", f"Message-driven order (what the messages' arrival made it): {mo['steps_matching_prediction']} "
+                  f"of {mo['steps']} measured steps ran the order the simulator predicts from the costs. "
+                  f"Predicted: {show(mo['predicted'])}. Measured (most common): {show(mo['measured_most_common'])}."]
     faults = m.get("minor_faults_per_step")
     if faults is not None:
         lines += ["", f"Page faults per measured step (median over ranks and steps): {faults:.0f}."]

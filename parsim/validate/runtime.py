@@ -123,10 +123,16 @@ class StepState:
 class RankRuntime:
     """Executes one rank's action list, step after step."""
 
+    message_driven = False
+    """Whether this interpreter makes the order from the messages (AMPNet) instead of walking the list."""
+
     def __init__(self, schedule: Schedule, stages: dict[int, Stage], layout: Layout, data, act_shape,
                  zero: int, opt_factory, fault: dict | None = None, keep_grads: bool = False,
                  slice_lengths: tuple[int, ...] | None = None):
         check_runs(schedule, RUNTIME_COVERAGE)
+        if traits(schedule.name).message_driven and not self.message_driven:
+            raise ValueError(f"{schedule.name} is message-driven: its action list is not its order "
+                             "(parsim.validate.messages.MessageDrivenRuntime runs it)")
         self.sched, self.stages, self.lay = schedule, stages, layout
         self.data, self.act_shape, self.zero = data, act_shape, zero
         self.actions = schedule.actions[layout.pp_rank]

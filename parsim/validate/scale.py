@@ -28,7 +28,7 @@ from parsim.schedule.coverage import ALL_OPS, Coverage, Trait, check_runs
 from parsim.schedule.semantics import traits
 from parsim.simulate import schedule_for
 
-RUNTIME_COVERAGE = Coverage("torch runtime", ops=ALL_OPS, refuses=frozenset({Trait.MESSAGE_DRIVEN}))
+RUNTIME_COVERAGE = Coverage("torch runtime", ops=ALL_OPS)
 """What ``parsim.validate.runtime`` executes (declared here, torch-free, so that a schedule
 is refused before any rank process starts): every op, OVERLAP_F_B as its F then its B on
 one stream; two model chains (each rank holds its piece of each copy, the copies'
@@ -37,9 +37,10 @@ updates as their stale-weight semantics (each step computes on the version the s
 staleness says, STEP updates the newest; steps run one after the other, as the simulator's
 one-step timeline does); re-materialisation (F keeps the stage input only, B reruns F);
 TeraPipe's token slices (each slice attends to the earlier slices' K/V, whose gradients the
-later slices' backwards hand back: ``parsim.validate.slices``). Not AMPNet: its order is an
-output of the costs (message-driven), not a list a runtime can replay as AMPNet means it.
-Combinations the runtime does not build are refused by :func:`check_supported`."""
+later slices' backwards hand back: ``parsim.validate.slices``); message-driven AMPNet in
+its own interpreter (``parsim.validate.messages``: the order is what the messages'
+arrival makes it, each stage updating every ``update_every`` backwards on the weights of
+now). Combinations the runtime does not build are refused by :func:`check_supported`."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,8 @@ def check_supported(sc: Scenario) -> None:
     if traits(sc.schedule.name).weight_versions is not None and par.zero >= 1:
         raise ConfigError(f, "parallel.zero", f"weight stashing ({sc.schedule.name}) runs with whole optimizer "
                           f"state on each rank: needs zero=0, got {par.zero}")
+    if traits(sc.schedule.name).message_driven:
+        _check_message_driven(sc)
     t = sc.schedule
     if t.stage_replication is not None or t.vertical_sync or not t.weight_stashing:
         key = ("stage_replication" if t.stage_replication is not None else
@@ -108,6 +111,23 @@ def check_supported(sc: Scenario) -> None:
         check_runs(schedule_for(sc), RUNTIME_COVERAGE)
     except ScheduleError as e:
         raise ScheduleError(f"{sc.file}: schedule.name: {e.problem}") from None
+
+
+def _check_message_driven(sc: Scenario) -> None:
+    """AMPNet on the runtime: one stage per rank, one model replica, nothing else on the
+    axes (a tensor-parallel group would have to agree on every message's order), whole
+    optimizer state, no recomputation (a backward uses the weights of now; a recomputed
+    forward would rerun on them and change the activations AMPNet's backward keeps)."""
+    par, f = sc.parallel, sc.file
+    for key, n in (("dp", par.dp), ("tp", par.tp), ("cp", par.cp), ("ep", par.ep), ("vpp", par.vpp)):
+        if n != 1:
+            raise ConfigError(f, f"parallel.{key}", f"the validation runtime runs AMPNet with one stage per rank and "
+                              f"one model replica: needs {key}=1, got {n}")
+    if par.zero >= 1:
+        raise ConfigError(f, "parallel.zero", f"AMPNet updates whole stages on their ranks: needs zero=0, got {par.zero}")
+    if sc.training.recompute != "none":
+        raise ConfigError(f, "training.recompute", "AMPNet's backward runs on the weights of now: the validation "
+                          "runtime keeps its forwards' activations (recompute = \"none\")")
 
 
 def check_shapes(sc: Scenario) -> None:

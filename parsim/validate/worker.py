@@ -25,6 +25,7 @@ from parsim.simulate import schedule_for
 from parsim.validate.bench import probe
 from parsim.validate.comm import Group
 from parsim.validate.layout import all_groups
+from parsim.validate.messages import MessageDrivenRuntime
 from parsim.validate.model import (
     build_stages,
     microbatch_data,
@@ -160,8 +161,13 @@ def run(job: dict, sc, sched, lay: Layout) -> dict:
             x = data[0][0] if st.first else torch.randn(act_shape, dtype=lay.dtype, device=lay.device)
             memory[str(s)] = stage_activation_bytes(st, x, data[0][1] if st.last else None)
     parity = job.get("mode") == "parity"
-    rt = RankRuntime(sched, mine, lay, data, act_shape, sc.parallel.zero,
-                     optimizer_factory(tr.optimizer), job.get("fault"), keep_grads=parity, slice_lengths=lengths)
+    common = dict(schedule=sched, stages=mine, layout=lay, data=data, act_shape=act_shape, zero=sc.parallel.zero,
+                  opt_factory=optimizer_factory(tr.optimizer), fault=job.get("fault"), keep_grads=parity)
+    if traits(sc.schedule.name).message_driven:  # AMPNet: the order is what the messages make it
+        rt = MessageDrivenRuntime(**common, max_in_flight=sc.schedule.max_in_flight or 1,
+                                  update_every=sc.schedule.update_every or 1)
+    else:
+        rt = RankRuntime(**common, slice_lengths=lengths)
     steps = []
     n_steps = int(job.get("parity_steps", 1)) if parity else int(job.get("warmup", 2)) + int(job.get("steps", 5))
     speed_probe = None if parity else probe(lay.device, lay.dtype)
@@ -174,7 +180,16 @@ def run(job: dict, sc, sched, lay: Layout) -> dict:
         if speed_probe is not None:  # how fast the device runs now, timed as calibration timed it
             dist.barrier()
             steps[-1]["probe_s"] = speed_probe()
-        if parity:
+        if isinstance(rt, MessageDrivenRuntime):
+            steps[-1]["order"] = rt.orders[-1]
+        if parity and isinstance(rt, MessageDrivenRuntime):
+            (s,) = mine
+            torch.save({"order": rt.orders[-1], "losses": st.losses,
+                        "updates": {fp.kind: [g.cpu() for g in st.grads.get((s, fp.kind, "updates"), [])]
+                                    for fp in rt.flat[s]},
+                        "params": {fp.kind: fp.flat_params()[:fp.numel].detach().cpu() for fp in rt.flat[s]}},
+                       Path(job["out"]) / f"ampnet_rank{lay.rank}_v{job.get('variant', 0)}_s{k}.pt")
+        elif parity:
             torch.save({f"{s}:{fp.kind}": {"grad": st.grads[(s, fp.kind)].cpu(), "size": fp.size, "index": fp.index,
                                             "sharded": sc.parallel.zero >= 1,
                                             "params": shard_descriptor(mine[s], fp.params)}

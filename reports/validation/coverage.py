@@ -38,6 +38,8 @@ CASES = [
     ("gpipe-remat", TINY, ["schedule.name=GPipeRemat"]),
     ("pipedream", TINY, ["schedule.name=PipeDream"]),
     ("pipedream-2bw", TINY, ["schedule.name=PipeDream2BW"]),
+    ("ampnet", TINY, ["schedule.name=AMPNet"]),
+    ("ampnet-2-in-flight", TINY, ["schedule.name=AMPNet", "schedule.max_in_flight=2", "schedule.update_every=2"]),
     ("dp2", TINY, ["parallel.pp=1", "parallel.dp=2"]),
     ("dp2-zero1", TINY, ["parallel.pp=1", "parallel.dp=2", "parallel.zero=1"]),
     ("tp2", TINY, ["parallel.pp=1", "parallel.tp=2"]),
