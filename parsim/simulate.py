@@ -129,12 +129,18 @@ def _simulate_message_driven(sc: Scenario, costs: ModelCosts) -> Result:
                             f"rank (dp=1, vpp=1), got dp={par.dp} vpp={par.vpp}")
     m = sc.n_microbatches
     mif, ue = sc.schedule.max_in_flight or 1, sc.schedule.update_every or 1
-    run = simulate_ampnet(par.pp, m, costs, mif, ue)
+    run = simulate_message_driven_run(sc, costs)
     long_run = simulate_ampnet(par.pp, 4 * m, costs, mif, ue)
     res = Result.from_raw(sc, run.schedule, costs.tables(run.schedule.stage_to_rank), run.raw)
     tokens = sc.training.microbatch_size * sc.training.seq_len
     res.metrics["ampnet"] = ampnet_metrics(run, long_run, m, tokens, mif, ue)
     return res
+
+
+def simulate_message_driven_run(sc: Scenario, costs):
+    """AMPNet's one step (``sc.n_microbatches`` instances from an empty pipeline) on ``costs``."""
+    return simulate_ampnet(sc.parallel.pp, sc.n_microbatches, costs, sc.schedule.max_in_flight or 1,
+                           sc.schedule.update_every or 1)
 
 
 def _check_complete(sched: Schedule, raw) -> None:

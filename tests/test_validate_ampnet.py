@@ -80,7 +80,7 @@ def test_backwards_on_their_forwards_weights_would_differ(ampnet_runs, i, name):
 
 
 def test_one_in_flight_runs_the_predicted_order(ampnet_runs):
-    out, ranks = ampnet_runs
+    _, ranks = ampnet_runs
     sc = prepare(TINY, VARIANTS["one-in-flight"], "gloo")
     predicted = [[_order_item(a) for a in row] for row in simulate(sc).schedule.actions]
     m = sc.n_microbatches

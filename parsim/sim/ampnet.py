@@ -33,7 +33,6 @@ from parsim.schedule.ir import Op, Schedule, act
 from parsim.sim.engine import Link, RawTimeline
 
 
-
 @dataclass
 class AsyncRun:
     """What one asynchronous run produced."""
@@ -125,6 +124,10 @@ class _Pipeline:
         self.completed: list[float] = []
         self.injected = 0
         self.cost = {op: [costs.op_cost(s, op) for s in range(n_stages)] for op in (Op.F, Op.B, Op.STEP)}
+        self.fresh = getattr(costs, "fresh_per_action", False)  # a drawing table (--samples): ask per action
+
+    def _cost(self, op: Op, stage: int):
+        return self.costs.op_cost(stage, op) if self.fresh else self.cost[op][stage]
 
     def worker(self, stage: int, inst: int) -> int:
         return self.base[stage] + inst % self.reps[stage]
@@ -181,7 +184,7 @@ class _Pipeline:
 
     def forward(self, w: int, inst: int, start: float) -> float:
         s = self.stage_of[w]
-        c = self.cost[Op.F][s]
+        c = self._cost(Op.F, s)
         end = start + c.duration_s
         self.seen_at_f[w][inst] = self.at_entry[inst][s] if self.vertical else self.updates[w]
         if self.stashing:  # the versions in-flight forwards used, and the newest
@@ -200,7 +203,7 @@ class _Pipeline:
 
     def backward(self, w: int, inst: int, start: float) -> float:
         s = self.stage_of[w]
-        c = self.cost[Op.B][s]
+        c = self._cost(Op.B, s)
         end = start + c.duration_s
         self.staleness[s].append((inst, self.updates[w] - self.seen_at_f[w].pop(inst)))
         self.out.spans.append((w, "compute", "B", s, inst, start, end, c.bytes))
@@ -224,7 +227,7 @@ class _Pipeline:
     def update(self, w: int, s: int, at: float) -> float:
         """This worker's own update right after a backward; with replicas, their gradient
         all-reduce follows on its data-parallel stream, and the next update waits for it."""
-        st = self.cost[Op.STEP][s]
+        st = self._cost(Op.STEP, s)
         replicated = self.reps[s] > 1
         t0 = max(at, self.dp_free[w]) if replicated else at
         self.out.spans.append((w, "compute", "STEP", s, -1, t0, t0 + st.duration_s, st.bytes))

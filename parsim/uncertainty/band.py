@@ -10,7 +10,6 @@ import numpy as np
 from parsim.cluster.spread import Spread, spread_of
 from parsim.config.scenario import Scenario
 from parsim.costs.model_costs import ModelCosts
-from parsim.errors import ConfigError
 from parsim.schedule.coverage import check_runs
 from parsim.schedule.semantics import traits
 from parsim.sim import engine, fullsim
@@ -24,9 +23,8 @@ def sample_step_times(sc: Scenario, samples: int, seed: int = 0, spread: Spread 
     """``samples`` step times (makespans) of ``sc`` with drawn durations, in the engine ``sc`` runs
     in (full mode: every replica, its stragglers and network; each replica draws its own noise);
     the same seed, the same numbers."""
-    if traits(sc.schedule.name).message_driven:
-        raise ConfigError(sc.file, "schedule.name", f"--samples: {sc.schedule.name}'s message-driven engine "
-                                                    "(its order an output of the costs) is not sampled")
+    if traits(sc.schedule.name).message_driven:  # AMPNet: its own engine, its order re-made by every draw
+        return _sample_message_driven(sc, samples, seed, spread or spread_of(sc.hardware))
     sched, costs = schedule_and_costs(sc, ModelCosts.from_scenario(sc))  # token slices solved as simulate does
     full = full_mode(sc)
     check_runs(sched, fullsim.COVERAGE if full else engine.COVERAGE)
@@ -41,6 +39,20 @@ def sample_step_times(sc: Scenario, samples: int, seed: int = 0, spread: Spread 
         drawn = SampledCosts(run, spread, rng)
         raw = fullsim.simulate_full(sc, sched, drawn) if full else simulate_schedule(sched, drawn)
         out[i] = max(row[6] for row in raw.spans)
+    return out
+
+
+def _sample_message_driven(sc: Scenario, samples: int, seed: int, spread: Spread) -> np.ndarray:
+    """AMPNet's one-step makespan with drawn durations: the engine ``simulate`` runs for it
+    (``parsim.sim.ampnet``), asking the drawing table once per message it runs, so each draw
+    can change the order the messages' arrival makes."""
+    from parsim.simulate import simulate_message_driven_run
+    rng = random.Random(seed)
+    costs = ModelCosts.from_scenario(sc)
+    out = np.empty(samples)
+    for i in range(samples):
+        run = simulate_message_driven_run(sc, SampledCosts(costs, spread, rng))
+        out[i] = max(row[6] for row in run.raw.spans)
     return out
 
 

@@ -63,7 +63,7 @@ class MessageDrivenRuntime(RankRuntime):
                     buf = torch.empty(self.act_shape, dtype=self.lay.dtype, device=self.lay.device)
                     dist.irecv(buf, src=self._peer(peer_stage), tag=self._tag(self.s, kind, j)).wait()
                     inbox.put((self.timer.now(), kind, j, buf))
-            except Exception as e:  # surfaces in the main loop, which is waiting on the inbox
+            except RuntimeError as e:  # (gloo's errors) surfaces in the main loop, which is waiting on the inbox
                 inbox.put((float("inf"), "error", -1, e))
         t = threading.Thread(target=loop, name=f"recv-{kind}-stage{self.s}", daemon=True)
         t.start()
@@ -99,7 +99,7 @@ class MessageDrivenRuntime(RankRuntime):
                 self.timer.recvs[(s, kind, j)] = [t]
             msg = min(waiting, key=lambda x: (x[0], x[1], x[2]))
             waiting.remove(msg)
-            t_arrival, is_f, j, buf = msg
+            _, is_f, j, buf = msg
             if is_f:
                 if buf is not None:
                     st.local[(s, FORWARD, j)] = buf

@@ -24,7 +24,7 @@ from parsim.config.scenario import Scenario
 from parsim.errors import ConfigError, ScheduleError
 from parsim.model import ModelSpec, total_params
 from parsim.scenario import load_scenario
-from parsim.schedule.coverage import ALL_OPS, Coverage, Trait, check_runs
+from parsim.schedule.coverage import ALL_OPS, Coverage, check_runs
 from parsim.schedule.semantics import traits
 from parsim.simulate import schedule_for
 

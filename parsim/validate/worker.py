@@ -161,8 +161,9 @@ def run(job: dict, sc, sched, lay: Layout) -> dict:
             x = data[0][0] if st.first else torch.randn(act_shape, dtype=lay.dtype, device=lay.device)
             memory[str(s)] = stage_activation_bytes(st, x, data[0][1] if st.last else None)
     parity = job.get("mode") == "parity"
-    common = dict(schedule=sched, stages=mine, layout=lay, data=data, act_shape=act_shape, zero=sc.parallel.zero,
-                  opt_factory=optimizer_factory(tr.optimizer), fault=job.get("fault"), keep_grads=parity)
+    common = {"schedule": sched, "stages": mine, "layout": lay, "data": data, "act_shape": act_shape,
+              "zero": sc.parallel.zero, "opt_factory": optimizer_factory(tr.optimizer), "fault": job.get("fault"),
+              "keep_grads": parity}
     if traits(sc.schedule.name).message_driven:  # AMPNet: the order is what the messages make it
         rt = MessageDrivenRuntime(**common, max_in_flight=sc.schedule.max_in_flight or 1,
                                   update_every=sc.schedule.update_every or 1)
