@@ -100,3 +100,17 @@ def test_what_the_message_driven_runtime_does_not_build_is_refused_in_one_line(s
     with pytest.raises(ConfigError) as e:
         check_runnable(TINY, ["schedule.name=AMPNet", *sets])
     assert e.value.key == key
+
+
+def test_a_rank_failing_mid_step_stops_every_rank_with_one_clear_error(tmp_path):
+    """A fault injected into a message-driven step (rank 1's second backward, while rank 0 waits
+    on its receiver threads) ends the launch with one error naming the rank, nothing left running."""
+    import time
+
+    from parsim.validate.launch import RankFailure
+    t0 = time.monotonic()
+    with pytest.raises(RankFailure) as ei:
+        launch({"scenario": TINY, "backend": "gloo", "steps": 1, "warmup": 0, "overrides": ["schedule.name=AMPNet"],
+                "fault": {"rank": 1, "action": "1B1", "kind": "raise"}}, 2, tmp_path, 60)
+    assert time.monotonic() - t0 < 60
+    assert "rank 1" in str(ei.value) and "injected fault" in str(ei.value)

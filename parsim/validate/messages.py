@@ -69,6 +69,11 @@ class MessageDrivenRuntime(RankRuntime):
         t.start()
         return t
 
+    def _run(self, st: StepState, a) -> None:
+        """One action, as the list interpreter runs it (an injected fault first)."""
+        self._maybe_fault(a)
+        getattr(self, f"_do_{a.op.value}")(st, a)
+
     def run_step(self) -> StepState:
         st = StepState()
         s, m = self.s, self.n_mb
@@ -103,24 +108,24 @@ class MessageDrivenRuntime(RankRuntime):
             if is_f:
                 if buf is not None:
                     st.local[(s, FORWARD, j)] = buf
-                self._do_F(st, act(s, Op.F, j))
+                self._run(st, act(s, Op.F, j))
                 order.append(("F", j))
                 if last:
                     waiting.append((self.timer.now(), 0, j, None))  # the loss: its backward is ready
                 else:
-                    self._do_SEND_F(st, act(s, Op.SEND_F, j))
+                    self._run(st, act(s, Op.SEND_F, j))
                 continue
             if buf is not None:
                 st.local[(s, BACKWARD, j)] = buf
-            self._do_B(st, act(s, Op.B, j))
+            self._run(st, act(s, Op.B, j))
             b_end = self.timer.now()
             order.append(("B", j))
             done += 1
             if not first:
-                self._do_SEND_B(st, act(s, Op.SEND_B, j))
+                self._run(st, act(s, Op.SEND_B, j))
             self.b_count += 1
             if self.b_count % self.every == 0:
-                self._do_STEP(st, act(s, Op.STEP))
+                self._run(st, act(s, Op.STEP))
                 order.append(("STEP", -1))
                 if self.keep_grads:
                     for fp in self.flat[s]:
