@@ -128,19 +128,23 @@ def _simulate_message_driven(sc: Scenario, costs: ModelCosts) -> Result:
         raise ScheduleError(f"{sc.file}: schedule.name: AMPNet runs one model replica with one stage per "
                             f"rank (dp=1, vpp=1), got dp={par.dp} vpp={par.vpp}")
     m = sc.n_microbatches
-    mif, ue = sc.schedule.max_in_flight or 1, sc.schedule.update_every or 1
     run = simulate_message_driven_run(sc, costs)
-    long_run = simulate_ampnet(par.pp, 4 * m, costs, mif, ue)
+    long_run = simulate_message_driven_run(sc, costs, n_instances=4 * m)
     res = Result.from_raw(sc, run.schedule, costs.tables(run.schedule.stage_to_rank), run.raw)
     tokens = sc.training.microbatch_size * sc.training.seq_len
-    res.metrics["ampnet"] = ampnet_metrics(run, long_run, m, tokens, mif, ue)
+    res.metrics["ampnet"] = ampnet_metrics(run, long_run, m, tokens, *_ampnet_keys(sc))
     return res
 
 
-def simulate_message_driven_run(sc: Scenario, costs):
-    """AMPNet's one step (``sc.n_microbatches`` instances from an empty pipeline) on ``costs``."""
-    return simulate_ampnet(sc.parallel.pp, sc.n_microbatches, costs, sc.schedule.max_in_flight or 1,
-                           sc.schedule.update_every or 1)
+def _ampnet_keys(sc: Scenario) -> tuple[int, int]:
+    """(max_in_flight, update_every) of an AMPNet scenario, unset keys at their default 1."""
+    return sc.schedule.max_in_flight or 1, sc.schedule.update_every or 1
+
+
+def simulate_message_driven_run(sc: Scenario, costs, n_instances: int | None = None):
+    """AMPNet from an empty pipeline on ``costs``: ``n_instances`` instances (default: one step's
+    ``sc.n_microbatches``)."""
+    return simulate_ampnet(sc.parallel.pp, n_instances or sc.n_microbatches, costs, *_ampnet_keys(sc))
 
 
 def _check_complete(sched: Schedule, raw) -> None:

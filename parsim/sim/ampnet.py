@@ -123,11 +123,12 @@ class _Pipeline:
         self.versions = [1] * n_stages
         self.completed: list[float] = []
         self.injected = 0
-        self.cost = {op: [costs.op_cost(s, op) for s in range(n_stages)] for op in (Op.F, Op.B, Op.STEP)}
-        self.fresh = getattr(costs, "fresh_per_action", False)  # a drawing table (--samples): ask per action
+        # a drawing table (--samples) is asked per action; a plain one once per (stage, op)
+        self.cost = None if getattr(costs, "fresh_per_action", False) else {
+            op: [costs.op_cost(s, op) for s in range(n_stages)] for op in (Op.F, Op.B, Op.STEP)}
 
     def _cost(self, op: Op, stage: int):
-        return self.costs.op_cost(stage, op) if self.fresh else self.cost[op][stage]
+        return self.costs.op_cost(stage, op) if self.cost is None else self.cost[op][stage]
 
     def worker(self, stage: int, inst: int) -> int:
         return self.base[stage] + inst % self.reps[stage]

@@ -19,7 +19,7 @@ same rules on real ranks (one stage per pipeline rank, gloo):
 
 A step is one batch's ``m`` instances from an empty pipeline to a drained one: the span
 the simulator's one-step AMPNet timeline covers. The realized order (F, B, STEP per stage,
-in execution order) is kept per step; the parity oracle replays it in one process
+in execution order) is kept in the step's state; the parity oracle replays it in one process
 (``parsim.validate.reference.ampnet_reference``).
 """
 from __future__ import annotations
@@ -53,7 +53,6 @@ class MessageDrivenRuntime(RankRuntime):
         for fp in self.flat[self.s]:
             fp.update_unversioned()
         self.b_count = 0  # backwards since the run began (updates every ``every``)
-        self.orders: list = []  # per step: the realized order [(op, instance), ...]
 
     def _receiver(self, kind: str, peer_stage: int, inbox: queue.Queue) -> threading.Thread:
         """A thread that receives this stage's ``kind`` messages, instance after instance."""
@@ -91,7 +90,7 @@ class MessageDrivenRuntime(RankRuntime):
             for _ in range(min(self.mif, m)):
                 waiting.append((self.timer.now(), 1, injected, None))
                 injected += 1
-        order, done = [], 0
+        order, done = st.order, 0
         while done < m:
             while True:  # everything that has arrived so far
                 try:
@@ -129,7 +128,7 @@ class MessageDrivenRuntime(RankRuntime):
                 order.append(("STEP", -1))
                 if self.keep_grads:
                     for fp in self.flat[s]:
-                        st.grads.setdefault((s, fp.kind, "updates"), []).append(st.grads.pop((s, fp.kind)))
+                        st.update_grads.setdefault(fp.kind, []).append(st.grads.pop((s, fp.kind)))
             if first and injected < m:  # the next instance enters when this one's backward left
                 waiting.append((b_end, 1, injected, None))
                 injected += 1
@@ -138,5 +137,4 @@ class MessageDrivenRuntime(RankRuntime):
         for work, _ in st.sends:
             work.wait()
         self.timer.end_step()
-        self.orders.append(order)
         return st

@@ -21,6 +21,18 @@ from collections import deque
 
 import torch
 
+REDUCTION_GROUP = {"dense": "grad", "expert": "edp"}
+"""Parameter kind -> the group its gradients are reduced over (``parsim.validate.layout``): the
+dense ones over the data x context parallel ranks, routed experts over their expert-data-parallel ranks."""
+
+
+def params_by_kind(stage) -> dict[str, list]:
+    """A stage's trainable parameters by kind (:data:`REDUCTION_GROUP`; kinds without any left
+    out), each list in the module's order: the layout of that kind's flat buffer."""
+    ps = [p for p in stage.parameters() if p.requires_grad]
+    out = {kind: [p for p in ps if getattr(p, "expert", False) == (kind == "expert")] for kind in REDUCTION_GROUP}
+    return {k: v for k, v in out.items() if v}
+
 
 class FlatParams:
     """Parameters reduced over one group, as one flat buffer (padded to a multiple of its size)."""

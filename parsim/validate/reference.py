@@ -17,6 +17,7 @@ import torch
 from parsim.config.scenario import Scenario
 from parsim.schedule.semantics import staleness_steps, traits
 from parsim.validate.model import build_stages, microbatch_data, set_token_dropping
+from parsim.validate.params import params_by_kind
 
 
 def _chain_len(sc: Scenario) -> int:
@@ -119,13 +120,6 @@ def check_parity(sc: Scenario, out_dir, ranks: list[dict], variant: int = 0, see
     return {"loss": first, "max_abs_diff": worst}
 
 
-def _kinds(stage) -> dict[str, list]:
-    """A stage's trainable parameters by reduction kind, in the runtime's order (``FlatParams``)."""
-    ps = [p for p in stage.parameters() if p.requires_grad]
-    out = {kind: [p for p in ps if getattr(p, "expert", False) == (kind == "expert")] for kind in ("dense", "expert")}
-    return {k: v for k, v in out.items() if v}
-
-
 def ampnet_reference(sc: Scenario, orders: list[list[list]], seed: int = 0, weights: str = "now") -> list[dict]:
     """AMPNet in one process: each step replays, stage by stage, the order a message-driven run
     realized (``orders[step][stage]``: ``[(op, instance), ...]`` with op F, B or STEP).
@@ -148,7 +142,7 @@ def ampnet_reference(sc: Scenario, orders: list[list[list]], seed: int = 0, weig
     for st in stages:
         set_token_dropping(st, sc.moe.drop_tokens)
     make = optimizer_factory(tr.optimizer)
-    kinds = [_kinds(st) for st in stages]
+    kinds = [params_by_kind(st) for st in stages]  # the runtime's flat layout, kind by kind
     # the optimizer steps aliases of each parameter's storage (own version counters), as the runtime does
     aliases = [{k: [torch.nn.Parameter(p.data) for p in ps] for k, ps in ks.items()} for ks in kinds]
     opts = [{k: make(a) for k, a in al.items()} for al in aliases]

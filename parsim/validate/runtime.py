@@ -54,7 +54,7 @@ from parsim.validate.comm import (
 )
 from parsim.validate.layout import Coords, coords, rank_at
 from parsim.validate.model import Stage
-from parsim.validate.params import FlatParams, Versions, sum_partial_grads
+from parsim.validate.params import REDUCTION_GROUP, FlatParams, Versions, params_by_kind, sum_partial_grads
 from parsim.validate.scale import RUNTIME_COVERAGE
 from parsim.validate.slices import SliceKV
 from parsim.validate.tensor_parallel import WeightGradStore
@@ -118,6 +118,8 @@ class StepState:
     grads: dict = field(default_factory=dict)       # parity: (stage, kind) -> reduced grads before the step
     kv: dict = field(default_factory=dict)          # token slices: (stage, mb, block) -> SliceKV
     slice_loss: dict = field(default_factory=dict)  # token slices: mb -> its loss so far (slices weighted)
+    order: list = field(default_factory=list)       # message-driven: the realized order [(op, instance), ...]
+    update_grads: dict = field(default_factory=dict)  # message-driven parity: kind -> [gradients, one per update]
 
 
 class RankRuntime:
@@ -154,11 +156,9 @@ class RankRuntime:
             ps = [p for p in st.parameters() if p.requires_grad]
             self.partial[s] = [p for p in ps if getattr(p, "partial", None) == "tp"]
             self.flat[s] = []
-            for kind, group in (("dense", "grad"), ("expert", "edp")):
-                mine = [p for p in ps if getattr(p, "expert", False) == (kind == "expert")]
-                if mine:
-                    g = layout.group(group)
-                    self.flat[s].append(FlatParams(mine, g.pg, g.size, g.index, zero, opt_factory, kind))
+            for kind, mine in params_by_kind(st).items():
+                g = layout.group(REDUCTION_GROUP[kind])
+                self.flat[s].append(FlatParams(mine, g.pg, g.size, g.index, zero, opt_factory, kind))
             delay = staleness_steps(t, schedule.pp, layout.pp_rank)
             if t.weight_versions is not None and delay > 0:
                 self.versions[s] = Versions(ps, delay)

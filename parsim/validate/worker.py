@@ -181,13 +181,12 @@ def run(job: dict, sc, sched, lay: Layout) -> dict:
         if speed_probe is not None:  # how fast the device runs now, timed as calibration timed it
             dist.barrier()
             steps[-1]["probe_s"] = speed_probe()
-        if isinstance(rt, MessageDrivenRuntime):
-            steps[-1]["order"] = rt.orders[-1]
-        if parity and isinstance(rt, MessageDrivenRuntime):
+        if rt.message_driven:
+            steps[-1]["order"] = st.order
+        if parity and rt.message_driven:
             (s,) = mine
-            torch.save({"order": rt.orders[-1], "losses": st.losses,
-                        "updates": {fp.kind: [g.cpu() for g in st.grads.get((s, fp.kind, "updates"), [])]
-                                    for fp in rt.flat[s]},
+            torch.save({"order": st.order, "losses": st.losses,
+                        "updates": {fp.kind: [g.cpu() for g in st.update_grads.get(fp.kind, [])] for fp in rt.flat[s]},
                         "params": {fp.kind: fp.flat_params()[:fp.numel].detach().cpu() for fp in rt.flat[s]}},
                        Path(job["out"]) / f"ampnet_rank{lay.rank}_v{job.get('variant', 0)}_s{k}.pt")
         elif parity:
