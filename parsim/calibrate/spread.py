@@ -4,7 +4,9 @@
   the pass-wide speed taken out, and the spread of that pass-wide speed (the device's drift);
 * :func:`spread_table`: from the calibration rows (measured seconds, the fitted prediction and,
   when the bench recorded them, each row's ``repeat_sigma`` and ``speed_sigma``), the
-  ``spread_<family>_<kind>`` keys of the profile's ``[calibration]`` table.
+  ``spread_<family>_<kind>`` keys of the profile's ``[calibration]`` table;
+* :func:`model_discrepancy`: from end-to-end validation records (``parsim validate`` on this
+  machine: predicted step against the measured steps), ``spread_model``.
 
 Every figure is a robust lognormal sigma: 1.4826 x the median absolute log deviation (the
 standard deviation for a normal, not moved by a few outliers).
@@ -53,3 +55,15 @@ def spread_table(pred: pd.DataFrame) -> dict[str, float]:
     if "speed_sigma" in pred and pred["speed_sigma"].notna().any():
         out["spread_speed"] = round(float(pred["speed_sigma"].dropna().median()), 4)
     return out
+
+
+def step_error(predicted_s: float, measured_s) -> float:
+    """log(median measured step / predicted step) of one validation record (+: the run was slower)."""
+    return float(np.log(np.median(np.asarray(measured_s, float)) / predicted_s))
+
+
+def model_discrepancy(errors) -> float:
+    """``spread_model`` from the validation records' step errors (:func:`step_error`, one per
+    record): their robust sigma about zero. About zero, not about their mean: a bias the records
+    share is part of the model's error and widens the band; the point prediction is not moved."""
+    return round(robust_sigma(errors), 4)

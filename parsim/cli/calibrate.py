@@ -1,4 +1,6 @@
 """`parsim calibrate [--backend gloo|nccl]`: run microbenchmarks, fit, write a calibrated profile.
+`parsim calibrate --validations DIR... [--profile FILE]`: fold validation records into a profile's
+spread (``spread_model``, ``parsim.calibrate.records``); no benchmark runs.
 
 Writes ``hardware_profiles/calibrated/<name>.toml`` under the working directory, or under
 ``--out-dir`` -- never into the installed package (every fitted number with its source,
@@ -8,12 +10,14 @@ measured rows, each with the fitted model's prediction and relative error.
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 from parsim.cli.common import INSTALL_HINT, torch_available
 from parsim.cluster.hardware import CALIBRATED_DIR, dumps_profile, load_profile
+from parsim.errors import ConfigError
 
 
 def register(sub) -> None:
@@ -32,10 +36,20 @@ def register(sub) -> None:
                         "drift-averaged window)")
     p.add_argument("--nice", type=int, default=0, help="niceness increment for the benchmark ranks (e.g. -10)")
     p.add_argument("--timeout", type=finite_positive("--timeout"), default=900.0, help="hard limit for the benchmark run, seconds")
+    p.add_argument("--validations", nargs="+", metavar="DIR",
+                   help="instead of benchmarking: the parsim validate records (comparison.json files, or directories "
+                        "holding them) whose step errors give the profile's model discrepancy, spread_model")
+    p.add_argument("--profile", metavar="FILE",
+                   help="with --validations: the profile TOML to write spread_model into (default: the one file "
+                        "every record names as its hardware_file)")
     p.set_defaults(func=cmd_calibrate)
 
 
 def cmd_calibrate(args) -> int:
+    if args.validations:
+        return fold_validations(args)
+    if args.profile:
+        raise ConfigError("parsim calibrate", "--profile", "applies with --validations only")
     if not torch_available():
         print(INSTALL_HINT, file=sys.stderr)
         return 2
@@ -74,4 +88,29 @@ def cmd_calibrate(args) -> int:
           f"{lk.effective_bandwidth / 1e9:.2f}GB/s")
     print("  fit quality (median |relative error|): " + ", ".join(f"{k}={v:.1%}" for k, v in fit.quality.items()))
     print(f"  wrote {out / (name + '.toml')} and {out / (name + '.csv')}")
+    return 0
+
+
+def fold_validations(args) -> int:
+    """``--validations``: the records' model discrepancy written into the profile (atomically)."""
+    from parsim.calibrate.records import KEYS, find_records, fold, with_calibration
+    from parsim.cli.common import write_text
+
+    records = find_records(args.validations)
+    if args.profile:
+        profile = Path(args.profile)
+    else:
+        named = sorted({r.profile for r in records})
+        if len(named) != 1:
+            raise ConfigError("parsim calibrate", "--profile",
+                              f"the records name {len(named)} profiles ({', '.join(named)}): say which")
+        profile = Path(named[0])
+    if not profile.is_file():
+        raise ConfigError(str(profile), None, "no such profile file")
+    values, mine = fold(records, profile)
+    write_text(profile, with_calibration(profile.read_text(), values, str(profile)))
+    for r in mine:
+        print(f"  {r.case:24s} predicted {r.predicted_s * 1e3:9.2f} ms  measured median "
+              f"{statistics.median(r.measured_s) * 1e3:9.2f} ms  log error {r.error:+.3f}")
+    print(f"wrote {', '.join(f'{k} = {values[k]}' for k in KEYS[:2])} into {profile}")
     return 0

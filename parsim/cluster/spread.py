@@ -10,10 +10,16 @@ is about +-5%), by family of work: ``compute`` (GEMMs, attention: an op's kernel
   residuals), drawn once per sample for each (stage, op, family): the same kernel shape
   gets the same error every microbatch;
 * ``speed``: the device's speed drift (one factor per sample for all compute and memory
-  work), measured by calibration as the spread of whole timing passes.
+  work), measured by calibration as the spread of whole timing passes;
+* ``model``: the model's discrepancy on whole steps (one factor per sample on every duration):
+  how far the point prediction was from the measured median step over the end-to-end
+  validation runs recorded on this machine (``parsim calibrate --validations``,
+  :func:`parsim.calibrate.spread.model_discrepancy`). The kernel fits' residuals cannot show
+  what running inside a step adds (threads sharing cores, cold caches, a router's skew); the
+  validation runs do. It widens the band only: the point prediction does not move.
 
 A calibrated profile states them in its ``[calibration]`` table as ``spread_<family>_<kind>``
-(and ``spread_speed``), written by ``parsim calibrate`` (``parsim.calibrate.spread``). What a
+(and ``spread_speed``, ``spread_model``), written by ``parsim calibrate`` (``parsim.calibrate.spread``). What a
 profile does not state comes from :data:`DEFAULT_SPREAD`.
 """
 from __future__ import annotations
@@ -57,6 +63,8 @@ class Spread:
     """Fit residual of the point-to-point link."""
     speed: float = 0.0
     """Device speed drift: one factor per sample on all compute and memory work."""
+    model: float = 0.0
+    """Model discrepancy: one factor per sample on every duration (validation records' step errors)."""
     source: str = DEFAULT_SOURCE
     """Where these numbers come from."""
 
@@ -68,7 +76,8 @@ DEFAULT_SPREAD = Spread()
 
 
 def spread_from_table(cal: dict, where: str) -> Spread:
-    """A Spread from ``[calibration]`` keys (``spread_<family>_<kind>``, ``spread_speed``); keys
+    """A Spread from ``[calibration]`` keys (``spread_<family>_<kind>``, ``spread_speed``,
+    ``spread_model``); keys
     not given keep their defaults."""
     kw = {}
     for f in fields(Spread):

@@ -1,7 +1,8 @@
 """A cost table that draws: every action's duration is the model's, its parts each times a
 lognormal factor from the profile's spread (``parsim.cluster.spread``).
 
-Per sample: one device-speed factor (``speed``) on all compute and memory work; one residual
+Per sample: one model-discrepancy factor (``model``) on every duration; one device-speed
+factor (``speed``) on all compute and memory work; one residual
 factor per (stage, op, family) -- the same kernel shapes carry the same model error in every
 microbatch; one factor per point-to-point link (its residual and repeat noise: the engine's
 links are FIFO queues priced once). Per action: a fresh repeat-noise factor for each part of
@@ -34,6 +35,7 @@ class SampledCosts:
     def __init__(self, base, spread: Spread, rng: random.Random):
         self.base, self.spread, self.rng = base, spread, rng
         self.speed = self._draw(spread.speed)
+        self.model = self._draw(spread.model)
         self._residual: dict[tuple, float] = {}
         self._children: dict[int, SampledCosts] = {}
         if hasattr(base, "unit_cost"):  # token slices (TeraPipe): the engine asks per slice
@@ -43,12 +45,13 @@ class SampledCosts:
         return math.exp(sigma * self.rng.gauss(0.0, 1.0)) if sigma > 0 else 1.0
 
     def _factor(self, stage: int, op: Op, family: str) -> float:
-        """Residual (once per sample and (stage, op, family)) x repeat (every call) x speed (compute, memory)."""
+        """Residual (once per sample and (stage, op, family)) x repeat (every call) x model x speed
+        (compute, memory)."""
         key = (stage, op, family)
         res = self._residual.get(key)
         if res is None:
             res = self._residual[key] = self._draw(self.spread.sigma(family, "residual"))
-        f = res * self._draw(self.spread.sigma(family, "repeat"))
+        f = res * self._draw(self.spread.sigma(family, "repeat")) * self.model
         return f * self.speed if family in ("compute", "memory") else f
 
     def op_cost(self, stage: int, op: Op) -> OpCost:
@@ -92,11 +95,11 @@ class SampledCosts:
         child = self._children.get(rep)
         if child is None:
             child = self._children[rep] = SampledCosts(fn(rep), self.spread, self.rng)
-            child.speed, child._residual = self.speed, self._residual
+            child.speed, child.model, child._residual = self.speed, self.model, self._residual
         return child
 
     def __getattr__(self, name: str):  # stages, stage_costs ...: the base's (full mode reads them)
-        if name in ("base", "spread", "rng", "speed", "_residual", "_children", "unit_cost"):
+        if name in ("base", "spread", "rng", "speed", "model", "_residual", "_children", "unit_cost"):
             raise AttributeError(name)
         return getattr(self.base, name)
 

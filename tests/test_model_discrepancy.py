@@ -1,0 +1,141 @@
+"""The model discrepancy in the band: ``spread_model`` from validation records
+(``parsim calibrate --validations``), drawn once per sample on every duration.
+
+Oracles: with every other sigma zero, each sample is the point prediction times exp(sigma * z)
+with z the seed's own normal sequence -- exactly, communication and links included (the engine
+is linear in its durations); the sigma is the hand-computed robust sigma of the records' log
+errors; bad records and too few of them are one line, exit 2, and leave the profile as it was.
+"""
+import json
+import math
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tomllib
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from helpers import scenario
+
+from parsim.calibrate.records import find_records, records_for, with_calibration
+from parsim.calibrate.spread import model_discrepancy, step_error
+from parsim.cluster.hardware import load_profile
+from parsim.cluster.spread import Spread, spread_from_table, spread_of
+from parsim.errors import ConfigError
+from parsim.simulate import simulate
+from parsim.uncertainty.band import sample_step_times
+
+ROOT = Path(__file__).resolve().parent.parent
+ZERO = Spread(**{f"{fam}_{kind}": 0.0 for fam in ("compute", "memory", "collective", "p2p")
+                 for kind in ("repeat", "residual")}, speed=0.0, source="test")
+RECORD_PROFILE = ROOT / "reports" / "validation" / "coverage" / "cpu-gloo.toml"
+
+
+@pytest.mark.parametrize("sc", [scenario(pp=2, m=4, costs={"forward_s": 1.0, "backward_s": 2.0}),
+                                scenario(pp=4, m=8, dp=2, tp=2)], ids=["compute-only", "pp4-dp2-tp2"])
+def test_model_discrepancy_scales_every_duration_by_one_factor_per_sample(sc):
+    point = simulate(sc).metrics["step_time_s"]
+    sigma = 0.1
+    t = sample_step_times(sc, 30, seed=7, spread=replace(ZERO, model=sigma))
+    rng = random.Random(7)  # the only draws made: one per sample (every other sigma is zero)
+    expect = [point * math.exp(sigma * rng.gauss(0.0, 1.0)) for _ in range(30)]
+    assert list(t) == pytest.approx(expect, rel=1e-9)
+
+
+def test_spread_model_is_read_from_the_calibration_table():
+    sp = spread_from_table({"spread_model": 0.05, "spread_speed": 0.01}, "p.toml")
+    assert sp.model == 0.05 and sp.speed == 0.01 and "model" in sp.source
+    assert spread_from_table({}, "p.toml").model == 0.0
+
+
+def test_sigma_is_the_robust_sigma_of_the_log_errors_about_zero():
+    errs = [step_error(1.0, [1.1, 1.1, 1.2]), step_error(2.0, [1.9]), step_error(1.0, [1.02, 0.9, 1.5])]
+    assert errs == pytest.approx([math.log(1.1), math.log(0.95), math.log(1.02)])
+    # median |error| is log(1/0.95); a shared bias is not taken out (about zero, not the mean)
+    assert model_discrepancy(errs) == round(1.4826 * math.log(1 / 0.95), 4)
+    assert model_discrepancy([0.1, 0.1, 0.1]) == round(1.4826 * 0.1, 4)
+
+
+def _record(d: Path, name: str, profile: str, predicted: float, measured: list[float]) -> Path:
+    (d / name).mkdir(parents=True)
+    f = d / name / "comparison.json"
+    f.write_text(json.dumps({"scenario": name, "hardware_file": profile, "predicted": {"step_time_s": predicted},
+                             "measured": {"step_time_all_s": measured}}))
+    return f
+
+
+def _cli(*args, cwd):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "parsim", "calibrate", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True)
+
+
+def test_calibrate_validations_writes_spread_model_into_the_profile(tmp_path):
+    prof = tmp_path / "prof" / "cpu-gloo.toml"
+    prof.parent.mkdir()
+    shutil.copy(RECORD_PROFILE, prof)
+    recs = tmp_path / "records"
+    # hardware_file as the runs named it: relative to where they ran (tmp_path)
+    _record(recs, "a", "prof/cpu-gloo.toml", 0.100, [0.110, 0.108, 0.112])
+    _record(recs, "b", "prof/cpu-gloo.toml", 0.200, [0.190, 0.189, 0.191])
+    _record(recs, "c", "prof/cpu-gloo.toml", 0.050, [0.051, 0.051])
+    run = _cli("--validations", str(recs), "--profile", str(prof), cwd=ROOT)  # run from elsewhere
+    assert run.returncode == 0, run.stderr
+    want = round(1.4826 * math.log(1 / 0.95), 4)  # |errors| log 1.1, log 0.95, log 1.02: median log(1/0.95)
+    cal = tomllib.loads(prof.read_text())["calibration"]
+    assert cal["spread_model"] == want and cal["spread_model_records"] == 3
+    assert spread_of(load_profile(str(prof))).model == want
+    # the rest of the calibration table is kept, and a second fold replaces rather than repeats
+    assert cal["spread_speed"] == tomllib.loads(RECORD_PROFILE.read_text())["calibration"]["spread_speed"]
+    _record(recs, "d", "prof/cpu-gloo.toml", 0.100, [0.130])
+    assert _cli("--validations", str(recs), cwd=tmp_path).returncode == 0  # the profile the records name
+    text = prof.read_text()
+    assert text.count("spread_model =") == 1
+    assert tomllib.loads(text)["calibration"]["spread_model_records"] == 4
+
+
+def test_calibrate_validations_refuses_in_one_line_and_writes_nothing(tmp_path):
+    prof = tmp_path / "p.toml"
+    shutil.copy(RECORD_PROFILE, prof)
+    before = prof.read_bytes()
+    recs = tmp_path / "r"
+    _record(recs, "a", str(prof), 0.1, [0.11])
+    _record(recs, "b", str(prof), 0.1, [0.09])
+    too_few = _cli("--validations", str(recs), cwd=tmp_path)
+    assert too_few.returncode == 2 and "at least 3" in too_few.stderr and "Traceback" not in too_few.stderr
+    assert len(too_few.stderr.strip().splitlines()) == 1
+    _record(recs, "c", "elsewhere.toml", 0.1, [0.1])
+    several = _cli("--validations", str(recs), cwd=tmp_path)
+    assert several.returncode == 2 and "--profile" in several.stderr
+    bad = recs / "c" / "comparison.json"
+    bad.write_text(json.dumps({"hardware_file": str(prof), "predicted": {"step_time_s": -1},
+                               "measured": {"step_time_all_s": [0.1]}}))
+    neg = _cli("--validations", str(recs), "--profile", str(prof), cwd=tmp_path)
+    assert neg.returncode == 2 and "predicted.step_time_s" in neg.stderr and str(bad) in neg.stderr
+    bad.write_text("{not json")
+    garbled = _cli("--validations", str(recs), "--profile", str(prof), cwd=tmp_path)
+    assert garbled.returncode == 2 and "not JSON" in garbled.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    none = _cli("--validations", str(empty), "--profile", str(prof), cwd=tmp_path)
+    assert none.returncode == 2 and "no comparison.json" in none.stderr
+    stray = _cli("--profile", str(prof), cwd=tmp_path)
+    assert stray.returncode == 2 and "--validations" in stray.stderr
+    assert prof.read_bytes() == before
+
+
+def test_records_on_file_name_the_profile_they_were_predicted_with():
+    recs = find_records([ROOT / "reports" / "validation" / "coverage"])
+    mine = records_for(recs, RECORD_PROFILE)
+    assert len(mine) == len(recs) >= 3  # every coverage record was predicted with the coverage profile
+    assert records_for(recs, ROOT / "reports" / "validation" / "cpu-gloo.toml") == []
+
+
+def test_with_calibration_creates_the_table_and_refuses_non_toml():
+    text = with_calibration('name = "x"\n', {"spread_model": 0.1, "spread_model_source": 'a "b"'}, "x.toml")
+    assert tomllib.loads(text)["calibration"] == {"spread_model": 0.1, "spread_model_source": 'a "b"'}
+    with pytest.raises(ConfigError, match="not TOML"):
+        with_calibration("name = \n", {"spread_model": 0.1}, "x.toml")
