@@ -129,16 +129,16 @@ def markdown(rows: list[dict]) -> str:
              "its 12 measured steps.", ""]
     if rows and "model_inside" in rows[0]:
         wide = sum(r["model_inside"] for r in rows)
-        lines += [f"* **With the model discrepancy** (`spread_model`, leave one out: each case's sigma from the other "
-                  f"records of its profile, as `parsim calibrate --validations` computes it): **{wide} of {total} "
-                  f"measured steps ({wide / total:.0%}) fall inside the stated 90% band.**",
-                  f"* Noise only (the profile's kernel repeat noise, fit residuals and speed drift): {inside} of "
-                  f"{total} ({inside / total:.0%}).", "",
-                  "The misses left are the cases the model is most biased on (error = log(median measured / point); "
-                  "+: the run was slower than predicted): a zero-centred band cannot hold a case whose median "
-                  "sits outside it.", "",
-                  "| case | record | error | LOO sigma | noise P5..P95 ms | inside | with model P5..P95 ms | inside | "
-                  "measured ms (min..max) |", "|---|---|---:|---:|---|---:|---|---:|---|"]
+        lines += [(f"* **With the model discrepancy** (`spread_model`, leave one out: each case's sigma from the other "
+                   f"records of its profile, as `parsim calibrate --validations` computes it): **{wide} of {total} "
+                   f"measured steps ({wide / total:.0%}) fall inside the stated 90% band.**"),
+                  (f"* Noise only (the profile's kernel repeat noise, fit residuals and speed drift): {inside} of "
+                   f"{total} ({inside / total:.0%})."), "",
+                  ("The misses left are the cases the model is most biased on (error = log(median measured / point); "
+                   "+: the run was slower than predicted): a zero-centred band cannot hold a case whose median "
+                   "sits outside it."), "",
+                  ("| case | record | error | LOO sigma | noise P5..P95 ms | inside | with model P5..P95 ms | inside | "
+                   "measured ms (min..max) |"), "|---|---|---:|---:|---|---:|---|---:|---|"]
         for r in rows:
             lines.append(f"| {r['case']} | {r['record']} | {r['error']:+.3f} | {r['model_sigma']:.3f} "
                          f"({r['loo_records']}) | {r['p5_s'] * 1e3:.1f}..{r['p95_s'] * 1e3:.1f} | "
