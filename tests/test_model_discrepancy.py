@@ -139,3 +139,14 @@ def test_with_calibration_creates_the_table_and_refuses_non_toml():
     assert tomllib.loads(text)["calibration"] == {"spread_model": 0.1, "spread_model_source": 'a "b"'}
     with pytest.raises(ConfigError, match="not TOML"):
         with_calibration("name = \n", {"spread_model": 0.1}, "x.toml")
+
+
+def test_simulate_samples_states_the_discrepancy_it_drew(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    args = [sys.executable, "-m", "parsim", "simulate", "scenarios/tiny-cpu.toml", "--samples", "20",
+            "--set", f'hardware="{RECORD_PROFILE}"']
+    out = subprocess.run([*args, "--json"], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    stated = tomllib.loads(RECORD_PROFILE.read_text())["calibration"]["spread_model"]
+    assert json.loads(out.stdout)["spread_model"] == stated > 0
+    text = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout
+    assert f"model discrepancy sigma {stated:.3f} included" in text

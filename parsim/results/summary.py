@@ -135,7 +135,9 @@ def format_summary(mx: dict) -> str:
         rel = {k: f"{100 * (mx[f'step_time_{k}_s'] / T - 1):+.2f}%" for k in ("p5", "p50", "p95")}
         lines.append(f"  90% band          step time P5 {rel['p5']}, P50 {rel['p50']}, P95 {rel['p95']} of the point; "
                      f"{fmt_n(mx['tokens_per_s_p5'])} .. {fmt_n(mx['tokens_per_s_p95'])} tokens/s "
-                     f"({mx['samples']} samples, seed {mx['seed']})")
+                     f"({mx['samples']} samples, seed {mx['seed']}"
+                     + (f"; model discrepancy sigma {mx['spread_model']:.3f} included" if mx.get("spread_model") else "")
+                     + ")")
     if "pace_setter" in mx:  # [stragglers] (parsim.results.pace)
         ps = mx["pace_setter"]
         lines.append(f"  pace set by       pipeline rank {ps['rank']} of replica {ps['replica']} (GPUs "

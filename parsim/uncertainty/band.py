@@ -57,14 +57,15 @@ def _sample_message_driven(sc: Scenario, samples: int, seed: int, spread: Spread
 
 
 def band(sc: Scenario, metrics: dict, samples: int, seed: int = 0, spread: Spread | None = None) -> dict:
-    """P5/P50/P95 of step time and tokens per second over ``samples`` draws (JSON keys)."""
+    """P5/P50/P95 of step time and tokens per second over ``samples`` draws (JSON keys), with where
+    the spread came from and its model-discrepancy sigma (``spread_model``, 0 when not stated)."""
     spread = spread or spread_of(sc.hardware)
     t = sample_step_times(sc, samples, seed, spread)
     p5, p50, p95 = (float(x) for x in np.percentile(t, [5, 50, 95]))
     tok = metrics["tokens_per_step"]
     return {"samples": samples, "seed": seed, "step_time_p5_s": p5, "step_time_p50_s": p50, "step_time_p95_s": p95,
             "tokens_per_s_p5": tok / p95, "tokens_per_s_p50": tok / p50, "tokens_per_s_p95": tok / p5,
-            "spread_source": spread.source}
+            "spread_source": spread.source, "spread_model": spread.model}
 
 
 
