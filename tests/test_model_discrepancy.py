@@ -150,3 +150,9 @@ def test_simulate_samples_states_the_discrepancy_it_drew(tmp_path):
     assert json.loads(out.stdout)["spread_model"] == stated > 0
     text = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout
     assert f"model discrepancy sigma {stated:.3f} included" in text
+
+
+def test_with_calibration_finds_a_commented_header_and_leaves_other_tables_alone():
+    text = 'name = "x"\n[calibration]  # fitted\nspread_model = 0.2\nother = 1\n[[runs]]\nspread_model = 7\n'
+    got = tomllib.loads(with_calibration(text, {"spread_model": 0.1}, "x.toml"))
+    assert got["calibration"] == {"spread_model": 0.1, "other": 1} and got["runs"] == [{"spread_model": 7}]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,9 @@ from parsim.errors import ConfigError
 
 MIN_RECORDS = 3
 """Fewest records a discrepancy is stated from: below that a sigma is not an estimate."""
+
+_HEADER = re.compile(r"^\s*\[([^\[\]]+)\]\s*(#.*)?$")
+"""A TOML table header line (not an array-of-tables one), with an optional comment."""
 
 KEYS = ("spread_model", "spread_model_records", "spread_model_source")
 """The ``[calibration]`` keys this writes (any earlier values are replaced)."""
@@ -125,22 +129,28 @@ def with_calibration(text: str, values: dict, where: str) -> str:
         tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(where, None, f"not TOML: {e}") from None
-    lines = text.splitlines()
     table = None
     out: list[str] = []
-    for line in lines:
-        s = line.strip()
-        if s.startswith("[") and not s.startswith("[["):
-            table = s.strip("[] ")
-        if table == "calibration" and s.split("=", 1)[0].strip() in values and "=" in s:
+    head = None
+    for line in text.splitlines():
+        m = _HEADER.match(line)
+        if line.lstrip().startswith("[["):  # an array of tables: not the calibration table
+            table = None
+        elif m:
+            table = m.group(1).strip()
+            if table == "calibration":
+                head = len(out)
+        elif table == "calibration" and "=" in line and line.split("=", 1)[0].strip() in values:
             continue  # replaced below
         out.append(line)
     new = [f"{k} = {json.dumps(v) if isinstance(v, str) else v}" for k, v in values.items()]
-    head = next((i for i, line in enumerate(out) if line.strip() == "[calibration]"), None)
     if head is None:
         out += ["", "[calibration]", *new]
     else:
         out[head + 1:head + 1] = new
     result = "\n".join(out) + "\n"
-    tomllib.loads(result)  # the keys written are plain numbers and JSON-quoted strings: it parses
+    try:
+        tomllib.loads(result)
+    except tomllib.TOMLDecodeError as e:  # e.g. a key of this name written as a dotted or quoted key
+        raise ConfigError(where, "calibration", f"cannot set {', '.join(values)} in this table: {e}") from None
     return result
