@@ -29,3 +29,16 @@ def scenario(pp=1, dp=1, tp=1, vpp=1, m=None, schedule="1F1B", costs=None, model
     if overlap:
         doc["overlap"] = overlap
     return scenario_from_dict(doc, "test.toml")
+
+
+def launch_parity(scenario: str, variants, n_ranks: int, out, timeout: float, deadline: float,
+                  steps: int | None = None) -> list[dict]:
+    """One gloo launch of ``n_ranks`` ranks running every variant (a list of override lists) in
+    parity mode, each rank's own ``timeout`` and the launch's ``deadline`` in seconds; ``steps``:
+    training steps per variant (the runtime's default when None). The ranks' results."""
+    # torch: imported here, so the torch-free tests can import this module
+    from parsim.validate.launch import launch
+    job = {"scenario": scenario, "backend": "gloo", "mode": "parity", "variants": list(variants), "timeout": timeout}
+    if steps is not None:
+        job["parity_steps"] = steps
+    return launch(job, n_ranks, out, deadline)

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import launch_parity
 
 torch = pytest.importorskip("torch")
 torch.set_num_threads(1)  # the reference runs beside 2+ rank processes on 2 cores
@@ -70,8 +71,7 @@ def _alive(pid: int) -> bool:
 @pytest.fixture(scope="module")
 def parity_two(tmp_path_factory):
     out = tmp_path_factory.mktemp("parity2")
-    ranks = launch({"scenario": TINY, "backend": "gloo", "mode": "parity", "variants": list(TWO_RANKS.values()),
-                    "timeout": 60}, 2, out, 120)
+    ranks = launch_parity(TINY, TWO_RANKS.values(), 2, out, 60, 120)
     return out, ranks
 
 
@@ -105,8 +105,7 @@ def test_every_registered_schedule_runs_and_is_checked_for_parity():
 
 
 def test_pp2_dp2_zero_gradients_equal_single_process(tmp_path):
-    ranks = launch({"scenario": TINY, "backend": "gloo", "mode": "parity", "variants": list(FOUR_RANKS.values()),
-                    "timeout": 60}, 4, tmp_path, 150)
+    ranks = launch_parity(TINY, FOUR_RANKS.values(), 4, tmp_path, 60, 150)
     for i, name in enumerate(FOUR_RANKS):
         sc = prepare(TINY, FOUR_RANKS[name], "gloo")
         check_parity(sc, tmp_path, [r["variants"][i] for r in ranks], variant=i)

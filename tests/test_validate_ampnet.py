@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers import launch_parity
 
 torch = pytest.importorskip("torch")
 torch.set_num_threads(1)
@@ -39,8 +40,7 @@ VARIANTS = {  # 4 microbatches (instances) a step
 @pytest.fixture(scope="module")
 def ampnet_runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("ampnet")
-    ranks = launch({"scenario": TINY, "backend": "gloo", "mode": "parity", "variants": list(VARIANTS.values()),
-                    "parity_steps": STEPS, "timeout": 60}, 2, out, 150)
+    ranks = launch_parity(TINY, VARIANTS.values(), 2, out, 60, 150, steps=STEPS)
     return out, ranks
 
 

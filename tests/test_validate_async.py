@@ -12,12 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers import launch_parity
 
 torch = pytest.importorskip("torch")
 torch.set_num_threads(1)
 
 from parsim.schedule.semantics import staleness_steps, traits  # noqa: E402
-from parsim.validate.launch import launch  # noqa: E402
 from parsim.validate.reference import check_parity, expected_flat, reference_steps  # noqa: E402
 from parsim.validate.scale import prepare  # noqa: E402
 
@@ -30,8 +30,7 @@ ASYNC = {"PipeDream": ["schedule.name=PipeDream"], "PipeDream2BW": ["schedule.na
 @pytest.fixture(scope="module")
 def async_runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("async")
-    ranks = launch({"scenario": TINY, "backend": "gloo", "mode": "parity", "variants": list(ASYNC.values()),
-                    "parity_steps": STEPS, "timeout": 60}, 2, out, 120)
+    ranks = launch_parity(TINY, ASYNC.values(), 2, out, 60, 120, steps=STEPS)
     return out, ranks
 
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import launch_parity
 
 from parsim.schedule import BUILDERS
 
@@ -77,11 +78,9 @@ def test_parallel_axes_validate_with_their_communication_in_the_table(case):
 def test_bundled_scenarios_pass_gradient_parity(tmp_path, scenario, variants):
     torch = pytest.importorskip("torch")
     torch.set_num_threads(1)
-    from parsim.validate.launch import launch
     from parsim.validate.reference import check_parity
     from parsim.validate.scale import prepare
-    ranks = launch({"scenario": scenario, "backend": "gloo", "mode": "parity", "variants": variants,
-                    "timeout": 120}, 2, tmp_path, 300)
+    ranks = launch_parity(scenario, variants, 2, tmp_path, 120, 300)
     for i, over in enumerate(variants):
         res = check_parity(prepare(scenario, over, "gloo"), tmp_path, [r["variants"][i] for r in ranks], variant=i)
         assert res["max_abs_diff"] < 1e-5

@@ -12,12 +12,12 @@ import math
 from pathlib import Path
 
 import pytest
+from helpers import launch_parity
 
 torch = pytest.importorskip("torch")
 torch.set_num_threads(1)
 
 from parsim.config.parallel import ParallelConfig  # noqa: E402
-from parsim.validate.launch import launch  # noqa: E402
 from parsim.validate.layout import all_groups, coords  # noqa: E402
 from parsim.validate.reference import check_parity  # noqa: E402
 from parsim.validate.ring import zigzag_positions  # noqa: E402
@@ -65,8 +65,7 @@ def _slow_only_when_asked(request):
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("par2")
-    ranks = launch({"scenario": TINY, "backend": "gloo", "mode": "parity", "variants": list(TWO.values()),
-                    "timeout": 60}, 2, out, 120)
+    ranks = launch_parity(TINY, TWO.values(), 2, out, 60, 120)
     return out, ranks
 
 
@@ -79,8 +78,7 @@ def test_sharded_gradients_equal_the_unsharded_model(two_ranks, i, name):
 
 @pytest.mark.slow
 def test_parallel_axes_compose_with_pipelines_on_four_ranks(tmp_path):
-    ranks = launch({"scenario": TINY, "backend": "gloo", "mode": "parity", "variants": list(FOUR.values()),
-                    "timeout": 90}, 4, tmp_path, 200)
+    ranks = launch_parity(TINY, FOUR.values(), 4, tmp_path, 90, 200)
     for i, name in enumerate(FOUR):
         check_parity(prepare(TINY, FOUR[name], "gloo"), tmp_path, [r["variants"][i] for r in ranks], variant=i)
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers import launch_parity
 
 torch = pytest.importorskip("torch")
 torch.set_num_threads(1)
 
-from parsim.validate.launch import launch  # noqa: E402
 from parsim.validate.model import build_stages  # noqa: E402
 from parsim.validate.reference import check_parity  # noqa: E402
 from parsim.validate.scale import prepare  # noqa: E402
@@ -34,8 +34,7 @@ VARIANTS = {
 def _assert_parity(variants: dict, n_ranks: int, tmp_path, timeout: int, deadline: int) -> None:
     """Run every variant on ``n_ranks`` gloo ranks in one launch; each one's gradients must equal
     a single process's within 1e-6."""
-    ranks = launch({"scenario": TINY, "backend": "gloo", "mode": "parity", "variants": list(variants.values()),
-                    "timeout": timeout}, n_ranks, tmp_path, deadline)
+    ranks = launch_parity(TINY, variants.values(), n_ranks, tmp_path, timeout, deadline)
     for i, name in enumerate(variants):
         sc = prepare(TINY, variants[name], "gloo")
         res = check_parity(sc, tmp_path, [r["variants"][i] for r in ranks], variant=i)

@@ -77,8 +77,7 @@ DEFAULT_SPREAD = Spread()
 
 def spread_from_table(cal: dict, where: str) -> Spread:
     """A Spread from ``[calibration]`` keys (``spread_<family>_<kind>``, ``spread_speed``,
-    ``spread_model``); keys
-    not given keep their defaults."""
+    ``spread_model``); keys not given keep their defaults."""
     kw = {}
     for f in fields(Spread):
         key = f"spread_{f.name}"
