@@ -37,6 +37,14 @@ from parsim.costs.memory_ops import (
 )
 from parsim.model import attention_kind, causal_pairs
 
+SEQUENCE_GATHERED_GEMMS = (("qkv", "q", "q_down", "kv_down"), ("fc1", "gate", "up", "shared_fc1", "shared_gate", "shared_up"))
+"""The column-parallel GEMMs whose input is sequence parallelism's all-gathered activation, by
+site (the attention's, the MLP's; ``parsim.model.shapes`` names): in the backward Megatron
+gathers each site's input again for its weight gradients, beside its input-gradient GEMMs."""
+ROW_PARALLEL_GEMMS = ("attn_out", "fc2", "down", "shared_fc2", "shared_down")
+"""The row-parallel GEMMs, whose output sequence parallelism reduce-scatters (their input
+gradient runs on the all-gathered output gradient)."""
+_GATHERED = frozenset(name for site in SEQUENCE_GATHERED_GEMMS for name in site)
 BF16_ONLY = ("router",)
 """GEMMs kept in BF16 under FP8 training (the MoE router: Megatron computes it unquantised)."""
 ATTENTION_BACKWARD_KERNELS = 3
@@ -167,24 +175,48 @@ def attention_core_times(inp: LayerInputs) -> tuple[float, float]:
     return unfused_attention_gemms(inp, False), unfused_attention_gemms(inp, True)
 
 
+def overlap_chunks(inp: LayerInputs, name: str) -> tuple[int, int]:
+    """(forward, input-gradient) kernels the block's GEMM ``name`` runs as: its overlapped
+    sequence-parallel collective's chunks (``LayerInputs.options.tp_overlap_splits``), else 1."""
+    sp = inp.options.tp_overlap_splits
+    if name in _GATHERED:
+        return sp.gather, sp.scatter_dgrad
+    if name in ROW_PARALLEL_GEMMS:
+        return sp.scatter, sp.gather
+    return 1, 1
+
+
+def chunked_gemm_time(dev, m: int, n: int, k: int, precision: str, count: int, chunks: int) -> float:
+    """Seconds of ``count`` GEMMs ``(m x k) @ (k x n)`` run as ``chunks`` kernels over row blocks
+    of ``m`` (the last one takes the remainder)."""
+    if chunks <= 1 or m < chunks:
+        return dev.gemm_time(m, n, k, precision, count)
+    rows, rest = divmod(m, chunks)
+    return ((chunks - rest) * dev.gemm_time(rows, n, k, precision, count)
+            + rest * dev.gemm_time(rows + 1, n, k, precision, count))
+
+
 @lru_cache(maxsize=4096)
 def block_compute(inp: LayerInputs, gemms: tuple, moe_layer: bool) -> BlockCompute:
     """Compute of one block from its GEMMs (``parsim.model.layer_gemms``, routed experts
     removed) and the device's kernels."""
     dev, o = inp.hardware.device, inp.options
     g_f = g_i = g_w = 0.0
+    n_f = n_i = 0
     for g in gemms:
         p = gemm_precision(inp, g.name)
-        g_f += dev.gemm_time(g.m, g.n, g.k, p, g.count)
-        g_i += dev.gemm_time(g.m, g.k, g.n, p, g.count)
+        c_f, c_i = overlap_chunks(inp, g.name)
+        g_f += chunked_gemm_time(dev, g.m, g.n, g.k, p, g.count, c_f)
+        g_i += chunked_gemm_time(dev, g.m, g.k, g.n, p, g.count, c_i)
         g_w += dev.gemm_time(g.k, g.n, g.m, p, g.count)
+        n_f, n_i = n_f + c_f, n_i + c_i
     n_gemm = len(gemms)
     a_f, a_i = attention_core_times(inp)
     k_attn = (1, ATTENTION_BACKWARD_KERNELS) if o.flash_attention and has_attention_kernel(inp) else (2, 4)
     mf, mb = memory_work(inp, moe_layer)
     # two TP collectives per pass launch kernels too (NCCL), counted with the block's gaps
     tp_kernels = 2 if inp.shard.tp > 1 else 0
-    kernels = (n_gemm + k_attn[0] + mf.kernels + tp_kernels, n_gemm + k_attn[1] + mb.kernels + tp_kernels, n_gemm)
+    kernels = (n_f + k_attn[0] + mf.kernels + tp_kernels, n_i + k_attn[1] + mb.kernels + tp_kernels, n_gemm)
     return BlockCompute((g_f, g_i, g_w), (a_f, a_i), (dev.memory_time(mf.bytes), dev.memory_time(mb.bytes)), kernels)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 from functools import lru_cache
+from typing import NamedTuple
 
 from parsim.cluster.hardware import HardwareProfile
 from parsim.config.moe import MoEConfig
@@ -159,6 +160,22 @@ class Shard:
         return self.microbatch_size * (self.seq_len // self.cp)
 
 
+class OverlapSplits(NamedTuple):
+    """Chunks of a block's GEMMs under an overlapped sequence-parallel TP collective."""
+
+    gather: int
+    """The GEMMs on an all-gathered input: the column-parallel forwards (QKV, FC1) and the
+    row-parallel input gradients (attention projection, FC2: on the gathered output gradient)."""
+    scatter: int
+    """The row-parallel forwards, whose output is reduce-scattered."""
+    scatter_dgrad: int
+    """The column-parallel input gradients, whose output is reduce-scattered."""
+
+
+WHOLE = OverlapSplits(1, 1, 1)
+"""Every GEMM one kernel."""
+
+
 @dataclass(frozen=True)
 class TrainOptions:
     """The training options a block's cost depends on."""
@@ -194,6 +211,9 @@ class TrainOptions:
     (the first ``recompute_num_layers`` blocks of each chunk)."""
     recompute_num_layers: int = 1
     """Blocks a uniform unit holds, or blocks a chunk recomputes (block)."""
+    tp_overlap_splits: OverlapSplits = WHOLE
+    """The chunks each GEMM next to an overlapped sequence-parallel collective runs as
+    (:func:`tp_overlap_splits`)."""
 
 
 @dataclass(frozen=True)
@@ -263,8 +283,40 @@ def layer_inputs(ci: CostInputs) -> LayerInputs:
                         tr.grad_accumulation_fusion, tr.optimizer, ci.overlap, tr.fused_kernels, tr.fp8_recipe,
                         tr.cross_entropy_fusion, tr.attention_kernel,
                         recompute_modules=tr.recompute_modules_, recompute_method=tr.recompute_method or "uniform",
-                        recompute_num_layers=tr.recompute_num_layers or 1)
+                        recompute_num_layers=tr.recompute_num_layers or 1,
+                        tp_overlap_splits=tp_overlap_splits(par.framework, par.tp, par.sequence_parallel,
+                                                            ci.overlap.tp_comm))
     return LayerInputs(m, ci.cluster, shard, opts, ci.moe if has_moe else None)
+
+
+TE_PIPELINE_SPLITS = 4
+"""Chunks of a GEMM whose output Transformer Engine's userbuffers reduce-scatter as it goes (the
+"pipeline" method: TE's ``initialize_ub`` default ``num_splits = 4``; Megatron-Core uses TE's
+defaults unless ``--tp-comm-overlap-cfg`` names others)."""
+
+
+def tp_overlap_splits(framework: str, tp: int, sequence_parallel: bool, tp_comm: bool) -> OverlapSplits:
+    """The chunks of the GEMMs an overlapped TP collective runs beside: a GEMM overlapped this
+    way is several smaller kernels, each on the part of the activation that has arrived (or is
+    about to leave), so it pays each chunk's waves and fixed latency.
+
+    * Megatron-Core (``--tp-comm-overlap``: Transformer Engine's userbuffers with TE's default
+      methods): QKV's and FC1's forward and the attention projection's and FC2's input
+      gradients are "ring_exchange" overlaps, one GEMM per TP rank's slice of the gathered
+      sequence (tp chunks); the projection's and FC2's forward are "pipeline" overlaps
+      (:data:`TE_PIPELINE_SPLITS` chunks); QKV's and FC1's input and weight gradients are
+      "bulk" overlaps, the whole GEMM beside a whole collective.
+    * PyTorch's asynchronous TP (``torch.distributed._symmetric_memory``'s fused
+      all-gather-matmul and matmul-reduce-scatter, torchtitan's async TP): one chunk per TP
+      rank wherever a GEMM meets a collective, forward and input gradients alike.
+
+    Without sequence parallelism, or without the overlap, every GEMM runs whole.
+    """
+    if not tp_comm or not sequence_parallel or tp <= 1:
+        return WHOLE
+    if framework == "megatron":
+        return OverlapSplits(tp, TE_PIPELINE_SPLITS, 1)
+    return OverlapSplits(tp, tp, tp)
 
 
 @lru_cache(maxsize=256)

@@ -293,14 +293,8 @@ def tp_collective_time(inp: LayerInputs, kind: str, nbytes: float) -> float:
     return cached_collective_time(inp.cluster, kind, nbytes, inp.shard.tp_group)
 
 
-SEQUENCE_GATHERED_GEMMS = (("qkv", "q", "q_down", "kv_down"), ("fc1", "gate", "up", "shared_fc1", "shared_gate", "shared_up"))
-"""The column-parallel GEMMs whose input is sequence parallelism's all-gathered activation, by
-site (the attention's, the MLP's; ``parsim.model.shapes`` names): in the backward Megatron
-gathers each site's input again for its weight gradients, beside its input-gradient GEMMs."""
-
-
 def regather_windows_s(inp: LayerInputs, gemms: tuple) -> tuple[float, ...]:
-    """Seconds of each site's input-gradient GEMMs (:data:`SEQUENCE_GATHERED_GEMMS`): what
+    """Seconds of each site's input-gradient GEMMs (:data:`parsim.costs.compute.SEQUENCE_GATHERED_GEMMS`): what
     Megatron's backward re-gather of that site's input runs beside."""
     dev = inp.hardware.device
     kernels = dev.kernels is not None
@@ -308,7 +302,7 @@ def regather_windows_s(inp: LayerInputs, gemms: tuple) -> tuple[float, ...]:
     def dgrad(g) -> float:
         prec = _compute.gemm_precision(inp, g.name) if kernels else inp.options.precision
         return dev.gemm_time(g.m, g.k, g.n, prec, g.count)
-    return tuple(sum(dgrad(g) for g in gemms if g.name in site) for site in SEQUENCE_GATHERED_GEMMS)
+    return tuple(sum(dgrad(g) for g in gemms if g.name in site) for site in _compute.SEQUENCE_GATHERED_GEMMS)
 
 
 def tp_layer_comm(inp: LayerInputs, act_bytes: float, gemm_s: float, backward: bool = False,
