@@ -1,6 +1,7 @@
 """GEMMs beside an overlapped sequence-parallel TP collective run as chunks (Transformer Engine's
 userbuffers under Megatron-Core's --tp-comm-overlap; PyTorch's asynchronous TP): which GEMM
-is split how, and the block's GEMM time as the sum of its chunk kernels, by hand."""
+is split how, how many chunks run at once, and the block's GEMM time from its chunk kernels, by
+hand."""
 import tomllib
 
 import pytest
@@ -9,6 +10,7 @@ from conftest import ROOT
 from parsim.costs import compute
 from parsim.costs.inputs import (
     TE_PIPELINE_SPLITS,
+    TE_UB_STREAMS,
     WHOLE,
     OverlapSplits,
     cost_inputs,
@@ -31,10 +33,12 @@ def _inputs(framework="megatron", tp_comm=True, sp=True, preset=None):
 
 
 @pytest.mark.parametrize("framework, tp, sp, overlap, want", [
-    ("megatron", 8, True, True, OverlapSplits(8, TE_PIPELINE_SPLITS, 1)),  # TE: ring exchange, pipeline, bulk
-    ("megatron", 2, True, True, OverlapSplits(2, 4, 1)),
-    ("fsdp", 8, True, True, OverlapSplits(8, 8, 8)),  # PyTorch async TP: a chunk per rank everywhere
-    ("zero", 4, True, True, OverlapSplits(4, 4, 4)),
+    # TE: ring exchange, pipeline, bulk; the chunks on 3 streams
+    ("megatron", 8, True, True, OverlapSplits(8, TE_PIPELINE_SPLITS, 1, TE_UB_STREAMS)),
+    ("megatron", 2, True, True, OverlapSplits(2, 4, 1, 3)),
+    # PyTorch async TP: a chunk per rank everywhere, one after another
+    ("fsdp", 8, True, True, OverlapSplits(8, 8, 8, 1)),
+    ("zero", 4, True, True, OverlapSplits(4, 4, 4, 1)),
     ("megatron", 8, False, True, WHOLE),  # no sequence parallelism: all-reduces, whole GEMMs
     ("megatron", 8, True, False, WHOLE),  # no overlap
     ("megatron", 1, True, True, WHOLE),
@@ -43,19 +47,21 @@ def test_which_framework_splits_what(framework, tp, sp, overlap, want):
     assert tp_overlap_splits(framework, tp, sp, overlap) == want
 
 
-def test_te_pipeline_default_is_four_splits():
-    # Transformer Engine's initialize_ub registers every "pipeline" overlap with num_splits = 4
-    assert TE_PIPELINE_SPLITS == 4
+def test_te_defaults():
+    # Transformer Engine's initialize_ub registers every "pipeline" overlap with num_splits = 4,
+    # and module/base.py spreads the chunk GEMMs over _NUM_MAX_UB_STREAMS = 3 compute streams
+    assert TE_PIPELINE_SPLITS == 4 and TE_UB_STREAMS == 3
 
 
 def test_scenario_carries_the_splits():
-    assert _inputs().options.tp_overlap_splits == OverlapSplits(8, 4, 1)
+    assert _inputs().options.tp_overlap_splits == OverlapSplits(8, 4, 1, 3)
     assert _inputs(tp_comm=False).options.tp_overlap_splits == WHOLE
-    assert _inputs(framework="fsdp").options.tp_overlap_splits == OverlapSplits(8, 8, 8)
+    assert _inputs(framework="fsdp").options.tp_overlap_splits == OverlapSplits(8, 8, 8, 1)
 
 
 def _by_hand(inp):
-    """The block's (F, I, W) GEMM seconds, each chunk a kernel of its own rows."""
+    """The block's (F, I, W) GEMM seconds: each chunk a kernel of its own rows, ``streams`` of
+    them at a time sharing the SMs as one GEMM over their rows."""
     dev, tokens, tp = inp.hardware.device, inp.shard.tokens, inp.shard.tp
     sp = inp.options.tp_overlap_splits
     col = {"qkv", "q", "q_down", "kv_down", "fc1", "gate", "up"}
@@ -63,7 +69,9 @@ def _by_hand(inp):
 
     def split(m, n, k, p, chunks):
         assert m % chunks == 0  # the cases here divide evenly: every chunk the same kernel
-        return chunks * dev.gemm_time(m // chunks, n, k, p)
+        full, last = divmod(chunks, sp.streams)  # rounds of `streams` chunks, then the rest
+        t = full * dev.gemm_time(sp.streams * m // chunks, n, k, p)
+        return t + (dev.gemm_time(last * m // chunks, n, k, p) if last else 0.0)
     f = i = w = 0.0
     for g in layer_gemms(inp.model, tokens, tp, 0):
         p = compute.gemm_precision(inp, g.name)
@@ -97,7 +105,20 @@ def test_chunks_cost_more_than_the_whole_gemm_and_weight_gradients_stay_whole():
 
 def test_a_row_count_that_does_not_divide_gives_the_remainder_to_some_chunks():
     dev = _inputs().hardware.device
-    # 10 rows in 4 chunks: two of 2 rows and two of 3
+    # 10 rows in 4 chunks: two of 2 rows and two of 3, one after another
     want = 2 * dev.gemm_time(2, 4096, 4096, "bf16") + 2 * dev.gemm_time(3, 4096, 4096, "bf16")
     assert compute.chunked_gemm_time(dev, 10, 4096, 4096, "bf16", 1, 4) == pytest.approx(want, rel=1e-12)
+    # on 3 streams: chunks of 2, 2, 3 rows together (7 rows), then the last 3
+    want = dev.gemm_time(7, 4096, 4096, "bf16") + dev.gemm_time(3, 4096, 4096, "bf16")
+    assert compute.chunked_gemm_time(dev, 10, 4096, 4096, "bf16", 1, 4, 3) == pytest.approx(want, rel=1e-12)
     assert compute.chunked_gemm_time(dev, 3, 64, 64, "bf16", 1, 4) == dev.gemm_time(3, 64, 64, "bf16")
+
+
+def test_more_streams_than_chunks_is_the_whole_gemm():
+    dev = _inputs().hardware.device
+    whole = dev.gemm_time(4096, 3072, 8192, "bf16")
+    assert compute.chunked_gemm_time(dev, 4096, 3072, 8192, "bf16", 1, 2, 3) == pytest.approx(whole, rel=1e-12)
+    # serial chunks cost more than concurrent ones, which cost no less than the whole GEMM
+    serial = compute.chunked_gemm_time(dev, 4096, 3072, 8192, "bf16", 1, 8, 1)
+    concurrent = compute.chunked_gemm_time(dev, 4096, 3072, 8192, "bf16", 1, 8, 3)
+    assert serial > concurrent >= whole

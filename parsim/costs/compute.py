@@ -186,14 +186,18 @@ def overlap_chunks(inp: LayerInputs, name: str) -> tuple[int, int]:
     return 1, 1
 
 
-def chunked_gemm_time(dev, m: int, n: int, k: int, precision: str, count: int, chunks: int) -> float:
+def chunked_gemm_time(dev, m: int, n: int, k: int, precision: str, count: int, chunks: int,
+                      streams: int = 1) -> float:
     """Seconds of ``count`` GEMMs ``(m x k) @ (k x n)`` run as ``chunks`` kernels over row blocks
-    of ``m`` (the last one takes the remainder)."""
+    of ``m`` (``rest`` of them one row longer), ``streams`` of them in flight at once: each
+    round of concurrent chunks fills the SMs as one GEMM over their rows would (their tiles
+    share the waves; one kernel latency per round)."""
     if chunks <= 1 or m < chunks:
         return dev.gemm_time(m, n, k, precision, count)
     rows, rest = divmod(m, chunks)
-    return ((chunks - rest) * dev.gemm_time(rows, n, k, precision, count)
-            + rest * dev.gemm_time(rows + 1, n, k, precision, count))
+    sizes = [rows + (i >= chunks - rest) for i in range(chunks)]
+    s = max(1, streams)
+    return sum(dev.gemm_time(sum(sizes[i:i + s]), n, k, precision, count) for i in range(0, chunks, s))
 
 
 @lru_cache(maxsize=4096)
@@ -206,8 +210,9 @@ def block_compute(inp: LayerInputs, gemms: tuple, moe_layer: bool) -> BlockCompu
     for g in gemms:
         p = gemm_precision(inp, g.name)
         c_f, c_i = overlap_chunks(inp, g.name)
-        g_f += chunked_gemm_time(dev, g.m, g.n, g.k, p, g.count, c_f)
-        g_i += chunked_gemm_time(dev, g.m, g.k, g.n, p, g.count, c_i)
+        streams = inp.options.tp_overlap_splits.streams
+        g_f += chunked_gemm_time(dev, g.m, g.n, g.k, p, g.count, c_f, streams)
+        g_i += chunked_gemm_time(dev, g.m, g.k, g.n, p, g.count, c_i, streams)
         g_w += dev.gemm_time(g.k, g.n, g.m, p, g.count)
         n_f, n_i = n_f + c_f, n_i + c_i
     n_gemm = len(gemms)

@@ -170,6 +170,11 @@ class OverlapSplits(NamedTuple):
     """The row-parallel forwards, whose output is reduce-scattered."""
     scatter_dgrad: int
     """The column-parallel input gradients, whose output is reduce-scattered."""
+    streams: int = 1
+    """Chunk GEMMs in flight at once: Transformer Engine launches them round-robin on
+    ``min(3, chunks)`` compute streams of their own (``_NUM_MAX_UB_STREAMS = 3``; a chunk waits
+    only for its own slice of the input), so up to 3 share the SMs; PyTorch's async TP runs
+    them one after another on the current stream."""
 
 
 WHOLE = OverlapSplits(1, 1, 1)
@@ -289,6 +294,9 @@ def layer_inputs(ci: CostInputs) -> LayerInputs:
     return LayerInputs(m, ci.cluster, shard, opts, ci.moe if has_moe else None)
 
 
+TE_UB_STREAMS = 3
+"""Compute streams Transformer Engine's userbuffers overlaps spread their chunk GEMMs over
+(``transformer_engine.pytorch.module.base._NUM_MAX_UB_STREAMS``)."""
 TE_PIPELINE_SPLITS = 4
 """Chunks of a GEMM whose output Transformer Engine's userbuffers reduce-scatter as it goes (the
 "pipeline" method: TE's ``initialize_ub`` default ``num_splits = 4``; Megatron-Core uses TE's
@@ -306,17 +314,20 @@ def tp_overlap_splits(framework: str, tp: int, sequence_parallel: bool, tp_comm:
       sequence (tp chunks); the projection's and FC2's forward are "pipeline" overlaps
       (:data:`TE_PIPELINE_SPLITS` chunks); QKV's and FC1's input and weight gradients are
       "bulk" overlaps, the whole GEMM beside a whole collective.
+      TE launches the chunks on up to :data:`TE_UB_STREAMS` streams, so they overlap one
+      another.
     * PyTorch's asynchronous TP (``torch.distributed._symmetric_memory``'s fused
       all-gather-matmul and matmul-reduce-scatter, torchtitan's async TP): one chunk per TP
-      rank wherever a GEMM meets a collective, forward and input gradients alike.
+      rank wherever a GEMM meets a collective, forward and input gradients alike, one after
+      another on the current stream (the copies run on side streams).
 
     Without sequence parallelism, or without the overlap, every GEMM runs whole.
     """
     if not tp_comm or not sequence_parallel or tp <= 1:
         return WHOLE
     if framework == "megatron":
-        return OverlapSplits(tp, TE_PIPELINE_SPLITS, 1)
-    return OverlapSplits(tp, tp, tp)
+        return OverlapSplits(tp, TE_PIPELINE_SPLITS, 1, TE_UB_STREAMS)
+    return OverlapSplits(tp, tp, tp, 1)
 
 
 @lru_cache(maxsize=256)
