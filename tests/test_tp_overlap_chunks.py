@@ -34,11 +34,11 @@ def _inputs(framework="megatron", tp_comm=True, sp=True, preset=None):
 
 @pytest.mark.parametrize("framework, tp, sp, overlap, want", [
     # TE: ring exchange, pipeline, bulk; the chunks on 3 streams
-    ("megatron", 8, True, True, OverlapSplits(8, TE_PIPELINE_SPLITS, 1, TE_UB_STREAMS)),
-    ("megatron", 2, True, True, OverlapSplits(2, 4, 1, 3)),
-    # PyTorch async TP: a chunk per rank everywhere, one after another
-    ("fsdp", 8, True, True, OverlapSplits(8, 8, 8, 1)),
-    ("zero", 4, True, True, OverlapSplits(4, 4, 4, 1)),
+    ("megatron", 8, True, True, OverlapSplits(8, TE_PIPELINE_SPLITS, 1, TE_UB_STREAMS, TE_UB_STREAMS)),
+    ("megatron", 2, True, True, OverlapSplits(2, 4, 1, 3, 3)),
+    # PyTorch async TP: a chunk per rank everywhere; gathered chunks on 2 streams, scattered serial
+    ("fsdp", 8, True, True, OverlapSplits(8, 8, 8, 2, 1)),
+    ("zero", 4, True, True, OverlapSplits(4, 4, 4, 2, 1)),
     ("megatron", 8, False, True, WHOLE),  # no sequence parallelism: all-reduces, whole GEMMs
     ("megatron", 8, True, False, WHOLE),  # no overlap
     ("megatron", 1, True, True, WHOLE),
@@ -54,30 +54,36 @@ def test_te_defaults():
 
 
 def test_scenario_carries_the_splits():
-    assert _inputs().options.tp_overlap_splits == OverlapSplits(8, 4, 1, 3)
+    assert _inputs().options.tp_overlap_splits == OverlapSplits(8, 4, 1, 3, 3)
     assert _inputs(tp_comm=False).options.tp_overlap_splits == WHOLE
-    assert _inputs(framework="fsdp").options.tp_overlap_splits == OverlapSplits(8, 8, 8, 1)
+    assert _inputs(framework="fsdp").options.tp_overlap_splits == OverlapSplits(8, 8, 8, 2, 1)
 
 
 def _by_hand(inp):
-    """The block's (F, I, W) GEMM seconds: each chunk a kernel of its own rows, ``streams`` of
-    them at a time sharing the SMs as one GEMM over their rows."""
+    """The block's (F, I, W) GEMM seconds: each chunk a kernel of its own rows, as many of them
+    at a time as their side has streams, sharing the SMs as one GEMM over their rows."""
     dev, tokens, tp = inp.hardware.device, inp.shard.tokens, inp.shard.tp
     sp = inp.options.tp_overlap_splits
     col = {"qkv", "q", "q_down", "kv_down", "fc1", "gate", "up"}
     row = {"attn_out", "fc2", "down"}
 
-    def split(m, n, k, p, chunks):
+    def split(m, n, k, p, chunks, streams):
         assert m % chunks == 0  # the cases here divide evenly: every chunk the same kernel
-        full, last = divmod(chunks, sp.streams)  # rounds of `streams` chunks, then the rest
-        t = full * dev.gemm_time(sp.streams * m // chunks, n, k, p)
+        full, last = divmod(chunks, streams)  # rounds of `streams` chunks, then the rest
+        t = full * dev.gemm_time(streams * m // chunks, n, k, p)
         return t + (dev.gemm_time(last * m // chunks, n, k, p) if last else 0.0)
+    gather, scatter = (sp.gather, sp.gather_streams), (sp.scatter, sp.scatter_streams)
     f = i = w = 0.0
     for g in layer_gemms(inp.model, tokens, tp, 0):
         p = compute.gemm_precision(inp, g.name)
-        cf, ci = (sp.gather, sp.scatter_dgrad) if g.name in col else (sp.scatter, sp.gather) if g.name in row else (1, 1)
-        f += split(g.m, g.n, g.k, p, cf)
-        i += split(g.m, g.k, g.n, p, ci)
+        if g.name in col:
+            cf, ci = gather, (sp.scatter_dgrad, sp.scatter_streams)
+        elif g.name in row:
+            cf, ci = scatter, gather
+        else:
+            cf = ci = (1, 1)
+        f += split(g.m, g.n, g.k, p, *cf)
+        i += split(g.m, g.k, g.n, p, *ci)
         w += dev.gemm_time(g.k, g.n, g.m, p)
     return f, i, w
 

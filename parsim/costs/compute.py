@@ -175,15 +175,17 @@ def attention_core_times(inp: LayerInputs) -> tuple[float, float]:
     return unfused_attention_gemms(inp, False), unfused_attention_gemms(inp, True)
 
 
-def overlap_chunks(inp: LayerInputs, name: str) -> tuple[int, int]:
-    """(forward, input-gradient) kernels the block's GEMM ``name`` runs as: its overlapped
-    sequence-parallel collective's chunks (``LayerInputs.options.tp_overlap_splits``), else 1."""
+def overlap_chunks(inp: LayerInputs, name: str) -> tuple[tuple[int, int], tuple[int, int]]:
+    """((chunks, streams) of the forward, (chunks, streams) of the input gradient) the block's
+    GEMM ``name`` runs as: its overlapped sequence-parallel collective's chunks and how many of
+    them run at once (``LayerInputs.options.tp_overlap_splits``), else one whole kernel."""
     sp = inp.options.tp_overlap_splits
+    gather, scatter = (sp.gather, sp.gather_streams), (sp.scatter, sp.scatter_streams)
     if name in _GATHERED:
-        return sp.gather, sp.scatter_dgrad
+        return gather, (sp.scatter_dgrad, sp.scatter_streams)
     if name in ROW_PARALLEL_GEMMS:
-        return sp.scatter, sp.gather
-    return 1, 1
+        return scatter, gather
+    return (1, 1), (1, 1)
 
 
 def chunked_gemm_time(dev, m: int, n: int, k: int, precision: str, count: int, chunks: int,
@@ -209,10 +211,9 @@ def block_compute(inp: LayerInputs, gemms: tuple, moe_layer: bool) -> BlockCompu
     n_f = n_i = 0
     for g in gemms:
         p = gemm_precision(inp, g.name)
-        c_f, c_i = overlap_chunks(inp, g.name)
-        streams = inp.options.tp_overlap_splits.streams
-        g_f += chunked_gemm_time(dev, g.m, g.n, g.k, p, g.count, c_f, streams)
-        g_i += chunked_gemm_time(dev, g.m, g.k, g.n, p, g.count, c_i, streams)
+        (c_f, s_f), (c_i, s_i) = overlap_chunks(inp, g.name)
+        g_f += chunked_gemm_time(dev, g.m, g.n, g.k, p, g.count, c_f, s_f)
+        g_i += chunked_gemm_time(dev, g.m, g.k, g.n, p, g.count, c_i, s_i)
         g_w += dev.gemm_time(g.k, g.n, g.m, p, g.count)
         n_f, n_i = n_f + c_f, n_i + c_i
     n_gemm = len(gemms)

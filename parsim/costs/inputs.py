@@ -170,11 +170,15 @@ class OverlapSplits(NamedTuple):
     """The row-parallel forwards, whose output is reduce-scattered."""
     scatter_dgrad: int
     """The column-parallel input gradients, whose output is reduce-scattered."""
-    streams: int = 1
-    """Chunk GEMMs in flight at once: Transformer Engine launches them round-robin on
-    ``min(3, chunks)`` compute streams of their own (``_NUM_MAX_UB_STREAMS = 3``; a chunk waits
-    only for its own slice of the input), so up to 3 share the SMs; PyTorch's async TP runs
-    them one after another on the current stream."""
+    gather_streams: int = 1
+    """Chunk GEMMs on the all-gather side in flight at once: Transformer Engine launches them
+    round-robin on ``min(3, chunks)`` compute streams of their own (``_NUM_MAX_UB_STREAMS = 3``;
+    a ring-exchange chunk waits only for its own slice of the input); PyTorch's async TP
+    alternates its chunk matmuls between the current stream and one backend stream (2)."""
+    scatter_streams: int = 1
+    """The same on the reduce-scatter side: TE's pipeline chunks on ``min(3, chunks)`` streams,
+    none waiting for another; PyTorch's async TP makes each chunk's stream wait for the previous
+    chunk and its barrier (1: one after another)."""
 
 
 WHOLE = OverlapSplits(1, 1, 1)
@@ -318,16 +322,17 @@ def tp_overlap_splits(framework: str, tp: int, sequence_parallel: bool, tp_comm:
       another.
     * PyTorch's asynchronous TP (``torch.distributed._symmetric_memory``'s fused
       all-gather-matmul and matmul-reduce-scatter, torchtitan's async TP): one chunk per TP
-      rank wherever a GEMM meets a collective, forward and input gradients alike, one after
-      another on the current stream (the copies run on side streams).
+      rank wherever a GEMM meets a collective, forward and input gradients alike; the
+      all-gather side's chunks alternate between two streams, the reduce-scatter side's run one
+      after another.
 
     Without sequence parallelism, or without the overlap, every GEMM runs whole.
     """
     if not tp_comm or not sequence_parallel or tp <= 1:
         return WHOLE
     if framework == "megatron":
-        return OverlapSplits(tp, TE_PIPELINE_SPLITS, 1, TE_UB_STREAMS)
-    return OverlapSplits(tp, tp, tp, 1)
+        return OverlapSplits(tp, TE_PIPELINE_SPLITS, 1, TE_UB_STREAMS, TE_UB_STREAMS)
+    return OverlapSplits(tp, tp, tp, 2, 1)
 
 
 @lru_cache(maxsize=256)
