@@ -5,9 +5,9 @@ inside the P5..P95 the profile's spread predicts.
     python benchmarks/band_coverage.py --live [--launches 2] [--steps 6]
 
 Recorded: every ``reports/validation/**/comparison.json`` (the gloo validation repeats on
-record: 12 measured steps per case), each case's scenario from the validation scripts' case
-lists, the profile it was predicted with (``hardware_file``) and that profile's spread as the
-calibration keeps it (``parsim.calibrate.spread.spread_table`` of the data CSV beside it; repeat
+record: 12 measured steps per case), each case predicted again from the scenario and overrides
+the record names, the way ``parsim validate`` predicted it, with the profile it was predicted with
+(``hardware_file``) and that profile's spread as the calibration keeps it (``parsim.calibrate.spread.spread_table`` of the data CSV beside it; repeat
 noise and speed drift take the defaults where the calibration did not record them); and again
 with the model discrepancy added, its sigma left one out (:func:`recorded`).
 ``--live``: a fresh ``parsim calibrate`` (which records repeat noise and the pass-wide speed
@@ -27,25 +27,17 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from parsim.calibrate.records import MIN_RECORDS  # noqa: E402
+from parsim.calibrate.records import (  # noqa: E402
+    MIN_RECORDS,
+    Record,
+    find_records,
+    located,
+    repredict,
+)
 from parsim.calibrate.spread import model_discrepancy, spread_table, step_error  # noqa: E402
 from parsim.cluster.spread import spread_from_table, spread_of  # noqa: E402
-from parsim.scenario import load_scenario  # noqa: E402
-from parsim.simulate import simulate  # noqa: E402
 from parsim.uncertainty.band import band  # noqa: E402
-
-
-def cases() -> dict[str, tuple[str, list[str]]]:
-    """case -> (scenario, overrides), from benchmarks/validate_gloo.py and reports/validation/coverage.py."""
-    import importlib.util
-
-    import validate_gloo
-    spec = importlib.util.spec_from_file_location("coverage_cases", ROOT / "reports" / "validation" / "coverage.py")
-    cov = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cov)
-    return {name: (scn, list(ov)) for name, scn, ov in [*validate_gloo.CASES, *cov.CASES]}
 
 
 def record_spread(profile: Path, sc):
@@ -59,8 +51,10 @@ def record_spread(profile: Path, sc):
 
 
 def case_band(scn: str, overrides: list[str], profile: Path, samples: int, seed: int, spread=None) -> dict:
-    sc = load_scenario(ROOT / scn, [*overrides, f'hardware="{profile.resolve()}"'])
-    return band(sc, simulate(sc).metrics, samples, seed, spread or record_spread(profile, sc))
+    """The band of a gloo validation run of ``scn`` (prepared as ``parsim validate`` runs it)."""
+    rec = Record(ROOT / "live", scn, str(profile), 1.0, (1.0,), str(ROOT / scn), tuple(overrides), "gloo", "early")
+    sc, sched, mx = repredict(rec, profile)
+    return band(sc, mx, samples, seed, spread or record_spread(profile, sc), schedule=sched)
 
 
 def _shown(p: Path) -> str:
@@ -71,30 +65,31 @@ def _shown(p: Path) -> str:
 
 
 def recorded(samples: int, seed: int) -> list[dict]:
-    """Every record's band twice: with the profile's spread as calibrated (``noise``), and with
-    the model discrepancy added (``model``), its sigma from the *other* records predicted with the
-    same profile (leave one out: a case's own error never widens its own band). The errors are
-    of today's point prediction (the records' own predicted steps may predate cost-model changes)."""
-    known = cases()
+    """Every two-rank record's band twice: with the profile's spread as calibrated (``noise``),
+    and with the model discrepancy added (``model``), its sigma from the *other* records predicted
+    with the same profile (leave one out: a case's own error never widens its own band). Point,
+    band and errors are today's model's, each record predicted again the way ``parsim validate``
+    predicted it (``parsim.calibrate.records.repredict``: the scenario prepared for gloo, the
+    schedule its ranks ran) -- what ``parsim calibrate --validations`` folds."""
     picked = []
-    for cmp in sorted((ROOT / "reports" / "validation").rglob("comparison.json")):
-        d = json.loads(cmp.read_text())
-        if d["scenario"] not in known or d.get("world", 2) > 2:  # oversubscribed cases: reported only elsewhere
+    for rec in find_records([ROOT / "reports" / "validation"]):
+        if rec.oversubscribed:  # ranks taking turns on the cores: reported only elsewhere, not folded
             continue
-        scn, ov = known[d["scenario"]]
-        profile = ROOT / d["hardware_file"]
-        sc = load_scenario(ROOT / scn, [*ov, f'hardware="{profile.resolve()}"'])
-        mx = simulate(sc).metrics
-        measured = d["measured"]["step_time_all_s"]
-        picked.append((d["scenario"], cmp, profile, sc, mx, measured, step_error(mx["step_time_s"], measured)))
+        profile = located(rec.profile, rec.path)
+        again = repredict(rec, profile)
+        if again is None:
+            raise SystemExit(f"{rec.path}: names no scenario_file to predict it again with")
+        sc, sched, mx = again
+        picked.append((rec, profile.resolve(), sc, sched, mx, step_error(mx["step_time_s"], rec.measured_s)))
     rows = []
-    for case, cmp, profile, sc, mx, measured, _ in picked:
-        others = [e for c, _, p, *_, e in picked if p == profile and c != case]
+    for rec, profile, sc, sched, mx, err in picked:
+        others = [e for r, p, *_, e in picked if p == profile and r is not rec]
         noise = record_spread(profile, sc)
         sigma = model_discrepancy(others) if len(others) >= MIN_RECORDS else 0.0
-        row = _row(case, str(cmp.parent.relative_to(ROOT)), band(sc, mx, samples, seed, noise), measured)
-        wide = _row(case, "", band(sc, mx, samples, seed, replace(noise, model=sigma)), measured)
-        row.update({"model_sigma": sigma, "loo_records": len(others), "error": step_error(mx["step_time_s"], measured),
+        measured = list(rec.measured_s)
+        row = _row(rec.case, str(rec.path.parent.relative_to(ROOT)), band(sc, mx, samples, seed, noise, sched), measured)
+        wide = _row(rec.case, "", band(sc, mx, samples, seed, replace(noise, model=sigma), sched), measured)
+        row.update({"model_sigma": sigma, "loo_records": len(others), "error": err,
                     **{f"model_{k}": wide[k] for k in ("p5_s", "p50_s", "p95_s", "inside")}})
         rows.append(row)
     return rows
@@ -129,8 +124,9 @@ def markdown(rows: list[dict]) -> str:
              "its 12 measured steps.", ""]
     if rows and "model_inside" in rows[0]:
         wide = sum(r["model_inside"] for r in rows)
-        lines += [(f"* **With the model discrepancy** (`spread_model`, leave one out: each case's sigma from the other "
-                   f"records of its profile, as `parsim calibrate --validations` computes it): **{wide} of {total} "
+        lines += [(f"* **With the model discrepancy** (`spread_model`, leave one out: each case's split-conformal quantile "
+                   f"from the other records of its profile (oversubscribed runs set aside), as `parsim calibrate --validations` computes it, "
+                   f"each record predicted again as `parsim validate` predicted it): **{wide} of {total} "
                    f"measured steps ({wide / total:.0%}) fall inside the stated 90% band.**"),
                   (f"* Noise only (the profile's kernel repeat noise, fit residuals and speed drift): {inside} of "
                    f"{total} ({inside / total:.0%})."), "",

@@ -3,8 +3,11 @@
 
 Oracles: with every other sigma zero, each sample is the point prediction times exp(sigma * z)
 with z the seed's own normal sequence -- exactly, communication and links included (the engine
-is linear in its durations); the sigma is the hand-computed robust sigma of the records' log
-errors; bad records and too few of them are one line, exit 2, and leave the profile as it was.
+is linear in its durations); the sigma is the hand-computed split-conformal quantile of the
+records' absolute log errors over 1.645, and its coverage of a new exchangeable error is the
+closed form k / (n + 1) by brute force; a record that names its scenario is predicted again as
+``parsim validate`` predicts it now; bad records and too few of them are one line, exit 2, and
+leave the profile as it was.
 """
 import json
 import math
@@ -51,12 +54,33 @@ def test_spread_model_is_read_from_the_calibration_table():
     assert spread_from_table({}, "p.toml").model == 0.0
 
 
-def test_sigma_is_the_robust_sigma_of_the_log_errors_about_zero():
+def test_discrepancy_is_the_conformal_quantile_of_the_log_errors_about_zero():
     errs = [step_error(1.0, [1.1, 1.1, 1.2]), step_error(2.0, [1.9]), step_error(1.0, [1.02, 0.9, 1.5])]
     assert errs == pytest.approx([math.log(1.1), math.log(0.95), math.log(1.02)])
-    # median |error| is log(1/0.95); a shared bias is not taken out (about zero, not the mean)
-    assert model_discrepancy(errs) == round(1.4826 * math.log(1 / 0.95), 4)
-    assert model_discrepancy([0.1, 0.1, 0.1]) == round(1.4826 * 0.1, 4)
+    z = 1.6448536269514722  # the standard normal's 95th percentile
+    # 3 records: rank ceil(4 * 0.9) = 4 > 3, so the largest |error|; a shared bias is not taken out
+    assert model_discrepancy(errs) == round(math.log(1.1) / z, 4)
+    assert model_discrepancy([0.1, 0.1, 0.1]) == round(0.1 / z, 4)
+    # 19 records |e| = 0.01 .. 0.19 (signs mixed): rank ceil(20 * 0.9) = 18, the 18th smallest, 0.18
+    e19 = [(-1) ** i * 0.01 * (i + 1) for i in range(19)]
+    assert model_discrepancy(e19) == round(0.18 / z, 4)
+    # 29: rank ceil(30 * 0.9) = 27
+    assert model_discrepancy([0.01 * (i + 1) for i in range(29)]) == round(0.27 / z, 4)
+    assert model_discrepancy([]) == 0.0
+
+
+def test_conformal_quantile_covers_a_new_exchangeable_error_k_over_n_plus_1():
+    """Brute force: n errors and one more drawn alike (heavy-tailed, biased); the new one lies
+    within the quantile's 90% half-width k / (n + 1) of the time, k = ceil((n + 1) 0.9)."""
+    rng = random.Random(3)
+    n, trials, inside = 17, 20000, 0
+    z = 1.6448536269514722
+    for _ in range(trials):
+        draws = [0.05 + rng.gauss(0, 1) * (0.3 if rng.random() < 0.2 else 0.03) for _ in range(n + 1)]
+        half = model_discrepancy(draws[:n]) * z
+        inside += abs(draws[n]) <= half + 5e-5  # the sigma is rounded to 4 places
+    k = math.ceil((n + 1) * 0.9)
+    assert abs(inside / trials - k / (n + 1)) < 0.01
 
 
 def _record(d: Path, name: str, profile: str, predicted: float, measured: list[float]) -> Path:
@@ -84,7 +108,9 @@ def test_calibrate_validations_writes_spread_model_into_the_profile(tmp_path):
     _record(recs, "c", "prof/cpu-gloo.toml", 0.050, [0.051, 0.051])
     run = _cli("--validations", str(recs), "--profile", str(prof), cwd=ROOT)  # run from elsewhere
     assert run.returncode == 0, run.stderr
-    want = round(1.4826 * math.log(1 / 0.95), 4)  # |errors| log 1.1, log 0.95, log 1.02: median log(1/0.95)
+    # |errors| log 1.1, log 0.95, log 1.02 (the records name no scenario: their own predictions);
+    # 3 records, so the largest
+    want = round(math.log(1.1) / 1.6448536269514722, 4)
     cal = tomllib.loads(prof.read_text())["calibration"]
     assert cal["spread_model"] == want and cal["spread_model_records"] == 3
     assert spread_of(load_profile(str(prof))).model == want
@@ -156,3 +182,64 @@ def test_with_calibration_finds_a_commented_header_and_leaves_other_tables_alone
     text = 'name = "x"\n[calibration]  # fitted\nspread_model = 0.2\nother = 1\n[[runs]]\nspread_model = 7\n'
     got = tomllib.loads(with_calibration(text, {"spread_model": 0.1}, "x.toml"))
     assert got["calibration"] == {"spread_model": 0.1, "other": 1} and got["runs"] == [{"spread_model": 7}]
+
+
+def test_records_naming_their_scenario_are_predicted_again_as_validate_predicts(tmp_path):
+    """Three records whose stored prediction is stale (1 s): the fold uses what ``parsim
+    validate`` (``plan_validation``, the prediction it compares against) predicts for the same
+    scenario, overrides and profile today."""
+    pytest.importorskip("torch")
+    from parsim.cli.validate import plan_validation
+
+    prof = tmp_path / "cpu-gloo.toml"
+    shutil.copy(RECORD_PROFILE, prof)
+    recs = tmp_path / "records"
+    cases = {"1f1b": [], "gpipe": ["schedule.name=GPipe"], "zbh1": ["schedule.name=ZBH1"]}
+    measured = {"1f1b": 0.140, "gpipe": 0.150, "zbh1": 0.120}
+    errors = []
+    for name, ov in cases.items():
+        f = _record(recs, name, str(prof), 1.0, [measured[name]])
+        d = json.loads(f.read_text())
+        d.update(scenario_file="scenarios/tiny-cpu.toml", overrides=ov, backend="gloo", recv="early")
+        f.write_text(json.dumps(d))
+        now = plan_validation(str(ROOT / "scenarios" / "tiny-cpu.toml"), ov, "gloo", str(prof))
+        errors.append(math.log(measured[name] / now.predicted.metrics["step_time_s"]))
+    run = _cli("--validations", str(recs), "--profile", str(prof), cwd=ROOT)
+    assert run.returncode == 0, run.stderr
+    cal = tomllib.loads(prof.read_text())["calibration"]
+    assert cal["spread_model"] == model_discrepancy(errors)
+    assert cal["spread_model"] != model_discrepancy([math.log(measured[n] / 1.0) for n in cases])
+    assert "each predicted again with today's model" in cal["spread_model_source"]
+    assert run.stdout.count("(today)") == 3
+
+
+def test_a_record_with_a_malformed_scenario_field_is_one_line(tmp_path):
+    recs = tmp_path / "records"
+    f = _record(recs, "a", "prof.toml", 0.1, [0.1])
+    d = json.loads(f.read_text())
+    d["overrides"] = "schedule.name=GPipe"  # a string, not a list
+    f.write_text(json.dumps(d))
+    with pytest.raises(ConfigError, match="overrides"):
+        find_records([recs])
+
+
+def test_oversubscribed_records_are_set_aside(tmp_path):
+    prof = tmp_path / "cpu-gloo.toml"
+    shutil.copy(RECORD_PROFILE, prof)
+    recs = tmp_path / "records"
+    for name, pred, meas in (("a", 0.10, 0.11), ("b", 0.20, 0.19), ("c", 0.05, 0.051), ("over", 0.10, 0.20)):
+        f = _record(recs, name, str(prof), pred, [meas])
+        d = json.loads(f.read_text())
+        d.update(world=4 if name == "over" else 2, cpu_count=2, backend="gloo")
+        f.write_text(json.dumps(d))
+    run = _cli("--validations", str(recs), "--profile", str(prof), cwd=ROOT)
+    assert run.returncode == 0, run.stderr
+    assert "over" in run.stdout and "set aside" in run.stdout
+    cal = tomllib.loads(prof.read_text())["calibration"]
+    # a, b, c only: log 1.1, log 0.95, log 1.02 -> the largest (3 records)
+    assert cal["spread_model_records"] == 3
+    assert cal["spread_model"] == round(math.log(1.1) / 1.6448536269514722, 4)
+    (recs / "c" / "comparison.json").unlink()  # two left beside the oversubscribed one: too few
+    before = prof.read_text()
+    run = _cli("--validations", str(recs), "--profile", str(prof), cwd=ROOT)
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1 and prof.read_text() == before

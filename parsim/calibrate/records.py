@@ -1,11 +1,17 @@
 """Validation records folded into a profile's spread: ``parsim calibrate --validations``.
 
 A record is the ``comparison.json`` that ``parsim validate --out DIR`` writes: the profile it
-was predicted with (``hardware_file``), the predicted step (``predicted.step_time_s``) and every
-measured step (``measured.step_time_all_s``). The records predicted with one profile give that
+was predicted with (``hardware_file``), the predicted step (``predicted.step_time_s``), every
+measured step (``measured.step_time_all_s``) and what was validated (``scenario_file``,
+``overrides``, ``backend``, ``recv``). The records predicted with one profile give that
 profile's model discrepancy (:func:`parsim.calibrate.spread.model_discrepancy`), written into its
 ``[calibration]`` table as ``spread_model`` with how many records it rests on; ``parsim simulate
 --samples`` then draws it (``parsim.cluster.spread``).
+
+The error that goes in is today's model's: a record that names its scenario is predicted again
+(:func:`repredict`, the validation's own path: the scenario prepared for the backend and the
+schedule its ranks ran), so a cost-model change since the run is not mistaken for, or hidden
+in, the discrepancy; an older record without ``scenario_file`` keeps the prediction it holds.
 """
 from __future__ import annotations
 
@@ -17,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from parsim.calibrate.spread import model_discrepancy, step_error
-from parsim.errors import ConfigError
+from parsim.errors import ConfigError, ScheduleError
 
 MIN_RECORDS = 3
 """Fewest records a discrepancy is stated from: below that a sigma is not an estimate."""
@@ -43,10 +49,21 @@ class Record:
     """The predicted step, seconds."""
     measured_s: tuple[float, ...]
     """Every measured step, seconds."""
+    scenario_file: str | None = None
+    """The scenario the run validated, as the run named it (None: an older record)."""
+    overrides: tuple[str, ...] = ()
+    """Its ``--set`` overrides."""
+    backend: str = "gloo"
+    """The torch.distributed backend it ran on."""
+    recv: str | None = None
+    """Where its ranks posted receives ("early" | "late"; the schedule they ran)."""
+    oversubscribed: bool = False
+    """CPU ranks outnumbered the host's cores (``world`` > ``cpu_count`` on gloo): the ranks took
+    turns on the cores, which no profile models; such a record is not folded."""
 
     @property
     def error(self) -> float:
-        """log(median measured / predicted)."""
+        """log(median measured / predicted), with the prediction the record holds."""
         return step_error(self.predicted_s, self.measured_s)
 
 
@@ -73,8 +90,19 @@ def read_record(path: Path) -> Record:
         raise ConfigError(str(path), "measured.step_time_all_s", "missing or not a list of positive numbers")
     if not isinstance(d.get("hardware_file"), str) or not d["hardware_file"]:
         raise ConfigError(str(path), "hardware_file", "missing: the record does not name its profile")
+    scn, ov = d.get("scenario_file"), d.get("overrides", [])
+    if scn is not None and (not isinstance(scn, str) or not scn):
+        raise ConfigError(str(path), "scenario_file", "not a file name")
+    if not isinstance(ov, list) or not all(isinstance(o, str) for o in ov):
+        raise ConfigError(str(path), "overrides", "not a list of KEY=VALUE strings")
+    for key in ("backend", "recv"):
+        if d.get(key) is not None and not isinstance(d[key], str):
+            raise ConfigError(str(path), key, "not a string")
+    world, cores = d.get("world"), d.get("cpu_count")
+    backend = d.get("backend") or "gloo"
+    over = (backend == "gloo" and isinstance(world, int) and isinstance(cores, int) and world > cores)
     return Record(path, str(d.get("scenario", path.parent.name)), d["hardware_file"], float(pred["step_time_s"]),
-                  tuple(float(x) for x in steps))
+                  tuple(float(x) for x in steps), scn, tuple(ov), backend, d.get("recv"), over)
 
 
 def find_records(paths) -> list[Record]:
@@ -93,33 +121,79 @@ def find_records(paths) -> list[Record]:
     return [read_record(f) for f in sorted(files)]
 
 
+def _candidates(named: str, record: Path) -> list[Path]:
+    """A file a record names (as the run named it: relative to where it ran, or absolute): tried
+    as given, then against the record's own ancestors."""
+    return [Path(named)] + [anc / named for anc in record.resolve().parents]
+
+
 def _same_file(named: str, profile: Path, record: Path) -> bool:
-    """A record's ``hardware_file`` (as the run named it: relative to where it ran, or absolute)
-    is ``profile``: tried as given, then against the record's own ancestors."""
+    """A record's ``hardware_file`` is ``profile``."""
     want = profile.resolve()
-    cand = [Path(named)] + [anc / named for anc in record.resolve().parents]
-    return any(c.is_file() and c.resolve() == want for c in cand)
+    return any(c.is_file() and c.resolve() == want for c in _candidates(named, record))
+
+
+def located(named: str, record: Path) -> Path | None:
+    """Where a file the record names is now (None: nowhere)."""
+    return next((c for c in _candidates(named, record) if c.is_file()), None)
+
+
+def repredict(rec: Record, profile: Path | None = None):
+    """(scenario, lowered schedule, metrics) of the record's run as today's model predicts it --
+    the path ``parsim validate`` takes: the scenario prepared for its backend with its profile
+    (``parsim.validate.scale.prepare``), the schedule its ranks ran (receives posted as they
+    were) -- or None when the record does not name its scenario or that file is gone."""
+    from parsim.simulate import schedule_for, simulate
+    from parsim.validate.scale import prepare
+
+    scn = located(rec.scenario_file, rec.path) if rec.scenario_file else None
+    prof = profile or located(rec.profile, rec.path)
+    if scn is None or prof is None:
+        return None
+    sc = prepare(str(scn), list(rec.overrides), rec.backend, str(prof))
+    early = (rec.recv or ("early" if rec.backend == "gloo" else "late")) == "early"
+    sched = schedule_for(sc, early_recv=early)
+    return sc, sched, simulate(sc, schedule=sched).metrics
+
+
+def today_errors(records: list[Record], profile: Path) -> list[tuple[Record, float, bool]]:
+    """(record, log(median measured / predicted), re-predicted?) per record: today's prediction
+    where the record names its scenario (:func:`repredict`), else the one it holds."""
+    out = []
+    for r in records:
+        try:
+            again = repredict(r, profile)
+        except (ConfigError, ScheduleError):  # the scenario no longer loads as it did: the record's own
+            again = None
+        pred = again[2]["step_time_s"] if again is not None else r.predicted_s
+        out.append((r, step_error(pred, r.measured_s), again is not None))
+    return out
 
 
 def records_for(records: list[Record], profile: Path) -> list[Record]:
-    """The records predicted with ``profile``."""
+    """The records predicted with ``profile`` (oversubscribed ones included: :func:`fold` sets them aside)."""
     return [r for r in records if _same_file(r.profile, profile, r.path)]
 
 
-def fold(records: list[Record], profile: Path) -> tuple[dict, list[Record]]:
-    """(the ``[calibration]`` values for ``profile``, the records they rest on); refused below
-    MIN_RECORDS."""
-    mine = records_for(records, profile)
+def fold(records: list[Record], profile: Path) -> tuple[dict, list[tuple[Record, float, bool]]]:
+    """(the ``[calibration]`` values for ``profile``, the records they rest on with their errors:
+    :func:`today_errors`); refused below MIN_RECORDS."""
+    mine = [r for r in records_for(records, profile) if not r.oversubscribed]
     if len(mine) < MIN_RECORDS:
         others = sorted({r.profile for r in records} - {str(profile)})
         hint = f" (the others name: {', '.join(others)})" if others else ""
         raise ConfigError(str(profile), "spread_model",
                           f"{len(mine)} of {len(records)} records were predicted with this profile; "
                           f"at least {MIN_RECORDS} are needed{hint}")
-    sigma = model_discrepancy([r.error for r in mine])
+    errs = today_errors(mine, profile)
+    sigma = model_discrepancy([e for _, e, _ in errs])
+    again = sum(a for *_, a in errs)
+    how = ("each predicted again with today's model" if again == len(mine) else
+           f"{again} predicted again with today's model, {len(mine) - again} with the prediction the record holds")
     return {"spread_model": sigma, "spread_model_records": len(mine),
-            "spread_model_source": f"parsim calibrate --validations: robust sigma of log(median measured / predicted "
-                                   f"step) over {len(mine)} records ({', '.join(r.case for r in mine)})"}, mine
+            "spread_model_source": f"parsim calibrate --validations: split-conformal 90% quantile of |log(median "
+                                   f"measured / predicted step)| / 1.645 over {len(mine)} records "
+                                   f"({', '.join(r.case for r in mine)}; {how})"}, errs
 
 
 def with_calibration(text: str, values: dict, where: str) -> str:

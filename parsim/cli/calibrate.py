@@ -9,6 +9,7 @@ measured rows, each with the fitted model's prediction and relative error.
 """
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import sys
@@ -93,7 +94,7 @@ def cmd_calibrate(args) -> int:
 
 def fold_validations(args) -> int:
     """``--validations``: the records' model discrepancy written into the profile (atomically)."""
-    from parsim.calibrate.records import KEYS, find_records, fold, with_calibration
+    from parsim.calibrate.records import KEYS, find_records, fold, records_for, with_calibration
     from parsim.cli.common import write_text
 
     records = find_records(args.validations)
@@ -107,10 +108,14 @@ def fold_validations(args) -> int:
         profile = Path(named[0])
     if not profile.is_file():
         raise ConfigError(str(profile), None, "no such profile file")
+    for r in records_for(records, profile):
+        if r.oversubscribed:
+            print(f"  {r.case:24s} set aside: its CPU ranks outnumbered the host's cores (no profile models that)")
     values, mine = fold(records, profile)
     write_text(profile, with_calibration(profile.read_text(), values, str(profile)))
-    for r in mine:
-        print(f"  {r.case:24s} predicted {r.predicted_s * 1e3:9.2f} ms  measured median "
-              f"{statistics.median(r.measured_s) * 1e3:9.2f} ms  log error {r.error:+.3f}")
+    for r, err, again in mine:
+        pred = statistics.median(r.measured_s) / math.exp(err)
+        print(f"  {r.case:24s} predicted {pred * 1e3:9.2f} ms{' (today)' if again else ' (record)'}  measured "
+              f"median {statistics.median(r.measured_s) * 1e3:9.2f} ms  log error {err:+.3f}")
     print(f"wrote {', '.join(f'{k} = {values[k]}' for k in KEYS[:2])} into {profile}")
     return 0

@@ -11,6 +11,7 @@ from parsim.cluster.spread import Spread, spread_of
 from parsim.config.scenario import Scenario
 from parsim.costs.model_costs import ModelCosts
 from parsim.schedule.coverage import check_runs
+from parsim.schedule.ir import Schedule
 from parsim.schedule.semantics import traits
 from parsim.sim import engine, fullsim
 from parsim.sim.engine import simulate_schedule
@@ -19,13 +20,16 @@ from parsim.simulate import engine_costs, full_mode, schedule_and_costs
 from parsim.uncertainty.sampled import SampledCosts
 
 
-def sample_step_times(sc: Scenario, samples: int, seed: int = 0, spread: Spread | None = None) -> np.ndarray:
+def sample_step_times(sc: Scenario, samples: int, seed: int = 0, spread: Spread | None = None,
+                      schedule: Schedule | None = None) -> np.ndarray:
     """``samples`` step times (makespans) of ``sc`` with drawn durations, in the engine ``sc`` runs
     in (full mode: every replica, its stragglers and network; each replica draws its own noise);
-    the same seed, the same numbers."""
+    the same seed, the same numbers. ``schedule``: an already lowered one of ``sc`` to sample (as
+    ``simulate`` takes it: a validation run's, receives posted early); default ``sc``'s own."""
     if traits(sc.schedule.name).message_driven:  # AMPNet: its own engine, its order re-made by every draw
         return _sample_message_driven(sc, samples, seed, spread or spread_of(sc.hardware))
-    sched, costs = schedule_and_costs(sc, ModelCosts.from_scenario(sc))  # token slices solved as simulate does
+    # token slices solved as simulate does
+    sched, costs = schedule_and_costs(sc, ModelCosts.from_scenario(sc), schedule)
     full = full_mode(sc)
     check_runs(sched, fullsim.COVERAGE if full else engine.COVERAGE)
     run = engine_costs(sc, costs)
@@ -56,11 +60,13 @@ def _sample_message_driven(sc: Scenario, samples: int, seed: int, spread: Spread
     return out
 
 
-def band(sc: Scenario, metrics: dict, samples: int, seed: int = 0, spread: Spread | None = None) -> dict:
+def band(sc: Scenario, metrics: dict, samples: int, seed: int = 0, spread: Spread | None = None,
+         schedule: Schedule | None = None) -> dict:
     """P5/P50/P95 of step time and tokens per second over ``samples`` draws (JSON keys), with where
-    the spread came from and its model-discrepancy sigma (``spread_model``, 0 when not stated)."""
+    the spread came from and its model-discrepancy sigma (``spread_model``, 0 when not stated);
+    ``schedule`` as :func:`sample_step_times` takes it."""
     spread = spread or spread_of(sc.hardware)
-    t = sample_step_times(sc, samples, seed, spread)
+    t = sample_step_times(sc, samples, seed, spread, schedule)
     p5, p50, p95 = (float(x) for x in np.percentile(t, [5, 50, 95]))
     tok = metrics["tokens_per_step"]
     return {"samples": samples, "seed": seed, "step_time_p5_s": p5, "step_time_p50_s": p50, "step_time_p95_s": p95,
