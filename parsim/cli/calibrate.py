@@ -94,7 +94,13 @@ def cmd_calibrate(args) -> int:
 
 def fold_validations(args) -> int:
     """``--validations``: the records' model discrepancy written into the profile (atomically)."""
-    from parsim.calibrate.records import KEYS, find_records, fold, records_for, with_calibration
+    from parsim.calibrate.records import (
+        KEYS,
+        find_records,
+        fold,
+        records_for,
+        with_calibration,
+    )
     from parsim.cli.common import write_text
 
     records = find_records(args.validations)
