@@ -28,16 +28,11 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from parsim.calibrate.records import (  # noqa: E402
-    MIN_RECORDS,
-    Record,
-    find_records,
-    located,
-    repredict,
-)
+from parsim.calibrate.records import MIN_RECORDS, Record, find_records, located  # noqa: E402
 from parsim.calibrate.spread import model_discrepancy, spread_table, step_error  # noqa: E402
 from parsim.cluster.spread import spread_from_table, spread_of  # noqa: E402
 from parsim.uncertainty.band import band  # noqa: E402
+from parsim.validate.repredict import repredict  # noqa: E402
 
 
 def record_spread(profile: Path, sc):
@@ -69,7 +64,7 @@ def recorded(samples: int, seed: int) -> list[dict]:
     and with the model discrepancy added (``model``), its sigma from the *other* records predicted
     with the same profile (leave one out: a case's own error never widens its own band). Point,
     band and errors are today's model's, each record predicted again the way ``parsim validate``
-    predicted it (``parsim.calibrate.records.repredict``: the scenario prepared for gloo, the
+    predicted it (``parsim.validate.repredict``: the scenario prepared for gloo, the
     schedule its ranks ran) -- what ``parsim calibrate --validations`` folds."""
     picked = []
     for rec in find_records([ROOT / "reports" / "validation"]):

@@ -9,9 +9,10 @@ profile's model discrepancy (:func:`parsim.calibrate.spread.model_discrepancy`),
 --samples`` then draws it (``parsim.cluster.spread``).
 
 The error that goes in is today's model's: a record that names its scenario is predicted again
-(:func:`repredict`, the validation's own path: the scenario prepared for the backend and the
-schedule its ranks ran), so a cost-model change since the run is not mistaken for, or hidden
-in, the discrepancy; an older record without ``scenario_file`` keeps the prediction it holds.
+(``parsim.validate.repredict``, the validation's own path: the scenario prepared for the backend
+and the schedule its ranks ran; passed in as ``predict``, this layer sits below the simulator),
+so a cost-model change since the run is not mistaken for, or hidden in, the discrepancy; an
+older record without ``scenario_file`` keeps the prediction it holds.
 """
 from __future__ import annotations
 
@@ -138,34 +139,17 @@ def located(named: str, record: Path) -> Path | None:
     return next((c for c in _candidates(named, record) if c.is_file()), None)
 
 
-def repredict(rec: Record, profile: Path | None = None):
-    """(scenario, lowered schedule, metrics) of the record's run as today's model predicts it --
-    the path ``parsim validate`` takes: the scenario prepared for its backend with its profile
-    (``parsim.validate.scale.prepare``), the schedule its ranks ran (receives posted as they
-    were) -- or None when the record does not name its scenario or that file is gone."""
-    from parsim.simulate import schedule_for, simulate
-    from parsim.validate.scale import prepare
-
-    scn = located(rec.scenario_file, rec.path) if rec.scenario_file else None
-    prof = profile or located(rec.profile, rec.path)
-    if scn is None or prof is None:
-        return None
-    sc = prepare(str(scn), list(rec.overrides), rec.backend, str(prof))
-    early = (rec.recv or ("early" if rec.backend == "gloo" else "late")) == "early"
-    sched = schedule_for(sc, early_recv=early)
-    return sc, sched, simulate(sc, schedule=sched).metrics
-
-
-def today_errors(records: list[Record], profile: Path) -> list[tuple[Record, float, bool]]:
-    """(record, log(median measured / predicted), re-predicted?) per record: today's prediction
-    where the record names its scenario (:func:`repredict`), else the one it holds."""
+def today_errors(records: list[Record], profile: Path, predict=None) -> list[tuple[Record, float, bool]]:
+    """(record, log(median measured / predicted), predicted again?) per record: ``predict(record,
+    profile)`` -> seconds or None (``parsim.validate.repredict.predicted_step``: today's model on
+    the record's scenario), else the prediction the record holds."""
     out = []
     for r in records:
         try:
-            again = repredict(r, profile)
+            again = predict(r, profile) if predict is not None else None
         except (ConfigError, ScheduleError):  # the scenario no longer loads as it did: the record's own
             again = None
-        pred = again[2]["step_time_s"] if again is not None else r.predicted_s
+        pred = again if again is not None else r.predicted_s
         out.append((r, step_error(pred, r.measured_s), again is not None))
     return out
 
@@ -175,9 +159,9 @@ def records_for(records: list[Record], profile: Path) -> list[Record]:
     return [r for r in records if _same_file(r.profile, profile, r.path)]
 
 
-def fold(records: list[Record], profile: Path) -> tuple[dict, list[tuple[Record, float, bool]]]:
+def fold(records: list[Record], profile: Path, predict=None) -> tuple[dict, list[tuple[Record, float, bool]]]:
     """(the ``[calibration]`` values for ``profile``, the records they rest on with their errors:
-    :func:`today_errors`); refused below MIN_RECORDS."""
+    :func:`today_errors` with ``predict``); refused below MIN_RECORDS."""
     mine = [r for r in records_for(records, profile) if not r.oversubscribed]
     if len(mine) < MIN_RECORDS:
         others = sorted({r.profile for r in records} - {str(profile)})
@@ -185,7 +169,7 @@ def fold(records: list[Record], profile: Path) -> tuple[dict, list[tuple[Record,
         raise ConfigError(str(profile), "spread_model",
                           f"{len(mine)} of {len(records)} records were predicted with this profile; "
                           f"at least {MIN_RECORDS} are needed{hint}")
-    errs = today_errors(mine, profile)
+    errs = today_errors(mine, profile, predict)
     sigma = model_discrepancy([e for _, e, _ in errs])
     again = sum(a for *_, a in errs)
     how = ("each predicted again with today's model" if again == len(mine) else

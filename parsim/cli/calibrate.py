@@ -102,6 +102,7 @@ def fold_validations(args) -> int:
         with_calibration,
     )
     from parsim.cli.common import write_text
+    from parsim.validate.repredict import predicted_step
 
     records = find_records(args.validations)
     if args.profile:
@@ -117,7 +118,7 @@ def fold_validations(args) -> int:
     for r in records_for(records, profile):
         if r.oversubscribed:
             print(f"  {r.case:24s} set aside: its CPU ranks outnumbered the host's cores (no profile models that)")
-    values, mine = fold(records, profile)
+    values, mine = fold(records, profile, predicted_step)
     write_text(profile, with_calibration(profile.read_text(), values, str(profile)))
     for r, err, again in mine:
         pred = statistics.median(r.measured_s) / math.exp(err)
