@@ -102,7 +102,9 @@ def result(run: ValidationRun) -> dict:
     sched = run.predicted.schedule
     loss_rank = sched.rank_of(sched.n_stages - 1)  # where the loss is computed (rank 0 in a V shape)
     c["device_drift"] = device_drift(c, job["profile"])
-    c.update({"scenario_file": job["scenario"], "overrides": job["overrides"], "backend": job["backend"], "world": run.world, "warmup": job["warmup"], "cpu_count": os.cpu_count(),
+    # what ran, so that parsim calibrate --validations can predict the record again later
+    c.update({"scenario_file": job["scenario"], "overrides": job["overrides"],
+              "backend": job["backend"], "world": run.world, "warmup": job["warmup"], "cpu_count": os.cpu_count(),
               "nice": job["nice"], "recv": job["recv"], "launches": len(run.launches),
               "load_average_1min": run.load_average_1min,
               "losses": run.launches[-1][loss_rank]["steps"][-1]["losses"]})

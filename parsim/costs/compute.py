@@ -191,9 +191,9 @@ def overlap_chunks(inp: LayerInputs, name: str) -> tuple[tuple[int, int], tuple[
 def chunked_gemm_time(dev, m: int, n: int, k: int, precision: str, count: int, chunks: int,
                       streams: int = 1) -> float:
     """Seconds of ``count`` GEMMs ``(m x k) @ (k x n)`` run as ``chunks`` kernels over row blocks
-    of ``m`` (``rest`` of them one row longer), ``streams`` of them in flight at once: each
-    round of concurrent chunks fills the SMs as one GEMM over their rows would (their tiles
-    share the waves; one kernel latency per round)."""
+    of ``m`` (when ``chunks`` does not divide ``m``, the last chunks take one row more each),
+    ``streams`` of them in flight at once: each round of concurrent chunks fills the SMs as one
+    GEMM over their rows would (their tiles share the waves; one kernel latency per round)."""
     if chunks <= 1 or m < chunks:
         return dev.gemm_time(m, n, k, precision, count)
     rows, rest = divmod(m, chunks)

@@ -2,5 +2,5 @@
 
 The only package that imports torch (in runtime, model, worker, bench, probe, reference,
 timing). Torch-free modules: scale (the scaled scenario), launch (processes, timeout),
-compare (predicted vs measured), report, cli. Importing this package does not import torch.
+compare (predicted vs measured), report, repredict (a record predicted again), cli. Importing this package does not import torch.
 """
