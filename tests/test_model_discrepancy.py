@@ -243,3 +243,15 @@ def test_oversubscribed_records_are_set_aside(tmp_path):
     before = prof.read_text()
     run = _cli("--validations", str(recs), "--profile", str(prof), cwd=ROOT)
     assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1 and prof.read_text() == before
+
+
+def test_a_record_names_its_scenario_relative_to_where_it_ran(tmp_path, monkeypatch):
+    from parsim.cli.validate import _as_run
+    (tmp_path / "scenarios").mkdir()
+    f = tmp_path / "scenarios" / "x.toml"
+    f.write_text("")
+    monkeypatch.chdir(tmp_path)
+    assert _as_run(str(f)) == str(Path("scenarios") / "x.toml")  # absolute, under the cwd: relative
+    assert _as_run("scenarios/x.toml") == str(Path("scenarios") / "x.toml")
+    outside = str(tmp_path.parent / "elsewhere.toml")
+    assert _as_run(outside) == outside  # not under the cwd: as given

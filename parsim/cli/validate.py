@@ -93,6 +93,15 @@ def launch_once(run: ValidationRun, workdir: str | None = None) -> None:
     run.load_average_1min[1:] = [os.getloadavg()[0]]
 
 
+def _as_run(path: str) -> str:
+    """A file named relative to the working directory when it lies under it (a record committed
+    beside the scenario then finds it from any clone), else as given."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except (OSError, ValueError):
+        return path
+
+
 def result(run: ValidationRun) -> dict:
     """The comparison over every launch so far (the ``parsim validate --json`` object)."""
     from parsim.validate.compare import compare, device_drift
@@ -103,7 +112,7 @@ def result(run: ValidationRun) -> dict:
     loss_rank = sched.rank_of(sched.n_stages - 1)  # where the loss is computed (rank 0 in a V shape)
     c["device_drift"] = device_drift(c, job["profile"])
     # what ran, so that parsim calibrate --validations can predict the record again later
-    c.update({"scenario_file": job["scenario"], "overrides": job["overrides"],
+    c.update({"scenario_file": _as_run(job["scenario"]), "overrides": job["overrides"],
               "backend": job["backend"], "world": run.world, "warmup": job["warmup"], "cpu_count": os.cpu_count(),
               "nice": job["nice"], "recv": job["recv"], "launches": len(run.launches),
               "load_average_1min": run.load_average_1min,
