@@ -28,11 +28,11 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from parsim.calibrate.records import MIN_RECORDS, Record, find_records, located  # noqa: E402
+from parsim.calibrate.records import MIN_RECORDS, find_records, located  # noqa: E402
 from parsim.calibrate.spread import model_discrepancy, spread_table, step_error  # noqa: E402
 from parsim.cluster.spread import spread_from_table, spread_of  # noqa: E402
 from parsim.uncertainty.band import band  # noqa: E402
-from parsim.validate.repredict import repredict  # noqa: E402
+from parsim.validate.repredict import predict_run, repredict  # noqa: E402
 
 
 def record_spread(profile: Path, sc):
@@ -47,8 +47,7 @@ def record_spread(profile: Path, sc):
 
 def case_band(scn: str, overrides: list[str], profile: Path, samples: int, seed: int, spread=None) -> dict:
     """The band of a gloo validation run of ``scn`` (prepared as ``parsim validate`` runs it)."""
-    rec = Record(ROOT / "live", scn, str(profile), 1.0, (1.0,), str(ROOT / scn), tuple(overrides), "gloo", "early")
-    sc, sched, mx = repredict(rec, profile)
+    sc, sched, mx = predict_run(str(ROOT / scn), overrides, "gloo", None, str(profile))
     return band(sc, mx, samples, seed, spread or record_spread(profile, sc), schedule=sched)
 
 

@@ -132,11 +132,11 @@ def _simulate_message_driven(sc: Scenario, costs: ModelCosts) -> Result:
     long_run = simulate_message_driven_run(sc, costs, n_instances=4 * m)
     res = Result.from_raw(sc, run.schedule, costs.tables(run.schedule.stage_to_rank), run.raw)
     tokens = sc.training.microbatch_size * sc.training.seq_len
-    res.metrics["ampnet"] = ampnet_metrics(run, long_run, m, tokens, *_ampnet_keys(sc))
+    res.metrics["ampnet"] = ampnet_metrics(run, long_run, m, tokens, *ampnet_keys(sc))
     return res
 
 
-def _ampnet_keys(sc: Scenario) -> tuple[int, int]:
+def ampnet_keys(sc: Scenario) -> tuple[int, int]:
     """(max_in_flight, update_every) of an AMPNet scenario, unset keys at their default 1."""
     return sc.schedule.max_in_flight or 1, sc.schedule.update_every or 1
 
@@ -144,7 +144,7 @@ def _ampnet_keys(sc: Scenario) -> tuple[int, int]:
 def simulate_message_driven_run(sc: Scenario, costs, n_instances: int | None = None):
     """AMPNet from an empty pipeline on ``costs``: ``n_instances`` instances (default: one step's
     ``sc.n_microbatches``)."""
-    return simulate_ampnet(sc.parallel.pp, n_instances or sc.n_microbatches, costs, *_ampnet_keys(sc))
+    return simulate_ampnet(sc.parallel.pp, n_instances or sc.n_microbatches, costs, *ampnet_keys(sc))
 
 
 def _check_complete(sched: Schedule, raw) -> None:

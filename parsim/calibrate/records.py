@@ -139,18 +139,17 @@ def located(named: str, record: Path) -> Path | None:
     return next((c for c in _candidates(named, record) if c.is_file()), None)
 
 
-def today_errors(records: list[Record], profile: Path, predict=None) -> list[tuple[Record, float, bool]]:
-    """(record, log(median measured / predicted), predicted again?) per record: ``predict(record,
-    profile)`` -> seconds or None (``parsim.validate.repredict.predicted_step``: today's model on
-    the record's scenario), else the prediction the record holds."""
+def today_predictions(records: list[Record], profile: Path, predict=None) -> list[tuple[Record, float, bool]]:
+    """(record, predicted step seconds, predicted again?) per record: ``predict(record, profile)``
+    -> seconds or None (``parsim.validate.repredict.predicted_step``: today's model on the
+    record's scenario), else the prediction the record holds."""
     out = []
     for r in records:
         try:
             again = predict(r, profile) if predict is not None else None
         except (ConfigError, ScheduleError):  # the scenario no longer loads as it did: the record's own
             again = None
-        pred = again if again is not None else r.predicted_s
-        out.append((r, step_error(pred, r.measured_s), again is not None))
+        out.append((r, again if again is not None else r.predicted_s, again is not None))
     return out
 
 
@@ -160,24 +159,26 @@ def records_for(records: list[Record], profile: Path) -> list[Record]:
 
 
 def fold(records: list[Record], profile: Path, predict=None) -> tuple[dict, list[tuple[Record, float, bool]]]:
-    """(the ``[calibration]`` values for ``profile``, the records they rest on with their errors:
-    :func:`today_errors` with ``predict``); refused below MIN_RECORDS."""
-    mine = [r for r in records_for(records, profile) if not r.oversubscribed]
+    """(the ``[calibration]`` values for ``profile``, the records they rest on with their
+    predictions: :func:`today_predictions` with ``predict``); refused below MIN_RECORDS."""
+    named = records_for(records, profile)
+    mine = [r for r in named if not r.oversubscribed]
     if len(mine) < MIN_RECORDS:
         others = sorted({r.profile for r in records} - {str(profile)})
         hint = f" (the others name: {', '.join(others)})" if others else ""
+        aside = f", {len(named) - len(mine)} of them oversubscribed (set aside)" if len(named) > len(mine) else ""
         raise ConfigError(str(profile), "spread_model",
-                          f"{len(mine)} of {len(records)} records were predicted with this profile; "
+                          f"{len(named)} of {len(records)} records were predicted with this profile{aside}; "
                           f"at least {MIN_RECORDS} are needed{hint}")
-    errs = today_errors(mine, profile, predict)
-    sigma = model_discrepancy([e for _, e, _ in errs])
-    again = sum(a for *_, a in errs)
+    preds = today_predictions(mine, profile, predict)
+    sigma = model_discrepancy([step_error(pred, r.measured_s) for r, pred, _ in preds])
+    again = sum(a for *_, a in preds)
     how = ("each predicted again with today's model" if again == len(mine) else
            f"{again} predicted again with today's model, {len(mine) - again} with the prediction the record holds")
     return {"spread_model": sigma, "spread_model_records": len(mine),
             "spread_model_source": f"parsim calibrate --validations: split-conformal 90% quantile of |log(median "
                                    f"measured / predicted step)| / 1.645 over {len(mine)} records "
-                                   f"({', '.join(r.case for r in mine)}; {how})"}, errs
+                                   f"({', '.join(r.case for r in mine)}; {how})"}, preds
 
 
 def with_calibration(text: str, values: dict, where: str) -> str:

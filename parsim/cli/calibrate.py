@@ -9,7 +9,6 @@ measured rows, each with the fitted model's prediction and relative error.
 """
 from __future__ import annotations
 
-import math
 import os
 import statistics
 import sys
@@ -101,6 +100,7 @@ def fold_validations(args) -> int:
         records_for,
         with_calibration,
     )
+    from parsim.calibrate.spread import step_error
     from parsim.cli.common import write_text
     from parsim.validate.repredict import predicted_step
 
@@ -120,9 +120,8 @@ def fold_validations(args) -> int:
             print(f"  {r.case:24s} set aside: its CPU ranks outnumbered the host's cores (no profile models that)")
     values, mine = fold(records, profile, predicted_step)
     write_text(profile, with_calibration(profile.read_text(), values, str(profile)))
-    for r, err, again in mine:
-        pred = statistics.median(r.measured_s) / math.exp(err)
+    for r, pred, again in mine:
         print(f"  {r.case:24s} predicted {pred * 1e3:9.2f} ms{' (today)' if again else ' (record)'}  measured "
-              f"median {statistics.median(r.measured_s) * 1e3:9.2f} ms  log error {err:+.3f}")
+              f"median {statistics.median(r.measured_s) * 1e3:9.2f} ms  log error {step_error(pred, r.measured_s):+.3f}")
     print(f"wrote {', '.join(f'{k} = {values[k]}' for k in KEYS[:2])} into {profile}")
     return 0

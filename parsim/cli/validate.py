@@ -63,8 +63,7 @@ def plan_validation(scenario: str, overrides=None, backend: str = "gloo", profil
     """Prepare (scale, re-profile), lower and simulate ``scenario``; nothing runs yet."""
     from parsim.errors import ConfigError
     from parsim.simulate import schedule_for, simulate
-    from parsim.validate.scale import default_profile, prepare
-    from parsim.validate.worker import early_recv, recv_mode
+    from parsim.validate.scale import default_profile, early_recv, prepare, recv_mode
 
     job = {"scenario": str(scenario), "overrides": list(overrides or []), "backend": backend,
            "steps": steps, "warmup": warmup, "timeout": timeout, "threads": 1, "nice": nice,

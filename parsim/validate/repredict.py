@@ -10,20 +10,25 @@ from pathlib import Path
 
 from parsim.calibrate.records import Record, located
 from parsim.simulate import schedule_for, simulate
-from parsim.validate.scale import prepare
+from parsim.validate.scale import early_recv, prepare
+
+
+def predict_run(scenario: str, overrides: list[str], backend: str, recv: str | None, profile: str):
+    """(scenario, lowered schedule, metrics) of a validation run of ``scenario`` as today's model
+    predicts it: prepared for ``backend`` with ``profile``, its receives posted as ``recv`` says."""
+    sc = prepare(scenario, overrides, backend, profile)
+    sched = schedule_for(sc, early_recv=early_recv({"backend": backend, "recv": recv}))
+    return sc, sched, simulate(sc, schedule=sched).metrics
 
 
 def repredict(rec: Record, profile: Path | None = None):
-    """(scenario, lowered schedule, metrics) of the record's run as today's model predicts it, or
-    None when the record does not name its scenario or that file (or its profile) is gone."""
+    """:func:`predict_run` of the record's run, or None when the record does not name its
+    scenario or that file (or its profile) is gone."""
     scn = located(rec.scenario_file, rec.path) if rec.scenario_file else None
     prof = profile or located(rec.profile, rec.path)
     if scn is None or prof is None:
         return None
-    sc = prepare(str(scn), list(rec.overrides), rec.backend, str(prof))
-    early = (rec.recv or ("early" if rec.backend == "gloo" else "late")) == "early"
-    sched = schedule_for(sc, early_recv=early)
-    return sc, sched, simulate(sc, schedule=sched).metrics
+    return predict_run(str(scn), list(rec.overrides), rec.backend, rec.recv, str(prof))
 
 
 def predicted_step(rec: Record, profile: Path | None = None) -> float | None:

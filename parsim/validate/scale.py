@@ -65,6 +65,18 @@ GPU_LIMITS = Limits(max_params=400e6, d_model=1024, max_head_dim=128, max_layers
                     max_seq_len=1024, max_vocab=32768)
 
 
+def recv_mode(backend: str, recv: str | None = None) -> str:
+    """Where a validation run's receives are posted: ``recv`` if given, else "early"
+    (``post_recvs_early``) on gloo and "late" on nccl (posting order matters there)."""
+    return recv or ("early" if backend == "gloo" else "late")
+
+
+def early_recv(job: dict) -> bool:
+    """Whether the run ``job`` (its ``backend`` and ``recv``) posts its receives early: the
+    schedule its ranks run and the one its prediction times (``schedule_for(early_recv=...)``)."""
+    return recv_mode(job["backend"], job.get("recv")) == "early"
+
+
 def check_supported(sc: Scenario) -> None:
     """Refuse, in one line, what the runtime does not build: the schedules beyond
     :data:`RUNTIME_COVERAGE`, MLA models, and the parallel combinations below."""

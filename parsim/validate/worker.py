@@ -21,7 +21,7 @@ import torch.distributed as dist
 from parsim.costs.slices import slice_lengths
 from parsim.schedule.ir import Op
 from parsim.schedule.semantics import traits
-from parsim.simulate import schedule_for
+from parsim.simulate import ampnet_keys, schedule_for
 from parsim.validate.bench import probe
 from parsim.validate.comm import Group
 from parsim.validate.layout import all_groups
@@ -37,22 +37,12 @@ from parsim.validate.optim import optimizer_factory
 from parsim.validate.probe import stage_activation_bytes
 from parsim.validate.ring import zigzag_positions
 from parsim.validate.runtime import Layout, RankRuntime
-from parsim.validate.scale import prepare
+from parsim.validate.scale import early_recv, prepare
 from parsim.validate.shard import shard_descriptor, shard_stage
 from parsim.validate.tensor_parallel import Par
 from parsim.validate.timing import join_group, start_worker
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def recv_mode(backend: str, recv: str | None = None) -> str:
-    """Where receives are posted: ``recv`` if given, else "early" (``post_recvs_early``) on
-    gloo and "late" on nccl (posting order matters there)."""
-    return recv or ("early" if backend == "gloo" else "late")
-
-
-def early_recv(job: dict) -> bool:
-    return recv_mode(job["backend"], job.get("recv")) == "early"
 
 
 def check_p2p_order(sched) -> None:
@@ -165,8 +155,8 @@ def run(job: dict, sc, sched, lay: Layout) -> dict:
               "zero": sc.parallel.zero, "opt_factory": optimizer_factory(tr.optimizer), "fault": job.get("fault"),
               "keep_grads": parity}
     if traits(sc.schedule.name).message_driven:  # AMPNet: the order is what the messages make it
-        rt = MessageDrivenRuntime(**common, max_in_flight=sc.schedule.max_in_flight or 1,
-                                  update_every=sc.schedule.update_every or 1)
+        mif, every = ampnet_keys(sc)
+        rt = MessageDrivenRuntime(**common, max_in_flight=mif, update_every=every)
     else:
         rt = RankRuntime(**common, slice_lengths=lengths)
     steps = []
