@@ -73,7 +73,7 @@ def test_parallel_axes_validate_with_their_communication_in_the_table(case):
 @pytest.mark.torch
 @pytest.mark.parametrize("scenario,variants", [
     (TINY, [AXES["tp"][1], AXES["tp-sp"][1], AXES["cp"][1]]),
-    (MOE, [[]]),
+    (MOE, [[], ["parallel.ep=1"]]),  # ep = 1: the experts' gradients reduced over all dp ranks
 ])
 def test_bundled_scenarios_pass_gradient_parity(tmp_path, scenario, variants):
     torch = pytest.importorskip("torch")

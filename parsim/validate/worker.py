@@ -84,6 +84,10 @@ def make_groups(par, rank: int, n_chains: int, backend: str) -> dict:
             pg = dist.new_group(ranks) if len(ranks) > 1 else None
             if rank in ranks:
                 mine[kind] = Group(tuple(ranks), ranks.index(rank), pg, stream)
+    if "edp" not in mine and "grad" in mine:
+        # ep = 1: every dp x cp rank holds every expert, so the experts' gradients are reduced
+        # over the dense gradients' ranks (all_groups makes no separate edp groups then)
+        mine["edp"] = mine["grad"]
     return mine
 
 
