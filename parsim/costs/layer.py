@@ -181,6 +181,12 @@ def layer_cost(inp: LayerInputs, moe_layer: bool) -> LayerCost:
     sent_i = AxisBytes(tp=tp_layer_bytes(inp, act_bytes, backward=True),
                        cp=ca.backward_bytes if ca is not None else 0.0)  # dK/dV ride back too
     if ph is not None:
+        if dev.eager_op_forward_s is not None and dev.eager_op_backward_s is not None:
+            # a CPU rank runs the torch runtime's MoE block: its host time is the ops it dispatches
+            # (the MoE kernels' launch gaps are not charged there: parsim.costs.moe.layer_kernels)
+            ef, eb = eager_moe_extra_ops(m, m.n_experts // len(ph.group), len(ph.group), inp.moe.drop_tokens)
+            fwd = fwd + Parts(compute=ef * dev.eager_op_forward_s)
+            inp_parts = inp_parts + Parts(compute=eb * dev.eager_op_backward_s)
         fwd, inp_parts, wgt, gemm_flops = _moe_parts(inp, ph, fwd, inp_parts, wgt, gemm_flops)
         a2a = _moe.all_to_all_bytes(ph.routing, m.d_model, PRECISION_TABLE[prec].activation_bytes)
         ep_sent = AxisBytes(ep=2 * float(a2a["send"]))  # dispatch + combine
@@ -400,8 +406,8 @@ def launch_gaps(inp: LayerInputs, passes: int) -> float:
     the torch runtime's per-op host time (``eager_op_forward_s`` / ``eager_op_backward_s``:
     a CPU rank, where the host is the device and every op's Python module call, dispatch and
     autograd recording run serially with the compute) the runtime's own ops per pass
-    (:func:`eager_block_ops`; for an MoE layer its dense count: the router's and the expert
-    loop's own ops are not counted) at that time. Otherwise kernel launch gaps: ~12 kernels in a
+    (:func:`eager_block_ops`; an MoE layer adds :func:`eager_moe_extra_ops` in ``layer_cost``) at
+    that time. Otherwise kernel launch gaps: ~12 kernels in a
     fused forward (2 norms, 4 GEMMs, attention, bias-gelu, 2 bias-dropout-adds, 2 TP
     collectives), +3 unfused attention kernels without FlashAttention; the backward launches
     twice as many."""
@@ -426,6 +432,29 @@ def eager_block_ops(m: ModelSpec, flash: bool) -> tuple[int, int]:
     fwd = 32 + (0 if flash else 21 + 2 * gqa) + 10 * norm_rms + 5 * swiglu
     biased = (4 + swiglu) if m.bias else int(m.qkv_bias)
     bwd = 54 + (0 if flash else 22 + gqa) + 16 * norm_rms + 17 * swiglu + 2 * biased
+    return fwd, bwd
+
+
+def eager_moe_extra_ops(m: ModelSpec, n_local: int, ep_group: int, drop: bool) -> tuple[int, int]:
+    """(forward, backward) aten ops the torch validation runtime's MoE block
+    (``parsim.validate.experts.MoE``) dispatches beyond :func:`eager_block_ops`' dense block of
+    the same model (whose FFN it replaces): the router and top-k (softmax, top-k, renormalise
+    when top_k > 1), with ``drop`` the capacity bookkeeping (one-hot, cumsum, the masks), the sort
+    by expert, the gathers and the weighted index_add of the combine, ``n_local`` experts' own
+    FFNs (one loop iteration each), the shared expert, and with an EP group of ``ep_group`` > 1
+    ranks the count exchange, the two all-to-alls and their splits. Counted with a
+    ``TorchDispatchMode`` (calibration's ``op_counter``) over ffn, bias, experts per rank, top_k,
+    dropping, shared experts and ep in {1, 2}, every expert given rows (``tests/test_eager_ops.py``
+    holds it to the count)."""
+    sw, bias = int(m.ffn == "swiglu"), int(m.bias)
+    shared = int(m.n_shared_experts * m.d_ff_shared_ > 0)
+    k2, ep = int(m.top_k > 1), int(ep_group > 1)
+    per_f = 6 + 3 * sw                        # an expert's forward, with its output split
+    per_b = 15 + 15 * sw + 4 * bias + 2 * sw * bias
+    fwd = (20 - 5 * sw + per_f * (n_local + shared) + 15 * int(drop) + 2 * k2
+           + ep * (10 + n_local + int(n_local > 1)))
+    bwd = (16 - 17 * sw - 4 * bias - 2 * sw * bias + per_b * n_local + (per_b - 1) * shared
+           + 2 * int(drop) + k2 + ep * (4 + 3 * n_local))
     return fwd, bwd
 
 

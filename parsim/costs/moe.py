@@ -364,7 +364,9 @@ def layer_kernels(dev, model, cfg: MoEConfig, precision: str, r: Routing, kept: 
     gp = gemm_precision or precision
     d, e, k = model.d_model, model.n_experts, model.top_k
     bpe = PRECISION_TABLE[precision].activation_bytes
-    launch = dev.kernel_launch_s
+    # a device that states the torch runtime's per-op host time (a CPU rank) is charged the MoE
+    # block's counted ops instead (parsim.costs.layer.eager_moe_extra_ops), not launch gaps
+    launch = 0.0 if dev.eager_op_forward_s is not None else dev.kernel_launch_s
     t = r.tokens_per_rank
     ti = int(math.ceil(t))
     mem = dev.memory_time
