@@ -97,8 +97,23 @@ def test_prefetch_parallel_fetch_and_nvme_bounce_behave():
     cpu2 = zero_inference("opt-30b", 256, "cpu", 2, True)
     assert cpu1["generate_tokens_per_s"] >= cpu1_np["generate_tokens_per_s"]
     assert nvme_np["generate_tokens_per_s"] < cpu1_np["generate_tokens_per_s"]  # two serial hops
-    assert nvme["generate_tokens_per_s"] > nvme_np["generate_tokens_per_s"]  # prefetch pipelines them
+    assert nvme["generate_tokens_per_s"] > nvme_np["generate_tokens_per_s"]  # prefetch overlaps the compute
     assert cpu2["generate_tokens_per_s_per_gpu"] > cpu1["generate_tokens_per_s_per_gpu"]  # super-linear
+
+
+def test_nvme_prefetch_adds_the_two_hops():
+    """Hand-computed: from NVMe without GPUDirect Storage a block's FETCH lasts its bytes over the
+    drives' read rate plus over PCIe, with prefetch as without (DeepSpeed swaps a module's partitions
+    in, blocking, before copying them; its read-ahead is issued only after that copy)."""
+    from parsim.costs.offload import tiers
+    for prefetch in ("true", "false"):
+        job, _, tl = infer(OPT, 'offload.params="nvme"', f"inference.prefetch={prefetch}")
+        hw, m = job.scenario.hardware, job.scenario.model
+        t = tiers(hw, 1)
+        assert not t.gpudirect and t.nvme_read > t.host_link  # the hops would pipeline at PCIe speed
+        block = total_params(m) * 2 / m.n_layers
+        f = tl[(tl["op"] == "FETCH") & (tl["microbatch"] == 1)].iloc[2]
+        assert f["end_s"] - f["start_s"] == pytest.approx(block / t.nvme_read + block / t.host_link, rel=0.02)
 
 
 def test_parallel_fetch_copies_the_next_block_after_this_blocks_all_gather():
@@ -122,15 +137,16 @@ def test_parallel_fetch_copies_the_next_block_after_this_blocks_all_gather():
 # ---------------------------------------------------------------- published figures
 # measured when written (parsim minus published, relative): the gaps beyond the tolerance
 ZI_GAPS = {
-    ("opt-30b", "cpu", "prefetch", 1): "+25.5%", ("opt-30b", "nvme", "prefetch", 1): "+58.8%",
-    ("opt-175b", "nvme", "prefetch", 1): "+46.1%", ("bloom-176b", "nvme", "prefetch", 1): "+33.9%",
-    ("opt-30b", "cpu", "prefetch", 2): "+26.7%", ("opt-30b", "cpu", "prefetch", 4): "+36.2%",
-    ("opt-30b", "nvme", "prefetch", 2): "+73.8%", ("opt-175b", "nvme", "prefetch", 2): "+59.9%",
-    ("bloom-176b", "nvme", "prefetch", 2): "+43.8%",
+    ("opt-30b", "cpu", "prefetch", 1): ("+25.5%", "pcie"), ("opt-30b", "cpu", "prefetch", 2): ("+26.7%", "pcie"),
+    ("opt-30b", "cpu", "prefetch", 4): ("+36.2%", "pcie"),
+    ("opt-175b", "nvme", "prefetch", 4): ("-20.0%", "nvme"), ("bloom-176b", "nvme", "prefetch", 2): ("-21.0%", "nvme"),
+    ("bloom-176b", "nvme", "prefetch", 4): ("-32.3%", "nvme"),
 }
-WHY = ("parsim's host copies run at the profile's PCIe rate (12.8 GB/s) where the blog's single-GPU CPU rows "
-       "imply 10-11 GB/s, and its NVMe prefetch pipelines the two hops fully where the blog gained 1.13-1.21x "
-       "(DeepSpeed issues the read-ahead only after the blocking host copy; its swap buffers are not modelled)")
+WHY = {"pcie": "parsim's host copies run at the profile's PCIe rate (12.8 GB/s) where the blog's single-GPU CPU "
+               "rows imply 10-11 GB/s",
+       "nvme": "with several GPUs each rank's swap-in gets 1/n of the node's NVMe read rate in parsim; the blog's "
+               "multi-GPU NVMe rows ran faster than that (DeepNVMe's per-process queues and the drives' scaling "
+               "with readers are not modelled)"}
 
 
 def _zi_cases():
@@ -147,7 +163,7 @@ def _zi_cases():
 
 def _marks(key):
     gap = ZI_GAPS.get(key)
-    return [pytest.mark.xfail(strict=True, reason=f"measured {gap} vs the blog: {WHY}")] if gap else []
+    return [pytest.mark.xfail(strict=True, reason=f"measured {gap[0]} vs the blog: {WHY[gap[1]]}")] if gap else []
 
 
 @pytest.mark.parametrize("model, batch, offload, prefetch, gpus, published", [
