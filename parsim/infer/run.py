@@ -16,7 +16,8 @@ the next block's copy waits for this block's all-gather (one side stream carries
 fetch waits for the compute. From NVMe without GPUDirect Storage the bytes bounce through a
 pinned host buffer and the two hops add up, with prefetch too: DeepSpeed reads a module's
 partitions into its swap buffers (blocking) before copying them, and issues the NVMe read-ahead
-only after that copy (``partitioned_param_coordinator.fetch_sub_module``). The embedding and LM head stream at the start and end of each pass.
+only after that copy (``partitioned_param_coordinator.fetch_sub_module``). The embedding and LM
+head stream at the start and end of each pass.
 """
 from __future__ import annotations
 
