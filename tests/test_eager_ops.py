@@ -154,7 +154,8 @@ def _count_ep2(rank, init, out):
     got = []
     for n_experts, ffn, drop in itertools.product((2, 4, 8), ("gelu", "swiglu"), (True, False)):
         spec = _moe_spec(n_experts, 2, ffn, True, 0)
-        got.append([n_experts, ffn, drop, *_count_block(torch, spec, True, drop, Group((0, 1), rank, dist.group.WORLD, "ep"), rank)])
+        ep = Group((0, 1), rank, dist.group.WORLD, "ep")
+        got.append([n_experts, ffn, drop, *_count_block(torch, spec, True, drop, ep, rank)])
     if rank == 0:
         with open(out, "w") as fh:
             json.dump(got, fh)
