@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from parsim.errors import ConfigError
 
@@ -26,8 +26,10 @@ class MoEConfig:
     """Zipf exponent: the expert of popularity rank r gets a share proportional to r^-s."""
     lognormal_sigma: float = 0.5
     """Sigma of the log-normal per-expert load (exp(N(0, sigma)), normalised)."""
-    histogram: tuple[float, ...] | None = None
-    """Measured tokens (or any weights) per expert, n_experts values; normalised to shares."""
+    histogram: tuple[float, ...] | tuple[tuple[float, ...], ...] | None = None
+    """Measured tokens (or any weights) per expert, n_experts values, normalised to shares; or one
+    such list per MoE layer, in layer order (what Megatron-Core's per-layer tokens-per-expert
+    logging records): each MoE layer is then costed with its own routing."""
     seed: int = 0
     """Seed of the permutation / draw of the zipf and lognormal loads."""
     expert_tp: int | None = None
@@ -48,6 +50,25 @@ class MoEConfig:
     pad_to_capacity: bool = False
     """With drop_tokens, every expert computes a full capacity of rows (padded; GShard/Switch
     static shapes, Megatron-Core ``moe_pad_expert_input_to_capacity``); false: its kept rows."""
+
+
+def _counts(h) -> bool:
+    """A list of non-negative finite numbers, not all zero."""
+    return (isinstance(h, list) and bool(h) and sum(x for x in h if isinstance(x, (int, float))) > 0
+            and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+                    for x in h))
+
+
+def layer_histograms(cfg: MoEConfig) -> tuple[tuple[float, ...], ...] | None:
+    """One histogram per MoE layer when the scenario states them so, else None."""
+    h = cfg.histogram
+    return h if h and isinstance(h[0], tuple) else None
+
+
+def for_moe_layer(cfg: MoEConfig, j: int) -> MoEConfig:
+    """The routing of MoE layer ``j`` (0-based among the MoE layers) as a one-histogram config."""
+    rows = layer_histograms(cfg)
+    return cfg if rows is None else replace(cfg, routing="histogram", histogram=rows[j])
 
 
 def moe_from_table(t: dict, file: str) -> MoEConfig:
@@ -81,11 +102,17 @@ def moe_from_table(t: dict, file: str) -> MoEConfig:
             raise ConfigError(file, p + key, f"expected true/false, got {kw[key]!r}")
     if "histogram" in kw:
         h = kw["histogram"]
-        ok = isinstance(h, list) and h and all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0 for x in h)
-        if not ok or sum(h) <= 0:
-            raise ConfigError(file, p + "histogram", "expected a list of non-negative numbers (tokens per expert), not all zero")
-        kw["histogram"] = tuple(float(x) for x in h)
+        if isinstance(h, list) and h and all(isinstance(row, list) for row in h):
+            for j, row in enumerate(h):
+                if not _counts(row):
+                    raise ConfigError(file, f"{p}histogram[{j}]", "expected a list of non-negative numbers (tokens "
+                                      "per expert of that MoE layer), not all zero")
+            kw["histogram"] = tuple(tuple(float(x) for x in row) for row in h)
+        elif _counts(h):
+            kw["histogram"] = tuple(float(x) for x in h)
+        else:
+            raise ConfigError(file, p + "histogram", "expected a list of non-negative numbers (tokens per expert), "
+                              "not all zero, or one such list per MoE layer")
     cfg = MoEConfig(**kw)
     if cfg.pad_to_capacity and not cfg.drop_tokens:
         raise ConfigError(file, p + "pad_to_capacity", "needs drop_tokens = true (a dropless expert has no capacity)")
@@ -105,6 +132,15 @@ def check_moe(cfg: MoEConfig, model, par, file: str) -> None:
     if model.n_experts % g:
         raise ConfigError(file, "parallel.ep", f"{model.n_experts} experts do not divide over the expert-parallel "
                           f"group of ep*tp/expert_tp = {par.ep}*{par.tp}/{etp} = {g} ranks")
-    if cfg.histogram is not None and len(cfg.histogram) != model.n_experts:
+    rows = layer_histograms(cfg)
+    if rows is not None:
+        if len(rows) != model.n_moe_layers:
+            raise ConfigError(file, "moe.histogram", f"has {len(rows)} per-layer lists but the model has "
+                              f"{model.n_moe_layers} MoE layers")
+        bad = next((j for j, row in enumerate(rows) if len(row) != model.n_experts), None)
+        if bad is not None:
+            raise ConfigError(file, f"moe.histogram[{bad}]", f"has {len(rows[bad])} values but the model has "
+                              f"{model.n_experts} experts")
+    elif cfg.histogram is not None and len(cfg.histogram) != model.n_experts:
         raise ConfigError(file, "moe.histogram", f"has {len(cfg.histogram)} values but the model has "
                           f"{model.n_experts} experts")

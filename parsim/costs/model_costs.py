@@ -22,6 +22,7 @@ import parsim.costs.layer as _layer
 import parsim.costs.offload_ops as _offload_ops
 import parsim.costs.stage as _stage
 from parsim.cluster.precision import PRECISION_TABLE
+from parsim.config.moe import layer_histograms
 from parsim.config.scenario import Scenario
 from parsim.costs.dp import DPInputs, DPOps, DPSetting, dp_ops, dp_sms
 from parsim.costs.inputs import (
@@ -81,7 +82,8 @@ class ModelCosts:
         self.traits = schedule_traits_of(inputs.schedule)
         self.groups = rank_groups(par)
         self.chain_len = par.n_stages // self.traits.n_chains  # stages per model copy
-        layout = stage_layout(inputs.model, inputs.layers_per_stage, self.chain_len)
+        per_layer = inputs.moe is not None and layer_histograms(inputs.moe) is not None
+        layout = stage_layout(inputs.model, inputs.layers_per_stage, self.chain_len, per_layer)
         self.layers = layout.layers
         """Per stage: global indices of its transformer blocks."""
         self.shape_of = layout.shape_of

@@ -40,8 +40,12 @@ from parsim.costs.memory_ops import fp8_copy_bytes, non_tn_fp8_gemms
 
 # ---------------------------------------------------------------- routing
 def expert_shares(cfg: MoEConfig, n_experts: int) -> np.ndarray:
-    """Fraction of the routed assignments each expert receives (sums to 1)."""
-    if cfg.routing == "histogram":
+    """Fraction of the routed assignments each expert receives (sums to 1). With one histogram per
+    MoE layer (each layer is costed with its own: ``parsim.costs.stage``) the mean layer's."""
+    if cfg.routing == "histogram" and cfg.histogram and isinstance(cfg.histogram[0], tuple):
+        rows = np.asarray(cfg.histogram, dtype=float)
+        w = (rows / rows.sum(axis=1, keepdims=True)).mean(axis=0)
+    elif cfg.routing == "histogram":
         w = np.asarray(cfg.histogram, dtype=float)
     elif cfg.routing == "zipf":
         ranks = np.arange(1, n_experts + 1, dtype=float)

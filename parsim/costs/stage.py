@@ -15,6 +15,7 @@ from operator import add
 from parsim.cluster.collectives import bytes_sent_per_rank
 from parsim.cluster.contention import async_beside
 from parsim.cluster.precision import PRECISION_TABLE
+from parsim.config.moe import for_moe_layer
 from parsim.costs.inputs import LayerInputs
 from parsim.costs.layer import (
     activation_options,
@@ -43,8 +44,9 @@ PIPELINE_OPS = (Op.F, Op.I, Op.W, Op.B)
 class StageShape:
     """What a stage's cost depends on beyond the shard: its blocks' kinds and its position."""
 
-    kinds: tuple[bool, ...]
-    """Per block, in order: has a routed-expert (MoE) FFN."""
+    kinds: tuple[bool | int, ...]
+    """Per block, in order: has a routed-expert (MoE) FFN; with one routing histogram per MoE
+    layer, an MoE block's kind is its 1-based index among the MoE layers (:func:`block_inputs`)."""
     first: bool
     """Holds the embedding (first stage of a model copy)."""
     last: bool
@@ -98,9 +100,13 @@ class StageLayout:
 
 
 @lru_cache(maxsize=4096)
-def stage_layout(model: ModelSpec, layers_per_stage: tuple[int, ...], chain_len: int) -> StageLayout:
+def stage_layout(model: ModelSpec, layers_per_stage: tuple[int, ...], chain_len: int,
+                 per_layer_routing: bool = False) -> StageLayout:
     """Blocks and shapes of every stage. ``chain_len``: stages per model copy (a two-copy
-    schedule such as DualPipe or Chimera holds the whole model on each chain)."""
+    schedule such as DualPipe or Chimera holds the whole model on each chain).
+    ``per_layer_routing``: the scenario states each MoE layer's routing, so MoE blocks are told
+    apart by their index among the MoE layers (``StageShape.kinds``)."""
+    moe_index = {li: j for j, li in enumerate(i for i in range(model.n_layers) if is_moe_layer(model, i))}
     n_stages = len(layers_per_stage)
     tied = model.tied_embeddings and n_stages > 1
     shapes: dict[StageShape, int] = {}
@@ -110,7 +116,8 @@ def stage_layout(model: ModelSpec, layers_per_stage: tuple[int, ...], chain_len:
             first = 0
         layers = tuple(range(first, first + n))
         first += n
-        kinds = tuple(is_moe_layer(model, li) for li in layers)
+        kinds = tuple((moe_index[li] + 1 if li in moe_index else False) if per_layer_routing
+                      else is_moe_layer(model, li) for li in layers)
         last = s % chain_len == chain_len - 1
         shape = StageShape(kinds, s % chain_len == 0, last, tied and last)
         shape_of.append(shapes.setdefault(shape, len(shapes)))
@@ -139,12 +146,20 @@ def _sent(b: AxisBytes) -> tuple[float, ...]:
     return (b.tp, b.cp, b.ep, b.dp, b.pp)
 
 
-@lru_cache(maxsize=4096)
-def _layer_vector(inp: LayerInputs, kind: bool) -> tuple:
-    return _vector(layer_cost(inp, kind))
+def block_inputs(inp: LayerInputs, kind: bool | int) -> tuple[LayerInputs, bool]:
+    """(inputs, is MoE) of a block of this kind: an MoE block with its own routing (kind = its
+    1-based index among the MoE layers) gets that layer's histogram as the inputs' routing."""
+    if isinstance(kind, bool):
+        return inp, kind
+    return replace(inp, moe=for_moe_layer(inp.moe, kind - 1)), True
 
 
-@lru_cache(maxsize=65536)
+@lru_cache(maxsize=4096, typed=True)  # typed: an MoE layer's index 1 is not the kind True
+def _layer_vector(inp: LayerInputs, kind: bool | int) -> tuple:
+    return _vector(layer_cost(*block_inputs(inp, kind)))
+
+
+@lru_cache(maxsize=65536, typed=True)
 def _uniform_blocks(inp: LayerInputs, kind: bool, n: int) -> tuple:
     """Sums over n blocks of one kind: the sums over n-1 plus one (stages of 10, 20, 40 blocks share them)."""
     if n == 0:
@@ -174,7 +189,7 @@ def stage_cost(inp: LayerInputs, shape: StageShape) -> StageCost:
     ends_act = act - bl[_ACT]
     o = inp.options
     recompute = "full" if o.remat else o.recompute
-    transient = layer_cost(inp, shape.kinds[0]).recompute_transient_bytes if shape.kinds else 0.0
+    transient = layer_cost(*block_inputs(inp, shape.kinds[0])).recompute_transient_bytes if shape.kinds else 0.0
     if recompute == "full" and not o.remat and o.recompute_method == "block":
         # Megatron's block method: the chunk's first k blocks are recomputed one by one, the
         # others keep everything they stash
@@ -198,10 +213,10 @@ def stage_cost(inp: LayerInputs, shape: StageShape) -> StageCost:
             transient *= k
     elif recompute == "selective":
         for kind in shape.kinds:  # the rerun modules' forward, and the collectives they send again
-            rerun, flops, sent = module_recompute(inp, kind)
+            rerun, flops, sent = module_recompute(*block_inputs(inp, kind))
             i, fi, ib = i + rerun, fi + flops, ib + sent
     elif recompute == "op":
-        i = i + Parts(recompute=sum(op_recompute_time(inp, k) for k in shape.kinds))
+        i = i + Parts(recompute=sum(op_recompute_time(*block_inputs(inp, k)) for k in shape.kinds))
     if not o.grad_accumulation_fusion:
         # unfused accumulation: grad += dW reads the gradient buffer and dW, writes the buffer
         # in place
@@ -213,7 +228,7 @@ def stage_cost(inp: LayerInputs, shape: StageShape) -> StageCost:
         transient = max(transient, head_cost(inp).transient_bytes)
     parts = {Op.F: f, Op.I: i, Op.W: w, Op.B: i + w}
     wstash = min(act, bl[_WSTASH])
-    return StageCost(len(shape.kinds), sum(shape.kinds), params, bl[_EXPERT], parts,
+    return StageCost(len(shape.kinds), sum(1 for k in shape.kinds if k), params, bl[_EXPERT], parts,
                      {Op.F: ff, Op.I: fi, Op.W: fw, Op.B: fi + fw}, {Op.F: fb, Op.I: ib, Op.W: AxisBytes(), Op.B: ib},
                      p2p, act, wstash, transient, pipeline_ops(inp, parts, act, wstash, transient, p2p),
                      ends_activation_bytes=ends_act)
