@@ -30,18 +30,23 @@ def test_op_count_is_the_runtime_block_s_own(ffn, norm, bias, flash, kv):
     backward, counted by a TorchDispatchMode (views included; calibration's ``op_counter``), for
     each norm / FFN / bias / attention kernel / GQA combination."""
     torch = pytest.importorskip("torch")
-    from parsim.validate.bench import op_counter
     from parsim.validate.model import Block
     spec = _spec(ffn, norm, bias, kv)
-    blk = Block(spec, flash, torch.float32)
     x = torch.randn(1, 4, 16, requires_grad=True)
     mask = torch.full((4, 4), float("-inf")).triu(1)
-    blk(x, mask).sum().backward()  # first-call work (lazy init) out of the count
+    assert eager_block_ops(spec, flash) == _counted(torch, Block(spec, flash, torch.float32), x, mask)
+
+
+def _counted(torch, blk, x, mask) -> tuple[int, int]:
+    """(forward, backward) aten ops one pass of ``blk`` dispatches (calibration's ``op_counter``),
+    after a first pass that takes the lazy-init work out of the count."""
+    from parsim.validate.bench import op_counter
+    blk(x, mask).sum().backward()
     with op_counter() as f:
         y = blk(x, mask)
     with op_counter() as b:
         y.backward(torch.ones_like(y))
-    assert eager_block_ops(spec, flash) == (f.n, b.n)
+    return f.n, b.n
 
 
 def _eager_rows(fwd_us: dict, bwd_us: dict) -> pd.DataFrame:
@@ -101,7 +106,6 @@ def _moe_spec(n_experts, top_k, ffn, bias, shared, norm="layernorm", kv=4):
 
 
 def _count_block(torch, spec, flash, drop, ep=None, seed=0):
-    from parsim.validate.bench import op_counter
     from parsim.validate.model import Block
     torch.manual_seed(0)
     blk = Block(spec, flash, torch.float32, moe=True)
@@ -109,12 +113,7 @@ def _count_block(torch, spec, flash, drop, ep=None, seed=0):
     torch.manual_seed(1 + seed)
     x = torch.randn(1, 256, 16, requires_grad=True)
     mask = None if flash else torch.full((256, 256), float("-inf")).triu(1)
-    blk(x, mask).sum().backward()  # first-call work out of the count
-    with op_counter() as f:
-        y = blk(x, mask)
-    with op_counter() as b:
-        y.backward(torch.ones_like(y))
-    return f.n, b.n
+    return _counted(torch, blk, x, mask)
 
 
 @pytest.mark.parametrize("n_experts,top_k,ffn,bias,shared,drop", MOE_VARIANTS)

@@ -54,9 +54,10 @@ class MoEConfig:
 
 def _counts(h) -> bool:
     """A list of non-negative finite numbers, not all zero."""
-    return (isinstance(h, list) and bool(h) and sum(x for x in h if isinstance(x, (int, float))) > 0
+    return (isinstance(h, list) and bool(h)
             and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
-                    for x in h))
+                    for x in h)
+            and sum(h) > 0)
 
 
 def layer_histograms(cfg: MoEConfig) -> tuple[tuple[float, ...], ...] | None:
