@@ -26,6 +26,8 @@ weigh alike):
   sends with the sender computing after its isend; mean times) -> link ``latency`` alpha and
   ``bandwidth`` beta of ``t = alpha + S/beta`` (the ping-pong ``p2p_idle`` rows are reported)
   (non-negative least squares on relative error);
+* the sender's time inside ``isend`` (``p2p_post``, CPU ranks) -> ``send_post_us`` alpha and
+  ``send_post_gbyte_per_s`` beta of the same form (the sender's compute waits that long per send);
 * collectives (all-reduce, all-gather, reduce-scatter, all-to-all, broadcast, as the runtime
   calls them) -> per kind, group size and size range (:data:`SIZE_RANGES`) a latency alpha and
   bandwidth beta in the ring formulas' terms of ``parsim.cluster.collectives``
@@ -334,6 +336,12 @@ def fit_profile(base: HardwareProfile, data: pd.DataFrame, name: str, precision:
             prof = dataclasses.replace(prof, nic=LinkTier(base.nic.name, beta, alpha, 1.0))
             note = f"{tag}: one host only, set to the measured intra-node (loopback) tier"
             src.update({"network.nic_gbit_per_s": note, "network.nic_latency_us": note, "network.nic_efficiency": note})
+    if "p2p_post" in kinds:
+        alpha, beta = fit_alpha_beta(kinds["p2p_post"])
+        prof = dataclasses.replace(prof, send_post_latency_s=alpha, send_post_bandwidth=beta if beta < 1e14 else 0.0)
+        msg = (f"{tag}: alpha-beta fit of the sender's mean time inside isend over {len(kinds['p2p_post'])} sizes "
+               "(both ranks computing, then sending to each other, one of them later)")
+        src.update({"node.send_post_us": msg, "node.send_post_gbyte_per_s": msg})
     colls = fit_collectives(kinds["collective"]) if "collective" in kinds else ()
     pred = predictions(prof, data, precision, colls)
     quality = {k: float(np.median(np.abs(g["relative_error"]))) for k, g in pred.groupby("kind")}
@@ -375,6 +383,8 @@ def predictions(prof: HardwareProfile, data: pd.DataFrame, precision: str,
             p = (dev.transport_core_share or 0.0) * float(r["comm_s"])
         elif kind in ("p2p", "p2p_idle"):  # p2p_idle: reported against the fitted link
             p = prof.nvlink.transfer_time(float(r["bytes"]))
+        elif kind == "p2p_post":
+            p = prof.send_post_time(float(r["bytes"]))
         elif kind == "collective":
             ring = alpha_beta_time(r["name"], float(r["bytes"]), int(r["group"]),
                                    prof.nvlink.effective_bandwidth, prof.nvlink.latency_s)

@@ -85,7 +85,10 @@ def cmd_calibrate(args) -> int:
           f"memory_efficiency={d.memory_efficiency:.3f} update_efficiency={update:.3f} "
           f"attention_efficiency={d.attention_efficiency:.3f} kernel_launch={d.kernel_launch_s * 1e6:.1f}us "
           f"transport_core_share={d.transport_core_share or 0.0:.2f} link: {lk.latency_s * 1e6:.0f}us "
-          f"{lk.effective_bandwidth / 1e9:.2f}GB/s")
+          f"{lk.effective_bandwidth / 1e9:.2f}GB/s"
+          + (f" send posting: {fit.profile.send_post_latency_s * 1e6:.0f}us + S at "
+             f"{fit.profile.send_post_bandwidth / 1e9:.2f}GB/s" if fit.profile.send_post_latency_s
+             or fit.profile.send_post_bandwidth else ""))
     print("  fit quality (median |relative error|): " + ", ".join(f"{k}={v:.1%}" for k, v in fit.quality.items()))
     print(f"  wrote {out / (name + '.toml')} and {out / (name + '.csv')}")
     return 0

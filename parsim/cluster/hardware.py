@@ -358,6 +358,16 @@ class HardwareProfile:
         default_factory=dict, compare=False, repr=False)
     """With ``nvlink_links``: the rings (:func:`nvlink_mesh.rings`) of every group of local GPUs,
     sorted, worked out once when the profile is built (a search over the group's cycles)."""
+    send_post_latency_s: float = 0.0
+    """Time a rank's own thread spends posting one point-to-point send before it can go on
+    computing, fixed part, seconds (``node.send_post_us``). gloo's caller thread writes into the
+    socket inside ``isend``; a GPU's NCCL send is one kernel launch (0: nothing beyond it)."""
+    send_post_bandwidth: float = 0.0
+    """Bytes/s of that posting's size-dependent part (``node.send_post_gbyte_per_s``; 0: none)."""
+
+    def send_post_time(self, nbytes: float) -> float:
+        """Seconds the sender's compute waits while it posts a send of ``nbytes``."""
+        return self.send_post_latency_s + (nbytes / self.send_post_bandwidth if self.send_post_bandwidth > 0 else 0.0)
 
     def __post_init__(self) -> None:
         if self.nvlink_links is not None and not self.mesh_rings:
@@ -449,6 +459,7 @@ _SCHEMA: dict[str, dict[str, tuple[str, bool]]] = {
         "pcie_gbyte_per_s": ("pos", _REQ), "pcie_latency_us": ("nonneg", _REQ),
         "pcie_efficiency": ("frac", _REQ), "nvls_gbyte_per_s": ("pos", _OPT),
         "nvlink_links": ("links", _OPT),
+        "send_post_us": ("nonneg", _OPT), "send_post_gbyte_per_s": ("pos", _OPT),
     },
     "network": {
         "nic_gbit_per_s": ("pos", _REQ), "nics_per_node": ("int", _REQ),
@@ -603,6 +614,9 @@ def parse_profile(data: Mapping[str, Any], file: str = "<profile>") -> HardwareP
         collective_fits=_collective_fits(data.get("calibration", {}), file),
         host=parse_host(data.get("host"), file),
         nvlink_links=links,
+        send_post_latency_s=to_si("send_post_us", nd.get("send_post_us", 0.0)),
+        send_post_bandwidth=to_si("send_post_gbyte_per_s", nd["send_post_gbyte_per_s"])
+        if "send_post_gbyte_per_s" in nd else 0.0,
     )
 
 
@@ -719,6 +733,10 @@ def profile_to_tables(profile: HardwareProfile) -> dict[str, dict[str, Any]]:
         node["nvls_gbyte_per_s"] = profile.nvls_bandwidth / GB
     if profile.nvlink_links is not None:
         node["nvlink_links"] = [list(row) for row in profile.nvlink_links]
+    if profile.send_post_latency_s:
+        node["send_post_us"] = profile.send_post_latency_s / US
+    if profile.send_post_bandwidth:
+        node["send_post_gbyte_per_s"] = profile.send_post_bandwidth / GB
     net = {"nic_gbit_per_s": nic.bandwidth * 8 / GB, "nics_per_node": profile.nics_per_node,
            "nic_latency_us": nic.latency_s / US, "nic_efficiency": nic.efficiency,
            "spine_oversubscription": profile.spine_oversubscription,

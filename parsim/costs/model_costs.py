@@ -144,6 +144,12 @@ class ModelCosts:
     def p2p_bytes(self, stage: int, op: Op) -> float:
         return self.stage_costs[stage].p2p_bytes
 
+    def send_post_s(self, nbytes: float) -> float:
+        """Seconds the sender's compute waits while it posts a send of ``nbytes``
+        (``HardwareProfile.send_post_time``: gloo's ``isend`` on a CPU rank; 0 on GPU profiles
+        and with measured costs, whose p2p time is one number)."""
+        return 0.0 if self.inputs.measured is not None else self.inputs.hardware.send_post_time(nbytes)
+
     def dp_collective_sms(self) -> int:
         """SMs one of the job's data-parallel collectives holds (``parsim.costs.dp.dp_sms``)."""
         return dp_sms(self.dp_setting) if self.dp_setting is not None else 0

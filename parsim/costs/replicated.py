@@ -104,6 +104,9 @@ class ReplicatedCosts:
     def link_spec(self, src: int, dst: int) -> tuple[str, float, float]:
         return self.lc.link(src, dst)
 
+    def send_post_s(self, nbytes: float) -> float:
+        return self.lc.hw.send_post_time(nbytes)
+
 
 def _even(n_layers: int, k: int) -> tuple[tuple[int, int], ...]:
     q, r = divmod(n_layers, k)

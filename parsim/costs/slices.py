@@ -165,6 +165,9 @@ class SlicedCosts:
     def link_spec(self, src: int, dst: int) -> tuple[str, float, float]:
         return self.base.link_spec(src, dst)
 
+    def send_post_s(self, nbytes: float) -> float:
+        return self.base.send_post_s(nbytes)
+
     def tables(self, stage_to_rank: tuple[int, ...]):
         """The whole-sequence cost model's tables (per-op rows are per sequence, not per slice)."""
         return self.base.tables(stage_to_rank)

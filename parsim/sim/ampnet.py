@@ -15,7 +15,7 @@ model parallelism. More instances in flight fill the pipeline (throughput) and m
 staler (each update a stage applies between an instance's forward and its backward).
 
 The engine is deterministic and uses the same cost table as the fast engine (``op_cost``,
-``p2p_bytes``, ``link_spec``; a link is FIFO in its sender's order). It records what it ran as a
+``p2p_bytes``, ``link_spec``, ``send_post_s``; a link is FIFO in its sender's order). It records what it ran as a
 :class:`RawTimeline` and the realized per-rank order as a compute-only :class:`Schedule`
 (F, B and one STEP per update): replaying that order in the fast engine gives the same
 timeline (tests/test_ampnet.py), which is how the rest of parsim reads an AMPNet run.
@@ -111,6 +111,7 @@ class _Pipeline:
         w = len(self.stage_of)
         self.out = RawTimeline()
         self.links: dict[tuple[int, int], Link] = {}
+        self.post_of = getattr(costs, "send_post_s", None)  # the sender's time posting a send
         self.queues: list[list] = [[] for _ in range(w)]   # heap of (arrival, kind 0=B 1=F, instance)
         self.free_at, self.dp_free, self.last_kind = [0.0] * w, [0.0] * w, [0] * w
         self.events: list = []
@@ -141,7 +142,9 @@ class _Pipeline:
         heapq.heappush(self.queues[w], (at, kind, inst))
         self.wake(w, at)
 
-    def send(self, src: int, dst: int, op: Op, inst: int, at: float) -> None:
+    def send(self, src: int, dst: int, op: Op, inst: int, at: float) -> float:
+        """Issue a send at ``at``; return when the sender can compute again (after posting it:
+        the fast engine's ``send_post_s``)."""
         s = self.stage_of[src]
         lk = self.links.get((src, dst))
         if lk is None:
@@ -151,6 +154,10 @@ class _Pipeline:
         start, when = lk.transfer(at, nbytes)
         self.out.spans.append((src, "p2p", op.value, s, inst, start, when, nbytes))
         self.arrive(dst, 1 if op is Op.SEND_F else 0, inst, when)
+        post = self.post_of(nbytes) if self.post_of is not None else 0.0
+        if post > 0.0:
+            self.out.spans.append((src, "post", op.value, s, inst, at, at + post, nbytes))
+        return at + post
 
     def inject(self, at: float) -> None:
         j = self.injected
@@ -199,7 +206,7 @@ class _Pipeline:
         if s == self.n_stages - 1:
             self.arrive(w, 0, inst, end)          # the loss: its backward is ready here
         else:
-            self.send(w, self.worker(s + 1, inst), Op.SEND_F, inst, end)
+            end = self.send(w, self.worker(s + 1, inst), Op.SEND_F, inst, end)
         return end
 
     def backward(self, w: int, inst: int, start: float) -> float:
@@ -215,7 +222,7 @@ class _Pipeline:
             self.out.mem_events.append((w, end, -released, c.mem_kind))
         self.order[w].append(act(s, Op.B, inst))
         if s > 0:
-            self.send(w, self.worker(s - 1, inst), Op.SEND_B, inst, end)
+            end = self.send(w, self.worker(s - 1, inst), Op.SEND_B, inst, end)
         else:
             self.completed.append(end)
         self.b_count[w] += 1

@@ -12,6 +12,10 @@ Semantics (the same the torch runtime implements):
 * ``SEND_*`` is non-blocking: the transfer starts when issued, occupies the link for
   bytes/bandwidth and arrives one latency later (a cost table with ``blocking_p2p`` true,
   ``[overlap] p2p = false``, makes the sender's compute wait until it has arrived);
+* a cost table with ``send_post_s(bytes)`` (a CPU rank's gloo ``isend``, whose caller thread
+  writes into the socket: ``HardwareProfile.send_post_time``) holds the sender's compute that
+  long after each send (a ``post`` span); the transfer's own timing is unchanged, since the link's
+  calibrated time runs from the call;
 * ``RECV_*`` posts a receive; the compute action that consumes the data waits for it;
 * ``REDUCE_GRAD`` and ``UNSHARD`` run asynchronously on the rank's data-parallel
   stream (one collective at a time per stream); STEP waits for its stage's
@@ -223,6 +227,7 @@ def _rank_process(rank, actions, costs, link_of, box, out, nbr, s2r):
     fresh = getattr(costs, "fresh_per_action", False)  # a drawing cost table: asked once per action
     unit_cost = getattr(costs, "unit_cost", None)  # token-sliced schedules: a cost per action index
     blocking_p2p = getattr(costs, "blocking_p2p", False)
+    post_of = getattr(costs, "send_post_s", None)  # the sender's own time posting a send (gloo on CPU)
     share = getattr(costs, "dp_core_share", 0.0) or 0.0
     dp_busy: list[tuple[float, float]] = []  # this rank's dp-stream intervals (share > 0 only)
 
@@ -240,14 +245,19 @@ def _rank_process(rank, actions, costs, link_of, box, out, nbr, s2r):
             if info is None:
                 fwd = op is SEND_F
                 dst = nbr[1][stage] if fwd else nbr[0][stage]
-                info = send_info[(stage, op)] = (link_of(rank, s2r[dst]), costs.p2p_bytes(stage, op),
-                                                 dst, "F" if fwd else "B", op.value)
-            lk, nbytes, dst, tag, name = info
+                nb = costs.p2p_bytes(stage, op)
+                info = send_info[(stage, op)] = (link_of(rank, s2r[dst]), nb, dst, "F" if fwd else "B", op.value,
+                                                 post_of(nb) if post_of is not None else 0.0)
+            lk, nbytes, dst, tag, name, post = info
             mb = a.microbatch
             if unit_cost is not None:
                 nbytes = costs.unit_p2p_bytes(stage, op, mb)
+                post = post_of(nbytes) if post_of is not None else 0.0
             start, arrive = lk.transfer(t, nbytes)
             spans_append((rank, "p2p", name, stage, mb, start, arrive, nbytes))
+            if post > 0.0:  # the transfer's time already counts from the call; the sender's compute waits
+                spans_append((rank, "post", name, stage, mb, t, t + post, nbytes))
+                t += post
             if blocking_p2p and arrive > t:
                 t = arrive  # a blocking send: the sender's compute waits for it
             key = (dst, tag, mb)

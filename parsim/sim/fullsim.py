@@ -16,7 +16,8 @@ engine's (``parsim.sim.engine``); only where the time of communication comes fro
   node, on NICs of their own or all on one): the first TP rank's flows run on the
   quotient network, exactly (the max-min allocation is unique, so symmetric), at 1/tp
   of the cost; elsewhere every TP rank's flows run;
-* SEND_F/SEND_B: one flow per TP rank to the same TP rank of the neighbouring stage;
+* SEND_F/SEND_B: one flow per TP rank to the same TP rank of the neighbouring stage; the
+  sender's compute waits ``send_post_s`` after it (as the fast engine);
 * ``OVERLAP_F_B``: as the fast engine (both parts' inputs, one duration, two spans);
 * DP collectives (REDUCE_GRAD, UNSHARD, the ZeRO-1/2 parameter all-gather) wait until
   every member of the group has issued them, then run the algorithm fast mode's
@@ -376,12 +377,16 @@ def _rank(job: _Job, rep: int, rank: int, actions):
                 dst_stage = nbr[1][a.stage] if fwd else nbr[0][a.stage]
                 nbytes = costs.p2p_bytes(a.stage, op)
                 peer = job.gpus(rep, s2r[dst_stage])
+                post_of = getattr(costs, "send_post_s", None)
                 info = sends[(a.stage, op)] = ([(x, y, nbytes) for x, y in zip(me, peer)], nbytes, dst_stage,
-                                               "F" if fwd else "B")
-            triples, nbytes, dst_stage, tag = info
+                                               "F" if fwd else "B", post_of(nbytes) if post_of is not None else 0.0)
+            triples, nbytes, dst_stage, tag, post = info
             ev, lat = job.flows(triples)
             row = (rank, "p2p", op.value, a.stage, a.microbatch, env.now, nbytes) if rec else None
             _deliver(job, ev, lat, (rep, dst_stage, tag, a.microbatch), row)
+            if post > 0.0:  # the sender's compute waits while it posts (the fast engine's semantics)
+                keep((rank, "post", op.value, a.stage, a.microbatch, env.now, env.now + post, nbytes))
+                yield env.timeout(post)
             continue
         if op is Op.OVERLAP_F_B:
             for part in a.sub:

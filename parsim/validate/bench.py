@@ -23,7 +23,8 @@ of a real run shares the machine with the others, so the device being calibrated
   (``p2p_idle``: both sides waiting), and the exchange pipeline ranks make after an F or B,
   one of them computing on while its send drains (``p2p`` ``exchange``; on several hosts,
   one-way sends whose sender goes on computing, ``send_busy_sender``): what the link's
-  alpha/beta are fitted to;
+  alpha/beta are fitted to; and the sender's own time inside ``isend`` (``p2p_post``, CPU
+  ranks: gloo's caller thread writes into the socket);
 * collectives: all_reduce, all_gather, reduce_scatter, all_to_all (as the runtime calls
   them), broadcast and the context-parallel ring step over message sizes and group sizes;
 * core share: a GEMM loop beside an in-flight all-reduce against both alone (``core_share``:
@@ -484,6 +485,49 @@ class Bench:
                      repeat_sigma=robust_sigma([math.log(sum(b) / len(b) / mean) for b in blocks]))
         return True
 
+    def p2p_post(self, sizes, trials: int = 40, busy_s: float = 0.010, lag_s: float = 0.004) -> None:
+        """The sender's own time inside ``isend``, as a pipeline rank pays it before its next
+        F/B: on gloo the caller thread writes the message into the socket (and takes the pair's
+        lock), so posting is not free on a CPU rank. Ranks 0 and 1 post their receives early (as
+        the runtime does), compute, and send to each other; one of them (alternating trial by
+        trial) computes ``lag_s`` longer first, so half the sends go to a peer that is still
+        computing and half to one already waiting, as a pipeline's sends meet their receivers.
+        Row: the mean over both ranks' posts less the slowest one (a step accumulates them; one
+        in a few waits for a scheduler tick), its ``repeat_sigma`` the spread of the mean over
+        blocks of ``EXCHANGES_PER_STEP``. CPU devices only: a GPU rank's ``isend`` enqueues
+        a kernel and its compute runs on without the host."""
+        if self.world < 2 or self.dev.type != "cpu":
+            return
+        a, w = self.rand(256, 256), self.rand(256, 256)
+        for nbytes in sizes:
+            out = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=self.dev)
+            inn = torch.zeros_like(out)
+            posts = []
+            for trial in range(trials):
+                recv = dist.irecv(inn, 1 - self.rank) if self.rank < 2 else None
+                dist.barrier()
+                if self.rank >= 2:
+                    continue
+                gemms_for(busy_s + (lag_s if trial % 2 == self.rank else 0.0), a, w)
+                self.sync()
+                t0 = time.perf_counter()
+                send = dist.isend(out, 1 - self.rank)
+                posts.append(time.perf_counter() - t0)
+                recv.wait()
+                send.wait()
+            mine = torch.tensor(posts if self.rank < 2 else [0.0] * trials, dtype=torch.float64)
+            both = [torch.zeros_like(mine) for _ in range(self.world)]
+            dist.all_gather(both, mine)
+            if self.rank != 0:
+                continue
+            times = both[0].tolist() + both[1].tolist()
+            kept = sorted(times)[:-1]
+            mean = sum(kept) / len(kept)
+            blocks = [times[i:i + EXCHANGES_PER_STEP] for i in range(0, len(times) - EXCHANGES_PER_STEP + 1,
+                                                                      EXCHANGES_PER_STEP)]
+            self.add("p2p_post", "isend", mean, bytes=float(out.numel() * 4), group=2, peers="0-1",
+                     repeat_sigma=robust_sigma([math.log(sum(b) / len(b) / mean) for b in blocks]))
+
     def compute_gap(self, seconds: float):
         """About ``seconds`` of compute as a layer runs it between two collectives: GEMMs on
         operands cycled through more memory than the caches hold, the count measured on rank 0
@@ -677,6 +721,7 @@ def main(job_file: str) -> int:
         b.p2p(p2p_sizes)
         if not b.p2p_exchange(p2p_sizes):  # ranks on several hosts: no common clock
             b.p2p_busy_sender(p2p_sizes)
+        b.p2p_post(p2p_sizes)
         b.collectives(sizes)
         b.core_share(CORE_SHARE_BYTES[:1] if quick else CORE_SHARE_BYTES)
     (Path(job["out"]) / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "rows": b.rows}))

@@ -4,7 +4,8 @@ Torch-free. The measured timeline has the simulator's columns (rank, stream, op,
 microbatch, start_s, end_s, bytes), with times relative to the step start (the earliest
 post-barrier clock reading of all ranks when they share a host; each rank's own
 otherwise). p2p spans run from the sender's isend to the moment the receiver's wait
-returned (an upper bound of the arrival). Metrics use the same definitions as
+returned (an upper bound of the arrival); ``post`` spans from the isend's call to its return (the
+sender's own time posting it: gloo's caller thread writes into the socket). Metrics use the same definitions as
 ``parsim.result``: step time = makespan, busy = compute-stream time, bubble fraction =
 mean over pipeline ranks of (step - busy) / step.
 """
@@ -42,10 +43,12 @@ def step_timeline(ranks: list[dict], step: int, pp: int) -> pd.DataFrame:
     for r in reps:
         st = r["steps"][step]
         t0 = origin if same_host else st["start"]
-        for op, stage, mb, a, nbytes in st["sends"]:
+        for op, stage, mb, a, nbytes, *posted in st["sends"]:
             dst = stage + 1 if op == "SEND_F" else stage - 1
             end = recv_at.get(f"{dst}:{op[-1]}:{mb}", a - t0)
             rows.append((r["pp_rank"], "p2p", op, stage, mb, a - t0, max(a - t0, end), nbytes))
+            if posted and posted[0] > a:  # the sender's own time inside isend (records since 2026-11-25)
+                rows.append((r["pp_rank"], "post", op, stage, mb, a - t0, posted[0] - t0, nbytes))
     return spans_frame(rows)
 
 

@@ -239,8 +239,9 @@ class RankRuntime:
         t = tensor.detach().contiguous()
         t0 = self.timer.now()
         work = dist.isend(t, dst=self._peer(peer_stage), tag=self._tag(peer_stage, kind, a.microbatch))
+        posted = self.timer.now()  # gloo's caller thread writes into the socket: posting takes time
         st.sends.append((work, t))
-        self.timer.record_send(a, t0, t.numel() * t.element_size())
+        self.timer.record_send(a, t0, t.numel() * t.element_size(), posted)
 
     def _do_SEND_F(self, st, a):
         self._send(st, a, st.sendout.pop((a.stage, a.microbatch)), self.sched.next_stage(a.stage), "F")

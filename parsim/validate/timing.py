@@ -58,7 +58,7 @@ class Timer:
 
     def reset(self) -> None:
         self.spans: list[list] = []        # [stream, op, stage, mb, start, end, bytes]
-        self.sends: list[list] = []        # [op, stage, mb, issue_time, bytes]
+        self.sends: list[list] = []        # [op, stage, mb, issue_time, bytes, posted_time]
         self.recvs: dict[tuple, object] = {}  # (stage, kind, mb) -> time the data was there
         self.asyncs: dict[tuple, list] = {}  # (op, stage, mb) -> [op, stage, start, end|None, bytes]
         self._events: list = []            # CUDA: (target list, index, event)
@@ -122,8 +122,9 @@ class Timer:
         self._stamp(box, 0)
         self.recvs[key] = box
 
-    def record_send(self, action, t0: float, nbytes: float) -> None:
-        self.sends.append([action.op.value, action.stage, action.microbatch, t0, nbytes])
+    def record_send(self, action, t0: float, nbytes: float, posted: float | None = None) -> None:
+        """A send issued at ``t0``; ``posted``: when its ``isend`` returned (None: at once)."""
+        self.sends.append([action.op.value, action.stage, action.microbatch, t0, nbytes, t0 if posted is None else posted])
 
     def record_async(self, action, t0: float, work, nbytes: float) -> None:
         rec = [action.op.value, action.stage, t0, None, nbytes]
