@@ -67,9 +67,12 @@ Rules
   slowest-first ``parallel.order``: pp, dp, ep, cp, tp).
 * Batch: global batch as published (missing, or a ramp instead of one number -> skipped);
   microbatch as published, else global / (dp x microbatches) when the row gives the
-  microbatch count, else 1 (Megatron's default; noted). Sequence length as published, else
+  microbatch count, else, for a torchtitan pipeline (pp > 1) with the local batch given,
+  torchtitan's default of pp microbatches (``TITAN_STAGES_PER_RANK``'s note), else 1
+  (Megatron's default; noted). Sequence length as published, else
   from a "32K"-style label (K = 1024, noted), else the row's inferred default (noted).
-* Schedule: ``Interleaved1F1B`` with the given vpp when vpp > 1, else ``1F1B``. Layer split,
+* Schedule: ``Interleaved1F1B`` with the given vpp when vpp > 1 (a torchtitan row naming a
+  looped schedule without its stages per rank: torchtitan's default 2), else ``1F1B``. Layer split,
   in this order: even over pp x vpp stages; else with the embedding and the loss each counted
   as one layer (Megatron's --account-for-embedding/loss-in-pipeline-split, which the 405B
   recipes set; it also gives Llama 3's 7, 8 x 14, 7 on pp 16); else the loss alone; else, interleaved only, every middle stage takes ceil(layers / stages) blocks and
@@ -180,6 +183,22 @@ def _num(v) -> float | None:
         if re.fullmatch(r"\d+(\.\d+)?", s):
             return float(s)
     return None
+
+
+TITAN_STAGES_PER_RANK = 2
+"""torchtitan's pipeline defaults at the commit its 2024 tables cite (9dec370, 2024-12-26): a looped
+schedule (``PipelineScheduleMulti``: Interleaved 1F1B, LoopedBFS, ...) without split points gets
+``num_stages_per_rank = 2`` (``generate_split_points``), and ``--experimental.
+pipeline_parallel_microbatches`` unset means as many microbatches as the pipeline degree
+(``build_pipeline_schedule``: ``n_microbatches = pipeline_parallel_degree``), each rank's local
+batch split into them. ``parsim import`` applies the same to 2024 torchtitan files
+(``parsim.frameworks.torchtitan``)."""
+
+
+def _looped(schedule) -> bool:
+    """A multi-stage (looped) pipeline schedule by its published name."""
+    name = str(schedule or "").lower().replace(" ", "").replace("-", "").replace("_", "")
+    return any(k in name for k in ("interleaved", "looped", "zbv", "dualpipe"))
 
 
 def family(row: dict) -> str:
@@ -586,9 +605,18 @@ def convert(row: dict) -> tuple[dict | Skip, list[str]]:
         return Skip("global batch not one number", f"global batch {gb_raw!r} (a ramp, not one step's batch)"), notes
     if _int(row["model"].get("mtp_depth")) and "w/o mtp" not in str(row["model"].get("table_name", "")).lower():
         notes.append("multi-token prediction module not modelled")
+    titan_pp = pp > 1 and "torchtitan" in row["framework"]["name"].lower()
+    if titan_pp and vpp == 1 and _looped(p.get("pp_schedule")):
+        vpp = TITAN_STAGES_PER_RANK
+        notes.append(f"{p['pp_schedule']} with stages per rank not stated: torchtitan's default, {vpp}")
     mbs = _int(t.get("micro_batch"))
     if mbs is None:
         nmb = _int(t.get("microbatches"))
+        local = _int(t.get("local_batch"))
+        if nmb is None and titan_pp and local and local % pp == 0:
+            nmb = pp  # torchtitan's pipeline_parallel_microbatches default (see TITAN_STAGES_PER_RANK)
+            notes.append(f"pipeline microbatches not stated: torchtitan's default, pp = {pp} "
+                         f"(microbatch {local // pp})")
         if nmb and gbs % (dp * nmb) == 0:
             mbs = gbs // (dp * nmb)
         else:

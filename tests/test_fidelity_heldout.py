@@ -152,3 +152,26 @@ def test_one_row_end_to_end():
     assert 0.0 <= r["compute_frac"] <= 1.0 and 0.0 <= r["bubble_frac"] <= 1.0
     s = fh.summarise([r, fh.run_row(ROWS["tt-mxfp8doc-b200-8gpu-none-bfloat16"])])
     assert s["compared"] == 1 and s["skipped"] == 1 and s["skip_reasons"] == {"hardware: power-limited GPU": 1}
+
+
+@pytest.mark.parametrize("row_id, schedule, vpp", [("tt2412-llama31-405b-3d-1f1b", "1F1B", 1),
+                                                     ("tt2412-llama31-405b-3d-interleaved1f1b", "Interleaved1F1B", 2)])
+def test_torchtitan_pipeline_rows_take_torchtitans_defaults(tmp_path, row_id, schedule, vpp):
+    """The 2024 torchtitan 405B rows state pp 8, a local batch of 32 and the schedule, not the
+    microbatches or (interleaved) the stages per rank. torchtitan at the commit they cite
+    (9dec370) splits the local batch into pp = 8 microbatches (of 4) and gives a looped schedule
+    2 stages per rank; ``parsim import torchtitan`` reads a 2024 file ([experimental] keys) the
+    same way, so the row's scenario and the imported one agree."""
+    from parsim.frameworks.torchtitan import import_torchtitan
+    doc = fh.scenario_for(ROWS[row_id])
+    assert (doc["parallel"]["pp"], doc["parallel"]["vpp"], doc["schedule"]["name"]) == (8, vpp, schedule)
+    assert doc["training"]["microbatch_size"] == 32 // 8  # local batch 32 over 8 microbatches
+    sc = scenario_from_dict(doc, "row.toml")
+    assert sc.n_microbatches == 8
+    job = tmp_path / "job.toml"
+    job.write_text('[model]\nname = "llama3"\nflavor = "405B"\n[training]\nbatch_size = 32\nseq_len = 8192\n'
+                   'data_parallel_degree = -1\ntensor_parallel_degree = 8\n'
+                   f'[experimental]\npipeline_parallel_degree = 8\npipeline_parallel_schedule = "{schedule}"\n')
+    imp = scenario_from_dict(import_torchtitan(job, "grand-teton-h100", 512).doc, "imported.toml")
+    assert (imp.n_microbatches, imp.training.microbatch_size, imp.parallel.vpp) == (8, 4, vpp)
+    assert tuple(imp.layers_per_stage) == tuple(sc.layers_per_stage)  # 1F1B: 15, 16 x 6, 15; interleaved: 7, 8 x 14, 7
