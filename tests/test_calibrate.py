@@ -199,7 +199,10 @@ def test_calibrate_quick_run_writes_profile_and_data(tmp_path):
     prof = load_profile(str(tmp_path / "quick-cpu.toml"))
     assert 0 < prof.device.gemm_efficiency <= 1 and prof.nvlink.latency_s > 0
     data = pd.read_csv(tmp_path / "quick-cpu.csv")
-    assert {"gemm", "memory", "update", "optimizer", "attention", "p2p", "collective"} <= set(data["kind"])
+    assert {"gemm", "memory", "update", "optimizer", "attention", "p2p", "p2p_post", "collective"} <= set(data["kind"])
+    # the sender's time inside isend (gloo's caller thread writes the message): positive and fitted
+    assert (data[data["kind"] == "p2p_post"]["seconds"] > 0).all()
+    assert prof.send_post_time(1 << 20) > 0
     assert 0 < prof.device.update_efficiency <= 1 and 0 < prof.device.optimizer_efficiency <= 1
     # the runtime's block timed on this CPU: seconds per aten op, both passes, from both flavours
     eager = data[data["kind"] == "eager"]

@@ -474,15 +474,8 @@ class Bench:
             dist.all_gather(both, mine)
             if self.rank != 1:
                 continue
-            times = exchange_waits(both[0].tolist(), both[1].tolist())
-            kept = sorted(times)[:-1]
-            mean = sum(kept) / len(kept)
-            # the band's sampler prices a link once per sample (a step): its repeat noise is the
-            # spread of a step's mean wait, not of one exchange (consecutive blocks of a step's worth)
-            blocks = [times[i:i + EXCHANGES_PER_STEP] for i in range(0, len(times) - EXCHANGES_PER_STEP + 1,
-                                                                      EXCHANGES_PER_STEP)]
-            self.add("p2p", "exchange", mean, bytes=float(out.numel() * 4), group=2, peers="0-1",
-                     repeat_sigma=robust_sigma([math.log(sum(b) / len(b) / mean) for b in blocks]))
+            mean, sigma = step_mean(exchange_waits(both[0].tolist(), both[1].tolist()))
+            self.add("p2p", "exchange", mean, bytes=float(out.numel() * 4), group=2, peers="0-1", repeat_sigma=sigma)
         return True
 
     def p2p_post(self, sizes, trials: int = 40, busy_s: float = 0.010, lag_s: float = 0.004) -> None:
@@ -518,15 +511,10 @@ class Bench:
             mine = torch.tensor(posts if self.rank < 2 else [0.0] * trials, dtype=torch.float64)
             both = [torch.zeros_like(mine) for _ in range(self.world)]
             dist.all_gather(both, mine)
-            if self.rank != 0:
-                continue
-            times = both[0].tolist() + both[1].tolist()
-            kept = sorted(times)[:-1]
-            mean = sum(kept) / len(kept)
-            blocks = [times[i:i + EXCHANGES_PER_STEP] for i in range(0, len(times) - EXCHANGES_PER_STEP + 1,
-                                                                      EXCHANGES_PER_STEP)]
-            self.add("p2p_post", "isend", mean, bytes=float(out.numel() * 4), group=2, peers="0-1",
-                     repeat_sigma=robust_sigma([math.log(sum(b) / len(b) / mean) for b in blocks]))
+            if self.rank == 0:
+                mean, sigma = step_mean(both[0].tolist() + both[1].tolist())
+                self.add("p2p_post", "isend", mean, bytes=float(out.numel() * 4), group=2, peers="0-1",
+                         repeat_sigma=sigma)
 
     def compute_gap(self, seconds: float):
         """About ``seconds`` of compute as a layer runs it between two collectives: GEMMs on
@@ -687,6 +675,18 @@ def op_counter():
 EXCHANGES_PER_STEP = 8
 """Pipeline exchanges in one step of the bundled tiny scenarios (4 microbatches, 2 stages: an F
 and a B send each): the block over which :meth:`Bench.p2p_exchange` measures a step's spread."""
+
+
+def step_mean(times: list[float]) -> tuple[float, float]:
+    """(mean less the slowest sample, repeat sigma) of per-message times: a step accumulates them,
+    so the row is a mean, not a median (one in a few waits for a scheduler tick). The band's
+    sampler prices a link once per sample (a step): its repeat noise is the spread of a step's
+    mean, not of one message (consecutive blocks of ``EXCHANGES_PER_STEP``)."""
+    kept = sorted(times)[:-1]
+    mean = sum(kept) / len(kept)
+    blocks = [times[i:i + EXCHANGES_PER_STEP]
+              for i in range(0, len(times) - EXCHANGES_PER_STEP + 1, EXCHANGES_PER_STEP)]
+    return mean, robust_sigma([math.log(sum(b) / len(b) / mean) for b in blocks])
 
 
 def exchange_waits(rank0: list, rank1: list) -> list[float]:
