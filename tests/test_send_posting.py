@@ -112,7 +112,8 @@ def test_profile_keys_load_write_and_read_back(tmp_path):
 
 @pytest.mark.parametrize("key, value", [("send_post_us", -1.0), ("send_post_gbyte_per_s", 0.0)])
 def test_bad_posting_keys_are_refused_in_one_line(tmp_path, key, value):
-    text = (ROOT / "parsim/cluster/profiles/cpu-gloo.toml").read_text().replace("[node]\n", f"[node]\n{key} = {value}\n", 1)
+    text = (ROOT / "parsim/cluster/profiles/cpu-gloo.toml").read_text()
+    text = text.replace("[node]\n", f"[node]\n{key} = {value}\n", 1)
     path = tmp_path / "bad.toml"
     path.write_text(text)
     with pytest.raises(ConfigError, match=f"node.{key}"):
