@@ -34,7 +34,7 @@ from parsim.cluster.contention import group_sms
 from parsim.cluster.hardware import canonical_precision
 from parsim.cluster.kernels import grouped_gemm_time
 from parsim.cluster.precision import PRECISION_TABLE
-from parsim.config.moe import DISPATCHER_SMS, MoEConfig
+from parsim.config.moe import DISPATCHER_SMS, MoEConfig, layer_histograms
 from parsim.costs.memory_ops import fp8_copy_bytes, non_tn_fp8_gemms
 
 
@@ -42,8 +42,9 @@ from parsim.costs.memory_ops import fp8_copy_bytes, non_tn_fp8_gemms
 def expert_shares(cfg: MoEConfig, n_experts: int) -> np.ndarray:
     """Fraction of the routed assignments each expert receives (sums to 1). With one histogram per
     MoE layer (each layer is costed with its own: ``parsim.costs.stage``) the mean layer's."""
-    if cfg.routing == "histogram" and cfg.histogram and isinstance(cfg.histogram[0], tuple):
-        rows = np.asarray(cfg.histogram, dtype=float)
+    per_layer = layer_histograms(cfg)
+    if cfg.routing == "histogram" and per_layer is not None:
+        rows = np.asarray(per_layer, dtype=float)
         w = (rows / rows.sum(axis=1, keepdims=True)).mean(axis=0)
     elif cfg.routing == "histogram":
         w = np.asarray(cfg.histogram, dtype=float)

@@ -160,7 +160,7 @@ def _layer_vector(inp: LayerInputs, kind: bool | int) -> tuple:
 
 
 @lru_cache(maxsize=65536, typed=True)
-def _uniform_blocks(inp: LayerInputs, kind: bool, n: int) -> tuple:
+def _uniform_blocks(inp: LayerInputs, kind: bool | int, n: int) -> tuple:
     """Sums over n blocks of one kind: the sums over n-1 plus one (stages of 10, 20, 40 blocks share them)."""
     if n == 0:
         return _NONE
