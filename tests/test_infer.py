@@ -137,16 +137,18 @@ def test_parallel_fetch_copies_the_next_block_after_this_blocks_all_gather():
 # ---------------------------------------------------------------- published figures
 # measured when written (parsim minus published, relative): the gaps beyond the tolerance
 ZI_GAPS = {
-    ("opt-30b", "cpu", "prefetch", 1): ("+25.5%", "pcie"), ("opt-30b", "cpu", "prefetch", 2): ("+26.7%", "pcie"),
-    ("opt-30b", "cpu", "prefetch", 4): ("+36.2%", "pcie"),
-    ("opt-175b", "nvme", "prefetch", 4): ("-20.0%", "nvme"), ("bloom-176b", "nvme", "prefetch", 2): ("-21.0%", "nvme"),
-    ("bloom-176b", "nvme", "prefetch", 4): ("-32.3%", "nvme"),
+    ("opt-30b", "cpu", "prefetch", 4): ("+21.8%", "multi"),
+    ("opt-175b", "nvme", "prefetch", 4): ("-23.4%", "nvme"), ("bloom-176b", "nvme", "prefetch", 1): ("-21.7%", "nvme"),
+    ("bloom-176b", "nvme", "prefetch", 2): ("-26.2%", "nvme"), ("bloom-176b", "nvme", "prefetch", 4): ("-35.2%", "nvme"),
 }
-WHY = {"pcie": "parsim's host copies run at the profile's PCIe rate (12.8 GB/s) where the blog's single-GPU CPU "
-               "rows imply 10-11 GB/s",
-       "nvme": "with several GPUs each rank's swap-in gets 1/n of the node's NVMe read rate in parsim; the blog's "
-               "multi-GPU NVMe rows ran faster than that (DeepNVMe's per-process queues and the drives' scaling "
-               "with readers are not modelled)"}
+WHY = {"multi": "four GPUs fetch a quarter of each block each and all-gather it over NVLink; the blog's 4-GPU OPT-30B "
+                "row (batch 256, the most compute per byte) ran ~0.4 s per pass slower than that, not identified "
+                "(the OPT-175B and BLOOM 4-GPU CPU rows are within 7%)",
+       "nvme": "with prefetch DeepSpeed reads the next modules' partitions from NVMe (asynchronous AIO, "
+               "__prefetch_nvme_param_partitions, bounded by its free swap buffers) while this module's copy to the "
+               "GPU runs; parsim adds each block's NVMe read and copy (right without prefetch: those rows are within "
+               "6%) and gives each of n GPUs 1/n of the node's NVMe rate, so every NVMe prefetch row is slow (-7% to "
+               "-35%, worse with more GPUs)"}
 
 
 def _zi_cases():
@@ -241,3 +243,18 @@ def test_kv_cache_on_the_host_frees_the_gpu_and_costs_pcie():
     assert cpu["max_batch"] > gpu["max_batch"]
     assert cpu["decode_s_per_token"] > gpu["decode_s_per_token"]
     assert cpu["host_memory_bytes_per_node"] == pytest.approx(gpu["kv_cache_bytes"] * 8)
+
+
+# ---------------------------------------------------------------- the fitted host link
+def test_dgx2_pcie_efficiency_is_the_documented_fit():
+    """dgx2-v100's pcie_efficiency is benchmarks/fit_host_link.py's fit: the three single-GPU
+    CPU-offload rows without prefetch, and only those, fix it; the other 21 rows are held out."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("fit_host_link", ROOT / "benchmarks" / "fit_host_link.py")
+    fit = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fit)
+    rows = fit.rows()
+    used = [r for r in rows if fit.is_fit_row(r)]
+    assert len(rows) == 24 and {r["model"] for r in used} == {"opt-30b", "opt-175b", "bloom-176b"} and len(used) == 3
+    job = load_inference(OPT)
+    assert job.scenario.hardware.pcie.efficiency == pytest.approx(fit.fit(used), abs=0.002)

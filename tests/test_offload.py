@@ -142,7 +142,8 @@ def test_model_scale_on_one_dgx2_in_the_published_order():
 
 
 def test_zero_offload_10b_on_one_v100_published_throughput():
-    """Published 40 TFLOPS; parsim: 44.3 model TFLOPS (+11%) when this landed; counted with
+    """Published 40 TFLOPS; parsim: 43.5 model TFLOPS (+9%) with the fitted DGX-2 host link
+    (benchmarks/fit_host_link.py; 44.3, +11%, with the 0.8 estimate); counted with
     the recompute (Megatron's 96BslH^2 convention) it would be 58.8 (+47%): the paper does
     not say which it used (see the data file)."""
     case = PUB["zero-offload-10b-v100"]

@@ -14,10 +14,13 @@ assembles it (``pcie``/``nvme`` and ``dp`` streams: ``FETCH``, ``ALL_GATHER``); 
 the next block's copy waits for this block's all-gather (one side stream carries both). With
 ``prefetch`` block i+1 is fetched while block i computes (two block buffers); without it the
 fetch waits for the compute. From NVMe without GPUDirect Storage the bytes bounce through a
-pinned host buffer and the two hops add up, with prefetch too: DeepSpeed reads a module's
-partitions into its swap buffers (blocking) before copying them, and issues the NVMe read-ahead
-only after that copy (``partitioned_param_coordinator.fetch_sub_module``). The embedding and LM
-head stream at the start and end of each pass.
+pinned host buffer and the two hops add up: DeepSpeed reads a module's partitions into its swap
+buffers (blocking) before copying them (``partitioned_param_coordinator.fetch_sub_module``).
+Not modelled: with prefetch DeepSpeed also reads the next modules' partitions ahead
+(``__prefetch_nvme_param_partitions``, asynchronous, bounded by its free swap buffers) while
+this module's copy runs, a partial overlap of the two hops; the ZeRO-Inference NVMe rows with
+prefetch come out 7-35% slow for it (tests/test_infer.py). The embedding and LM head stream at
+the start and end of each pass.
 """
 from __future__ import annotations
 
@@ -101,11 +104,10 @@ def _fetch_s(job: InferJob, nbytes: float) -> tuple[float, str, float]:
     elif t.gpudirect:
         s, stream = share / min(t.nvme_read, t.host_link), "nvme"
     else:
-        # through the pinned swap buffer the two hops add up, prefetch or not: DeepSpeed's
-        # fetch_sub_module swaps a module's partitions in from NVMe (blocking) before
-        # all_gather_coalesced copies them to the GPU, and issues the NVMe read-ahead
-        # (__prefetch_nvme_param_partitions) only after that, so what prefetch buys is the
-        # next module's fetch overlapping this module's compute (below), not the hops each other
+        # through the pinned swap buffer the two hops add up: DeepSpeed's fetch_sub_module swaps
+        # a module's partitions in from NVMe (blocking) before all_gather_coalesced copies them
+        # to the GPU. Prefetch here overlaps the next block's fetch with this block's compute
+        # (below); DeepSpeed's buffer-bounded NVMe read-ahead under the copy is not modelled
         s, stream = share / t.nvme_read + share / t.host_link, "nvme"
     gather = select_algorithm(sc.hardware, "all_gather", nbytes, list(range(n)), concurrent=1)[1] if n > 1 else 0.0
     return s, stream, gather
