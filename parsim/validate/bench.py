@@ -450,18 +450,12 @@ class Bench:
         a, w = self.rand(256, 256), self.rand(256, 256)
         for nbytes in sizes:
             out = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=self.dev)
-            inn = torch.zeros_like(out)
             stamps = []
-            for trial in range(trials):
-                other = 1 - self.rank
-                recv = dist.irecv(inn, other) if self.rank < 2 else None
-                dist.barrier()
-                if self.rank >= 2:
-                    continue
+            for trial, recv in self._pair_trials(out, trials):
                 gemms_for(busy_s, a, w)
                 self.sync()
                 sent = time.perf_counter()
-                send = dist.isend(out, other)
+                send = dist.isend(out, 1 - self.rank)
                 recv.wait()
                 self.sync()
                 got = time.perf_counter()
@@ -469,14 +463,31 @@ class Bench:
                     gemms_for(busy_s, a, w)
                 send.wait()
                 stamps.append((sent, got))
-            mine = torch.tensor(stamps if self.rank < 2 else [(0.0, 0.0)] * trials, dtype=torch.float64)
-            both = [torch.zeros_like(mine) for _ in range(self.world)]
-            dist.all_gather(both, mine)
-            if self.rank != 1:
-                continue
-            mean, sigma = step_mean(exchange_waits(both[0].tolist(), both[1].tolist()))
-            self.add("p2p", "exchange", mean, bytes=float(out.numel() * 4), group=2, peers="0-1", repeat_sigma=sigma)
+            rank0, rank1 = self._gather_pair(stamps, trials, (0.0, 0.0))
+            if self.rank == 1:
+                mean, sigma = step_mean(exchange_waits(rank0, rank1))
+                self.add("p2p", "exchange", mean, bytes=float(out.numel() * 4), group=2, peers="0-1",
+                         repeat_sigma=sigma)
         return True
+
+    def _pair_trials(self, out: torch.Tensor, trials: int):
+        """The trials of a two-rank exchange bench: each one, ranks 0 and 1 post their receive
+        from each other early (as the runtime posts it, into a buffer shaped like ``out``),
+        every rank meets at a barrier, and ranks 0 and 1 get ``(trial, receive)``; the others
+        sit the trial out."""
+        inn = torch.zeros_like(out)
+        for trial in range(trials):
+            recv = dist.irecv(inn, 1 - self.rank) if self.rank < 2 else None
+            dist.barrier()
+            if self.rank < 2:
+                yield trial, recv
+
+    def _gather_pair(self, samples: list, trials: int, blank) -> tuple[list, list]:
+        """Ranks 0's and 1's per-trial samples on every rank (the others contribute ``blank``)."""
+        mine = torch.tensor(samples if self.rank < 2 else [blank] * trials, dtype=torch.float64)
+        both = [torch.zeros_like(mine) for _ in range(self.world)]
+        dist.all_gather(both, mine)
+        return both[0].tolist(), both[1].tolist()
 
     def p2p_post(self, sizes, trials: int = 40, busy_s: float = 0.010, lag_s: float = 0.004) -> None:
         """The sender's own time inside ``isend``, as a pipeline rank pays it before its next
@@ -494,13 +505,8 @@ class Bench:
         a, w = self.rand(256, 256), self.rand(256, 256)
         for nbytes in sizes:
             out = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=self.dev)
-            inn = torch.zeros_like(out)
             posts = []
-            for trial in range(trials):
-                recv = dist.irecv(inn, 1 - self.rank) if self.rank < 2 else None
-                dist.barrier()
-                if self.rank >= 2:
-                    continue
+            for trial, recv in self._pair_trials(out, trials):
                 gemms_for(busy_s + (lag_s if trial % 2 == self.rank else 0.0), a, w)
                 self.sync()
                 t0 = time.perf_counter()
@@ -508,11 +514,9 @@ class Bench:
                 posts.append(time.perf_counter() - t0)
                 recv.wait()
                 send.wait()
-            mine = torch.tensor(posts if self.rank < 2 else [0.0] * trials, dtype=torch.float64)
-            both = [torch.zeros_like(mine) for _ in range(self.world)]
-            dist.all_gather(both, mine)
+            rank0, rank1 = self._gather_pair(posts, trials, 0.0)
             if self.rank == 0:
-                mean, sigma = step_mean(both[0].tolist() + both[1].tolist())
+                mean, sigma = step_mean(rank0 + rank1)
                 self.add("p2p_post", "isend", mean, bytes=float(out.numel() * 4), group=2, peers="0-1",
                          repeat_sigma=sigma)
 
