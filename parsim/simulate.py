@@ -100,12 +100,7 @@ def simulate(sc: Scenario, costs: ModelCosts | None = None, schedule: Schedule |
         raw = simulate_schedule(sched, fast_stragglers(sc, sched, run))
     _check_complete(sched, raw)
     res = Result.from_raw(sc, sched, costs.tables(sched.stage_to_rank), raw)
-    host, nvme = (tier_bytes_per_node(costs, sched.stage_to_rank)
-                  if sc.offload.active and sc.costs is None else (0.0, 0.0))
-    tiers = tier_metrics(sc, res.timeline, host, nvme)  # [offload]: host/NVMe bytes, per-tier time
-    res.metrics.update(tiers)
-    if not tiers["host_fits"]:
-        res.metrics["fits_in_memory"] = False
+    _add_tiers(sc, costs, sched.stage_to_rank, res)
     if sc.stragglers is not None:
         ratio = run.busy_ratio(sched.stage_to_rank) if isinstance(run, ReplicaCosts) else None
         res.metrics["pace_setter"] = pace_setter(sc, res.metrics, ratio)
@@ -115,6 +110,18 @@ def simulate(sc: Scenario, costs: ModelCosts | None = None, schedule: Schedule |
             sc.costs is None or sc.schedule.stage_replication is not None):
         res.metrics["pipedream_rr"] = pipedream_steady_state(sc)  # as published: no flush, 1F1B-RR
     return res
+
+
+def _add_tiers(sc: Scenario, costs, stage_to_rank: tuple[int, ...], res: Result) -> None:
+    """[offload]: host and NVMe bytes per node and per-tier time in ``res.metrics`` (zeros and an
+    empty ``tier_time_s`` without offload), every engine's result alike; a host side that does
+    not fit makes the job not fit."""
+    host, nvme = (tier_bytes_per_node(costs, stage_to_rank)
+                  if sc.offload.active and sc.costs is None else (0.0, 0.0))
+    tiers = tier_metrics(sc, res.timeline, host, nvme)
+    res.metrics.update(tiers)
+    if not tiers["host_fits"]:
+        res.metrics["fits_in_memory"] = False
 
 
 def _simulate_message_driven(sc: Scenario, costs: ModelCosts) -> Result:
@@ -131,6 +138,7 @@ def _simulate_message_driven(sc: Scenario, costs: ModelCosts) -> Result:
     run = simulate_message_driven_run(sc, costs)
     long_run = simulate_message_driven_run(sc, costs, n_instances=4 * m)
     res = Result.from_raw(sc, run.schedule, costs.tables(run.schedule.stage_to_rank), run.raw)
+    _add_tiers(sc, costs, run.schedule.stage_to_rank, res)
     tokens = sc.training.microbatch_size * sc.training.seq_len
     res.metrics["ampnet"] = ampnet_metrics(run, long_run, m, tokens, *ampnet_keys(sc))
     return res

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from conftest import ROOT
 
 from parsim.costs.model_costs import ModelCosts
 from parsim.errors import ConfigError, ScheduleError
@@ -96,3 +97,23 @@ def test_input_is_checked():
     sc = _amp(2)
     with pytest.raises(ScheduleError, match="full engine does not run message-driven"):
         simulate(replace(sc, simulation=replace(sc.simulation, mode="full"), costs=None))
+
+
+def test_the_json_carries_the_memory_tier_fields_as_every_engine_does(tmp_path):
+    """AMPNet's result has the offload fields the other engines' results have: zeros without
+    [offload]; with the optimizer on the host, the host bytes a 1F1B run of the same job reports
+    (they depend on the stages' states, not on the schedule)."""
+    from parsim.scenario import load_scenario
+    base = (ROOT / "scenarios" / "ampnet-gpt2-a100.toml").read_text()
+    plain = simulate(load_scenario(ROOT / "scenarios" / "ampnet-gpt2-a100.toml")).metrics
+    assert plain["host_memory_bytes_per_node"] == 0.0 and plain["nvme_bytes_per_node"] == 0.0
+    assert plain["tier_time_s"] == {} and plain["host_fits"]
+    off = 'zero = 1\n\n[offload]\noptimizer = "cpu"\n'
+    amp = tmp_path / "amp.toml"
+    amp.write_text(base.replace("pp = 4\n", "pp = 4\n" + off))
+    sync = tmp_path / "sync.toml"
+    sync.write_text(base.replace("pp = 4\n", "pp = 4\n" + off).replace('"AMPNet"', '"1F1B"')
+                    .replace("max_in_flight = 4\n", "").replace("update_every = 1\n", ""))
+    a, s = simulate(load_scenario(amp)).metrics, simulate(load_scenario(sync)).metrics
+    assert a["host_memory_bytes_per_node"] > 0
+    assert a["host_memory_bytes_per_node"] == pytest.approx(s["host_memory_bytes_per_node"])
