@@ -4,7 +4,7 @@ a training-like load, and at what clock?
     python benchmarks/gpu_sustained.py --out DIR [--hardware dgx-h100] [--seconds 60]
     python benchmarks/gpu_sustained.py --out DIR --quick        # CPU smoke run (tiny sizes)
 
-Why: parsim's Hopper and Blackwell rows are 20-45% faster than the published runs
+Why: parsim's Hopper and Blackwell rows were 20-45% faster than the published runs (before the profiles took the published MSMF/MAMF ratio; this script measures it on the machine it runs on)
 (``reports/fidelity.md``, ``reports/fidelity-heldout.md``) while each kernel model holds to
 its microbenchmark (MAMF, the OpenXLA GEMM table, the FlashAttention papers). Whatever real
 training loses between the two -- a lower sustained clock under the power limit, a mix of

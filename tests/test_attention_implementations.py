@@ -17,7 +17,7 @@ from parsim.simulate import simulate
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = json.loads((ROOT / "tests" / "data" / "fa3_paper_h100_attention.json").read_text())
-H100 = load_profile("dgx-h100").device
+H100 = load_profile("dgx-h100").device.burst()
 
 
 def _bars(impl, head_dims):
@@ -49,7 +49,7 @@ def test_implementations_rank_as_the_paper_at_long_sequences():
 
 
 def test_unmodelled_pairs_are_refused():
-    a100 = load_profile("dgx-a100-80g").device
+    a100 = load_profile("dgx-a100-80g").device.burst()
     with pytest.raises(ValueError, match="no model"):
         a100.attention_kernel_time(1, 4096, 4096, 32, 32, 128, True, False, "bf16", "cudnn")
     assert A.resolve("fa2", "warp") == "fa2" and A.resolve("fa2", "warpgroup") == "fa2-hopper"

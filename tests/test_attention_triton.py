@@ -31,7 +31,7 @@ def fwd_bwd_tflops(dev, hd, causal, s):
 
 @pytest.mark.parametrize("profile", list(CASES))
 def test_triton_attention_fit_bars_within_10_percent(profile):
-    dev = load_profile(profile).device
+    dev = load_profile(profile).device.burst()
     for hd, causal, s, v in bars(profile):
         if not (hd == 128 and causal):
             assert abs(fwd_bwd_tflops(dev, hd, causal, s) / v - 1) < 0.10, (hd, causal, s)
@@ -39,7 +39,7 @@ def test_triton_attention_fit_bars_within_10_percent(profile):
 
 @pytest.mark.parametrize("profile", list(CASES))
 def test_triton_attention_held_out_panel_d(profile):
-    dev = load_profile(profile).device
+    dev = load_profile(profile).device.burst()
     errs = [fwd_bwd_tflops(dev, hd, c, s) / v - 1 for hd, c, s, v in bars(profile) if hd == 128 and c]
     assert len(errs) == 6
     assert max(map(abs, errs)) < 0.20 and sum(map(abs, errs)) / len(errs) < 0.10
@@ -47,7 +47,7 @@ def test_triton_attention_held_out_panel_d(profile):
 
 def test_triton_is_slower_than_the_cuda_kernels_it_predates():
     # Fig. 4: FlashAttention-2 is 2-2.4x the Triton kernel at head dim 128, causal, 2k-16k
-    dev = load_profile("dgx-a100-80g").device
+    dev = load_profile("dgx-a100-80g").device.burst()
     for s in (2048, 4096, 8192, 16384):
         t = {k: sum(dev.attention_kernel_time(8, s, s, 16, 16, 128, True, b, "bf16", k) for b in (False, True))
              for k in ("triton", "fa2")}
@@ -72,7 +72,7 @@ def test_parsim_kernel_attention_names_the_implementation():
                         "--implementation", "triton", "--json"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    dev = load_profile("dgx-a100-80g").device
+    dev = load_profile("dgx-a100-80g").device.burst()
     assert out["time_s"] == pytest.approx(dev.attention_kernel_time(8, 2048, 2048, 16, 16, 128, True, False,
                                                                     "bf16", "triton"))
     assert out["kernel"] == "FlashAttention (Triton)"

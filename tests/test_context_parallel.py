@@ -96,19 +96,19 @@ def test_ring_exposure_by_hand():
 
 
 def test_ring_on_a_scenario_matches_the_kernels_and_the_link_by_hand():
-    """Llama-3-8B, seq 4096, tp 8 x cp 8 on DGX H100s: the CP ring links one GPU of each of 8
+    """Llama-3-8B, seq 2048, tp 8 x cp 8 on DGX H100s: the CP ring links one GPU of each of 8
     nodes, 8 such rings share each node's 8 NICs (400 Gb/s x 0.94: 47 GB/s a ring; 4 us + two
-    0.13 us switch hops). Each step passes 2 x 512 tokens x 1 KV head x 128 x 2 bytes; the
-    step's attention is the kernel model's time of its zig-zag block (4 heads per TP rank)
-    plus the partial results' merging (forward: output and LSE; backward: dQ and dK/dV sums);
-    exposed = what each transfer lasts beyond its step."""
-    inp = inputs(seq=4096, tp=8, cp=8, gpus=64)
+    0.13 us switch hops). Each step passes 2 x 256 tokens x 1 KV head x 128 x 2 bytes; the
+    step's attention is the kernel model's time of its zig-zag block (4 heads per TP rank, at
+    the power-saturated clock) plus the partial results' merging (forward: output and LSE;
+    backward: dQ and dK/dV sums); exposed = what each transfer lasts beyond its step."""
+    inp = inputs(seq=2048, tp=8, cp=8, gpus=64)
     dev = inp.hardware.device
-    chunk = 2 * 512 * 1 * 128 * 2
+    chunk = 2 * 256 * 1 * 128 * 2
     assert C.kv_chunk_bytes(inp) == chunk
     t = chunk / (8 * 50e9 * 0.94 / 8) + 4e-6 + 2 * 0.13e-6
     assert C.p2p_step_s(inp) == pytest.approx(t, rel=1e-12)
-    c = 4096 // 16
+    c = 2048 // 16
     shapes = [(2 * c, 2 * c, True)] + [(c, 2 * c, False)] * 7  # rank 0: every source is a later rank
     fwd = [dev.attention_kernel_time(1, q, k, 4, 1, 128, causal, False, "bf16") for q, k, causal in shapes]
     bwd = [dev.attention_kernel_time(1, q, k, 4, 1, 128, causal, True, "bf16") for q, k, causal in shapes]
@@ -124,7 +124,7 @@ def test_ring_on_a_scenario_matches_the_kernels_and_the_link_by_hand():
     want_b = sum(max(0.0, x - b) for x, b in zip([t] + [2 * t] * 6 + [t], bwd))
     assert ca.forward_comm_s == pytest.approx(want_f, rel=1e-9)
     assert ca.backward_comm_s == pytest.approx(want_b, rel=1e-9)
-    assert want_f > 0 and want_b > 0  # 256-token chunks: each transfer outlasts its small block
+    assert want_f > 0 and want_b > 0  # 128-token chunks: each transfer outlasts its small block
 
 
 def test_a_transport_on_the_rank_s_own_core_overlaps_nothing():
@@ -207,11 +207,11 @@ def test_all_gather_chunks_are_balanced():
 def test_breakdown_and_bytes_follow_the_mode():
     """Short sequence, tp 8 x cp 8 across nodes: the ring's exposed transfers show as cp_comm;
     the per-op bytes reach comm_bytes_by_axis.cp (F: cp-1 chunks, B: twice that, per block)."""
-    sc = scenario_from_dict(doc(seq=8192, tp=8, cp=8, gpus=64), "cp.toml")
+    sc = scenario_from_dict(doc(seq=4096, tp=8, cp=8, gpus=64), "cp.toml")
     res = simulate(sc)
     mx = res.metrics
     assert mx["breakdown_s"]["cp_comm"] > 0
-    chunk = 2 * 1024 * 1 * 128 * 2
+    chunk = 2 * 512 * 1 * 128 * 2
     assert mx["comm_bytes_by_axis"]["cp"] == pytest.approx(32 * (7 + 14) * chunk, rel=1e-12)
     lc = layer_cost(layer_inputs(cost_inputs(sc)), False)
     assert lc.backward_input_bytes.cp == 2 * lc.forward_bytes.cp

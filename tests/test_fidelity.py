@@ -3,8 +3,9 @@
 The kernel models alone must reproduce the rows whose physics they claim (Megatron-LM 2021 on
 A100 without pipeline parallelism: GEMMs, the unfused attention core, memory-bound ops). The
 issue's aim -- <= 10% (then 5%) on every row with no per-GPU factor -- is met at 10% on the A100
-rows, not yet on the H100 rows (reports/fidelity.md says why); the strict xfail below
-turns red the day it is, so the bound is then tightened rather than forgotten.
+rows and, since compute-bound kernels run at the measured power-saturated clock (the profiles'
+``msmf_*`` pair: a kernel microbenchmark, not a fit to these rows), on the H100 rows (9.2%);
+5% is not met (reports/fidelity.md says where).
 """
 import sys
 
@@ -46,7 +47,8 @@ def test_no_row_is_predicted_slower_than_published_by_more_than_five_percent(row
                                        "32B row's dp groups have one GPU per node, so 15.7 GB of fp32 gradients "
                                        "and 7.9 GB of parameters cross one 47 GB/s NIC per GPU with only the last "
                                        "microbatch's backward and the first forward to hide under (Megatron's "
-                                       "no_sync): predicted 0.98 s against 0.89 s published (-9%), while the 16B "
+                                       "no_sync): predicted 1.08 s against 0.89 s published (-17% at the "
+                                       "power-saturated clock, -9% at the burst clock), while the 16B "
                                        "row, the same FLOPs per GPU with two GPUs per node in each dp group, is "
                                        "published only 0.045 s faster. What hides more of that reduction in the "
                                        "real run is not identified")
@@ -61,8 +63,7 @@ def test_mape_within_ten_percent_on_the_a100_rows(rows):
     assert fidelity.mape(a100) <= 10.0
 
 
-@pytest.mark.xfail(strict=True, reason="H100 rows -10% to +42% without sustained_fraction (MAPE 22.4%): "
-                                       "reports/fidelity.md, 'Where it lands, and why'")
 def test_mape_within_ten_percent_on_the_h100_rows(rows):
+    # 21.1% at the kernels' burst clocks; 9.2% with the measured MSMF/MAMF ratio (no fit)
     h100 = [r for r in rows if r["family"] == "h100"]
     assert fidelity.mape(h100) <= 10.0

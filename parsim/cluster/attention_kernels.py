@@ -248,7 +248,8 @@ def _rates(dev: Any, precision: str) -> tuple[float, float, float, int]:
     """(clock Hz, tensor FLOP/clock/SM at ``precision``, SFU ops/clock/SM, SMs) of ``dev``."""
     kf = dev.kernels
     base = next(p for p in BASE_PRECISIONS if p in dev.peak_flops)
-    clock = dev.peak_flops[base] / (kf.sm_count * kf.tensor_flop_per_clock_per_sm)
+    # the peak's clock, lowered to the power-saturated one under training load (dev.clock_ratio)
+    clock = dev.peak_flops[base] / (kf.sm_count * kf.tensor_flop_per_clock_per_sm) * dev.clock_ratio
     flop_clk = kf.tensor_flop_per_clock_per_sm * dev.peak(precision) / dev.peak_flops[base]
     return clock, flop_clk, kf.sfu_op_per_clock_per_sm, kf.sm_count
 

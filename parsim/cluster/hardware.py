@@ -150,11 +150,28 @@ class Device:
     kernels: KernelFacts | None = field(default=None, hash=False)
     """Facts the kernel models need (SM count, per-clock rates, GEMM tiles, MAMF, attention
     kernel); ``None`` when the profile gives none (``kernel_*`` methods then refuse)."""
+    sustained: bool = True
+    """Kernel times are those of a chip at its power limit, as in training (the kernel models'
+    burst rates times ``kernels.saturated_ratio``); False: a burst, as microbenchmarks and the
+    kernel papers time them (:meth:`burst`; ``parsim kernel`` prints both)."""
     gemm_model: str = "kernel"
     """Which model :meth:`gemm_time` uses: ``"kernel"`` (:mod:`parsim.cluster.kernels`, the
     default wherever the profile gives kernel facts) or ``"shape"`` (the two-knob shape model
     above: profiles without kernel facts, e.g. ``cpu-gloo`` and what ``parsim calibrate``
     fits). Optional key ``device.gemm_model``."""
+
+    @property
+    def clock_ratio(self) -> float:
+        """The compute clock relative to the kernel models' burst calibration: the measured
+        power-saturated fraction (``kernels.saturated_ratio``) under sustained load, 1 in a burst
+        or without kernel facts."""
+        if not self.sustained or self.kernels is None:
+            return 1.0
+        return self.kernels.saturated_ratio
+
+    def burst(self) -> Device:
+        """This device as a microbenchmark sees it: kernels at their burst (boost-clock) rate."""
+        return replace(self, sustained=False)
 
     def peak(self, precision: str) -> float:
         """Dense peak FLOP/s at ``precision``; ValueError naming the known ones otherwise."""
@@ -447,6 +464,7 @@ _SCHEMA: dict[str, dict[str, tuple[str, bool]]] = {
         "sfu_op_per_clock_per_sm": ("pos", _OPT), "smem_byte_per_clock_per_sm": ("pos", _OPT),
         "gemm_tiles": ("tiles", _OPT), "mma_style": ("mma_style", _OPT), "gemm_stream_k": ("bool", _OPT),
         "gemm_latency_us": ("nonneg", _OPT),
+        "msmf_bf16_tflops": ("pos", _OPT), "msmf_mamf_bf16_tflops": ("pos", _OPT),
         "collective_ctas": ("int", _OPT), "collective_ctas_net": ("int", _OPT),
         "attention_kernel": ("attention_kernel", _OPT), "gemm_model": ("gemm_model", _OPT),
         **{f"mamf_{p}_{what}": (kind, _OPT) for p in GEMM_PRECISIONS

@@ -95,6 +95,21 @@ class KernelFacts:
     collective_ctas_net: int = 0
     """The same for a collective whose group spans nodes (NCCL builds fewer channels there);
     0: ``collective_ctas``."""
+    msmf: tuple[float, float] | None = None
+    """(sustained, burst) matmul TFLOP/s of one mamf-finder run: MSMF, the chip held at its power
+    limit, and the same run's MAMF (profile keys ``msmf_bf16_tflops``, ``msmf_mamf_bf16_tflops``);
+    None: not measured for this GPU (:attr:`saturated_ratio` 1)."""
+
+    @property
+    def saturated_ratio(self) -> float:
+        """Tensor-core rate of a chip held at its power limit, as a fraction of its rate in a
+        short burst (MSMF / MAMF). The MAMF and the kernel papers' figures are bursts, run while
+        the clock is still at boost; a training step keeps the SMs busy for seconds, the board
+        sits at its power limit and the SM clock settles lower (stas00/ml-engineering: an H200
+        at ~1405-1527 MHz against its 1980 MHz boost, a B200 at ~1228-1410 against 1965), so
+        compute-bound kernels run at this fraction of their burst speed. HBM keeps its clock:
+        memory-bound work is not scaled."""
+        return 1.0 if self.msmf is None else self.msmf[0] / self.msmf[1]
 
 
 def parse_tile(text: str) -> tuple[int, int, int]:
@@ -270,9 +285,11 @@ def mainloop_rate(dev: Any, precision: str) -> float:
 
 def gemm_plan(dev: Any, m: int, n: int, k: int, precision: str) -> dict[str, Any]:
     """One GEMM on ``dev``: time (s), the chosen tile and split, waves, and whether the HBM
-    roofline bound it. ``dev`` is a :class:`parsim.cluster.hardware.Device` with ``kernels``."""
+    roofline bound it. ``dev`` is a :class:`parsim.cluster.hardware.Device` with ``kernels``;
+    its main loop runs at the burst rate times ``dev.clock_ratio`` (the power-saturated clock
+    under training load, 1 for a burst: :meth:`~parsim.cluster.hardware.Device.burst`)."""
     mc = _machine(dev, precision)
-    rate = mainloop_rate(dev, precision)
+    rate = mainloop_rate(dev, precision) * dev.clock_ratio
     t, tile, split = _best_time(mc, rate, m, n, k)
     floor = gemm_bytes(m, n, k, precision) / mc.bandwidth
     tiles = math.ceil(m / tile[0]) * math.ceil(n / tile[1])
@@ -310,7 +327,7 @@ def facts_from_table(d: Mapping[str, Any], peaks: Mapping[str, float], precision
             raise ConfigError(file, f"device.mamf_{p}_tflops", f"needs device.{p}_tflops (the peak) beside it")
     if not any(k in d for k in KERNEL_FACT_KEYS):
         for k, v in d.items():
-            if (k.startswith("mamf_") or k in ("attention_kernel", "mma_style", "gemm_stream_k", "gemm_latency_us",
+            if (k.startswith(("mamf_", "msmf_")) or k in ("attention_kernel", "mma_style", "gemm_stream_k", "gemm_latency_us",
                                                                   "collective_ctas", "collective_ctas_net")
                     or (k == "gemm_model" and v == "kernel")):
                 raise ConfigError(file, f"device.{k}",
@@ -324,6 +341,7 @@ def facts_from_table(d: Mapping[str, Any], peaks: Mapping[str, float], precision
         raise ConfigError(file, "device.bf16_tflops", "the kernel models need a bf16 or fp16 peak")
     mamf = {p: (to_si(f"mamf_{p}_tflops", d[f"mamf_{p}_tflops"]), d.get(f"mamf_{p}_shape"))
             for p in precisions if f"mamf_{p}_tflops" in d}
+    msmf = _msmf(d, file)
     for p, (flops, _) in mamf.items():
         if flops > peaks[p]:
             raise ConfigError(file, f"device.mamf_{p}_tflops", f"must not exceed device.{p}_tflops ({peaks[p] / 1e12:g})")
@@ -334,7 +352,27 @@ def facts_from_table(d: Mapping[str, Any], peaks: Mapping[str, float], precision
                        stream_k=d.get("gemm_stream_k", False), mamf=mamf, attention_kernel=d.get("attention_kernel"),
                        gemm_latency_s=to_si("gemm_latency_us", d.get("gemm_latency_us", 0.0)),
                        collective_ctas=_ctas(d, "collective_ctas", file),
-                       collective_ctas_net=_ctas(d, "collective_ctas_net", file))
+                       collective_ctas_net=_ctas(d, "collective_ctas_net", file), msmf=msmf)
+
+
+MSMF_KEYS = ("msmf_bf16_tflops", "msmf_mamf_bf16_tflops")
+"""A measured sustained rate and the burst rate of the same run: given together or not at all."""
+
+
+def _msmf(d: Mapping[str, Any], file: str) -> tuple[float, float] | None:
+    """(MSMF, MAMF) of one measurement (:attr:`KernelFacts.msmf`), checked: both keys or
+    neither, the sustained rate not above the burst."""
+    given = [k for k in MSMF_KEYS if k in d]
+    if not given:
+        return None
+    if len(given) == 1:
+        other = next(k for k in MSMF_KEYS if k not in d)
+        raise ConfigError(file, f"device.{given[0]}", f"needs device.{other} beside it (the same run's burst rate)")
+    msmf, mamf = d["msmf_bf16_tflops"], d["msmf_mamf_bf16_tflops"]
+    if msmf > mamf:
+        raise ConfigError(file, "device.msmf_bf16_tflops",
+                          f"{msmf:g} exceeds device.msmf_mamf_bf16_tflops ({mamf:g}): sustained cannot beat the burst")
+    return float(msmf), float(mamf)
 
 
 def _ctas(d: Mapping[str, Any], key: str, file: str) -> int:
@@ -367,6 +405,8 @@ def facts_to_table(kf: KernelFacts | None) -> dict[str, Any]:
         out[f"mamf_{p}_tflops"] = flops / 1e12
         if shape is not None:
             out[f"mamf_{p}_shape"] = "x".join(str(x) for x in shape)
+    if kf.msmf is not None:
+        out["msmf_bf16_tflops"], out["msmf_mamf_bf16_tflops"] = kf.msmf
     return out
 
 
@@ -415,10 +455,11 @@ def grouped_gemm_plan(dev: Any, problems: tuple[tuple[int, int, int], ...], prec
     round-robin slots of :func:`_slot_loads`, so the busiest slot sets the time. No
     split-K or Stream-K (grouped kernels do not split a problem's K). Floor: the HBM
     roofline of :func:`grouped_gemm_bytes` (each expert's weights are read once, so
-    small-M experts turn memory-bound).
+    small-M experts turn memory-bound). The main loop at ``dev.clock_ratio`` of its burst rate,
+    as :func:`gemm_plan`.
     """
     mc = _machine(dev, precision)
-    rate = mainloop_rate(dev, precision)
+    rate = mainloop_rate(dev, precision) * dev.clock_ratio
     probs = tuple((int(m), int(n), int(k)) for m, n, k in problems if m > 0 and n > 0 and k > 0)
     if not probs:
         return {"time_s": 0.0, "tile": None, "waves": 0, "memory_bound": False, "mainloop_flops": rate}
