@@ -283,13 +283,19 @@ def mainloop_rate(dev: Any, precision: str) -> float:
     return peak * mainloop_rate(dev, ref) / dev.peak(ref)
 
 
+def running_rate(dev: Any, precision: str) -> float:
+    """Main-loop FLOP/s a GEMM on ``dev`` runs at: the burst (MAMF-calibrated) rate of
+    :func:`mainloop_rate` times ``dev.clock_ratio`` (the power-saturated clock under training
+    load, 1 for a burst: :meth:`~parsim.cluster.hardware.Device.burst`)."""
+    return mainloop_rate(dev, precision) * dev.clock_ratio
+
+
 def gemm_plan(dev: Any, m: int, n: int, k: int, precision: str) -> dict[str, Any]:
     """One GEMM on ``dev``: time (s), the chosen tile and split, waves, and whether the HBM
     roofline bound it. ``dev`` is a :class:`parsim.cluster.hardware.Device` with ``kernels``;
-    its main loop runs at the burst rate times ``dev.clock_ratio`` (the power-saturated clock
-    under training load, 1 for a burst: :meth:`~parsim.cluster.hardware.Device.burst`)."""
+    its main loop at :func:`running_rate`."""
     mc = _machine(dev, precision)
-    rate = mainloop_rate(dev, precision) * dev.clock_ratio
+    rate = running_rate(dev, precision)
     t, tile, split = _best_time(mc, rate, m, n, k)
     floor = gemm_bytes(m, n, k, precision) / mc.bandwidth
     tiles = math.ceil(m / tile[0]) * math.ceil(n / tile[1])
@@ -455,11 +461,11 @@ def grouped_gemm_plan(dev: Any, problems: tuple[tuple[int, int, int], ...], prec
     round-robin slots of :func:`_slot_loads`, so the busiest slot sets the time. No
     split-K or Stream-K (grouped kernels do not split a problem's K). Floor: the HBM
     roofline of :func:`grouped_gemm_bytes` (each expert's weights are read once, so
-    small-M experts turn memory-bound). The main loop at ``dev.clock_ratio`` of its burst rate,
-    as :func:`gemm_plan`.
+    small-M experts turn memory-bound). The main loop at :func:`running_rate`, as
+    :func:`gemm_plan`.
     """
     mc = _machine(dev, precision)
-    rate = mainloop_rate(dev, precision) * dev.clock_ratio
+    rate = running_rate(dev, precision)
     probs = tuple((int(m), int(n), int(k)) for m, n, k in problems if m > 0 and n > 0 and k > 0)
     if not probs:
         return {"time_s": 0.0, "tile": None, "waves": 0, "memory_bound": False, "mainloop_flops": rate}
