@@ -27,7 +27,7 @@ from parsim.sim.stragglers import fast_stragglers
 
 def schedule_for(sc: Scenario, early_recv: bool = False, token_slices: int | None = None) -> Schedule:
     """The lowered schedule a scenario runs (the same one the torch runtime executes);
-    ``early_recv``: receives posted one compute ahead (the gloo runtime's lowering);
+    ``early_recv``: receives posted at the step's start (the gloo runtime's lowering);
     ``token_slices``: TeraPipe's K when already solved (else from the scenario)."""
     par = sc.parallel
     try:

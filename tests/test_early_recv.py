@@ -1,8 +1,9 @@
-"""post_recvs_early: the gloo runtime's lowering (receives posted one compute ahead).
+"""post_recvs_early: the gloo runtime's lowering (every receive posted at the step's start, or
+``ahead`` computes before its consumer).
 
-Oracles: a hand-lowered 1F1B list; structural invariants over every schedule the runtime
-runs (same actions, same order apart from RECVs, each RECV at most one compute ahead of
-its consumer, validate() passes); and the simulator's semantics (posting a receive is
+Oracles: hand-lowered 1F1B lists; structural invariants over every schedule the runtime
+runs (same actions, same order apart from RECVs, each RECV at most ``ahead`` computes ahead
+of its consumer or all of them before the first compute, validate() passes); and the simulator's semantics (posting a receive is
 free, so the simulated timeline is identical). Also the pooled measurement of several
 validation launches (hand-computed medians).
 """
@@ -22,11 +23,28 @@ RUNTIME_SCHEDULES = [("GPipe", 2, 4, 1), ("1F1B", 2, 4, 1), ("1F1B", 4, 8, 1), (
 
 
 def test_one_f_one_b_by_hand():
-    low = lower(build("1F1B", 2, 4), early_recv=True)
+    low = post_recvs_early(lower(build("1F1B", 2, 4)), ahead=1)
     assert [str(a) for a in low.actions[1]] == [
         "1RECV_F0", "1F0", "1RECV_F1", "1B0", "1SEND_B0", "1F1", "1RECV_F2", "1B1", "1SEND_B1", "1F2",
         "1RECV_F3", "1B2", "1SEND_B2", "1F3", "1B3", "1SEND_B3", "1REDUCE_GRAD", "1STEP"]
     assert [str(a) for a in low.actions[0]][:6] == ["0F0", "0SEND_F0", "0RECV_B0", "0F1", "0SEND_F1", "0B0"]
+    two = post_recvs_early(lower(build("1F1B", 2, 4)), ahead=2)
+    assert [str(a) for a in two.actions[1]][:8] == [
+        "1RECV_F0", "1RECV_F1", "1F0", "1B0", "1SEND_B0", "1RECV_F2", "1F1", "1B1"]
+
+
+def test_default_posts_every_receive_at_the_start():
+    low = lower(build("1F1B", 2, 4), early_recv=True)
+    assert [str(a) for a in low.actions[1]] == [
+        "1RECV_F0", "1RECV_F1", "1RECV_F2", "1RECV_F3", "1F0", "1B0", "1SEND_B0", "1F1", "1B1", "1SEND_B1",
+        "1F2", "1B2", "1SEND_B2", "1F3", "1B3", "1SEND_B3", "1REDUCE_GRAD", "1STEP"]
+    assert [str(a) for a in low.actions[0]][:7] == [
+        "0RECV_B0", "0RECV_B1", "0RECV_B2", "0RECV_B3", "0F0", "0SEND_F0", "0F1"]
+
+
+def test_ahead_must_be_positive():
+    with pytest.raises(ValueError, match="ahead"):
+        post_recvs_early(lower(build("1F1B", 2, 4)), ahead=0)
 
 
 def _consumer(row, k):
@@ -36,25 +54,28 @@ def _consumer(row, k):
                 and row[j].microbatch == a.microbatch)
 
 
+@pytest.mark.parametrize("ahead", [1, 2, None])
 @pytest.mark.parametrize("name, pp, m, vpp", RUNTIME_SCHEDULES)
-def test_invariants(name, pp, m, vpp):
+def test_invariants(name, pp, m, vpp, ahead):
     late = lower(build(name, pp, m, vpp))
-    early = lower(build(name, pp, m, vpp), early_recv=True)
+    early = post_recvs_early(late, ahead=ahead)
     validate(early)
     recv = (Op.RECV_F, Op.RECV_B)
     for r, (a, b) in enumerate(zip(late.actions, early.actions)):
         assert sorted(map(str, a)) == sorted(map(str, b))
         assert [x for x in a if x.op not in recv] == [x for x in b if x.op not in recv]  # only RECVs move
         assert [x for x in a if x.op in recv] == [x for x in b if x.op in recv]  # and keep their order
-        ahead = []
+        distance = []  # computes between each RECV and its consumer
         for k, x in enumerate(b):
             if x.op in recv:
                 j = _consumer(b, k)
-                ahead.append(sum(1 for y in b[k:j] if y.op in COMPUTE))
+                distance.append(sum(1 for y in b[k:j] if y.op in COMPUTE))
                 assert b.index(x) < j
-        assert all(n <= 1 for n in ahead)
-        if ahead:  # every rank that receives posts at least one receive ahead of a compute
-            assert max(ahead) == 1
+        if ahead is None:  # every receive before the rank's first compute
+            first = next(k for k, x in enumerate(b) if x.op in COMPUTE)
+            assert all(k < first for k, x in enumerate(b) if x.op in recv)
+        elif distance:  # none further than asked, and some exactly that far
+            assert max(distance) == ahead
 
 
 @pytest.mark.parametrize("name, pp, m, vpp", RUNTIME_SCHEDULES)

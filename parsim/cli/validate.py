@@ -31,7 +31,7 @@ def register(sub) -> None:
     p.add_argument("--nice", type=int, default=0,
                    help="niceness increment for the rank processes (e.g. -10 to win the cores from other jobs; needs privilege)")
     p.add_argument("--recv", choices=("early", "late"), default=None,
-                   help="where receives are posted: one compute ahead of their consumer (early; gloo default) "
+                   help="where receives are posted: all at the start of the step (early; gloo default) "
                         "or right before it (late; nccl, where early posting can deadlock)")
     p.add_argument("--json", action="store_true", help="print {predicted, measured, relative_error, ...}")
     p.add_argument("--out", metavar="DIR", help="write report.md, gantt.png, comparison.json, span CSVs")
