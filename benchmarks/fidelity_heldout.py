@@ -355,12 +355,14 @@ def fp8_recipe_for(row: dict) -> str | None:
     (the device's default then: MXFP8 on Blackwell, current scaling on Hopper): Transformer
     Engine's current scaling ("FP8-CS") and torchao's tensorwise dynamic scaling are per-tensor
     scales from the current step; "FP8-MX" / mxfp8 is MXFP8; DeepSeek's 1x128 / 128x128 tiles are
-    blockwise; an amax history is delayed scaling."""
+    blockwise; an amax history is delayed scaling; torchao's rowwise scaling is ``rowwise``."""
     p = row["precision"]
     # the recipe of the published value (Megatron-Bridge rows give "A (B)": the primary A first)
     text = str(p.get("recipe") or "").lower().split("parenthesised")[0]
     if "mxfp8" in text or "fp8-mx" in text:
         return "mxfp8"
+    if "rowwise" in text or "row-wise" in text:  # torchao.float8's rowwise recipe
+        return "rowwise"
     if "current scaling" in text or "fp8-cs" in text or "tensorwise" in text or "tensor-wise" in text:
         return "current"
     if "128x128" in text or "1x128" in text or "blockwise" in text or "block-wise" in text:

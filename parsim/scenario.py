@@ -334,9 +334,9 @@ def _simple(cls, table: dict, file: str, prefix: str):
     return cls(**table)
 
 
-FP8_RECIPES = ("delayed", "current", "mxfp8", "blockwise")
+FP8_RECIPES = ("delayed", "current", "mxfp8", "blockwise", "rowwise")
 """Transformer Engine's FP8 scaling recipes (DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling,
-Float8BlockScaling)."""
+Float8BlockScaling) and torchao.float8's rowwise recipe (torchtitan ``recipe_name = "rowwise"``)."""
 
 
 def _training(t: dict, file: str) -> TrainingConfig:

@@ -84,7 +84,8 @@ class TrainingConfig:
     bias-activation, bias-dropout-add each one kernel); false: eager PyTorch op by op (Hugging Face
     modules: more kernels and more HBM passes; ``parsim.costs.memory_ops``)."""
     fp8_recipe: str | None = None
-    """FP8 scaling recipe (``precision = "fp8"``): delayed | current | mxfp8 | blockwise; None: the
+    """FP8 scaling recipe (``precision = "fp8"``): delayed | current | mxfp8 | blockwise | rowwise
+    (torchao.float8's per-row scales: every tensor cast once per scaling axis); None: the
     device's default (mxfp8 where it has block-scaled FP8 GEMMs, i.e. Blackwell; current otherwise)."""
     attention_kernel: str | None = None
     """The fused-attention implementation the framework calls: fa2 | fa3 | fa4 | cudnn (each fitted

@@ -94,7 +94,10 @@ def activation_options(inp: LayerInputs) -> ActivationOptions:
     o = inp.options
     return ActivationOptions(o.recompute, o.flash_attention, inp.shard.sequence_parallel, o.dropout,
                              bytes_per_element=PRECISION_TABLE[o.precision].activation_bytes,
-                             fp8_linear_inputs=o.precision == "fp8", recompute_modules=o.recompute_modules)
+                             # torchao's rowwise recipe keeps the 16-bit input: its weight gradient
+                             # casts it again along the tokens (memory_ops.rowwise_cast_work)
+                             fp8_linear_inputs=o.precision == "fp8" and o.fp8_recipe != "rowwise",
+                             recompute_modules=o.recompute_modules)
 
 
 @lru_cache(maxsize=1024)

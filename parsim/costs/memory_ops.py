@@ -28,7 +28,10 @@ copy (for the weight-gradient GEMM) -- TE's fused ``cast_transpose``. Per recipe
 (``Float8CurrentScaling``: an amax pass reads the tensor first, then the cast: 2 kernels);
 ``mxfp8`` (Blackwell ``MXFP8BlockScaling``: one 8-bit scale per 32 elements written beside each
 copy, 1 kernel); ``blockwise`` (``Float8BlockScaling``, DeepSeek-V3's 1x128 / 128x128: one fp32
-scale per 128 elements beside each copy, 1 kernel). The attention core and the LM head stay BF16
+scale per 128 elements beside each copy, 1 kernel); ``rowwise`` (torchao.float8's ``ROWWISE``
+recipe, torchtitan's ``recipe_name = "rowwise"``: one fp32 scale per row along the contraction
+dimension, so a tensor used by two GEMMs that contract different dimensions is reduced and cast
+twice, once per axis -- see :func:`rowwise_cast_work`). The attention core and the LM head stay BF16
 (TE recipes keep ``DotProductAttention`` and the output layer out of ``fp8_autocast``).
 FP8 weight casts happen once per optimizer step under Megatron (``is_first_microbatch``
 caching) and are not counted per microbatch here.
@@ -39,11 +42,13 @@ from dataclasses import dataclass
 
 from parsim.model import ModelSpec
 
-FP8_RECIPES = ("delayed", "current", "mxfp8", "blockwise")
-SCALE_BYTES_PER_ELEMENT = {"delayed": 0.0, "current": 0.0, "mxfp8": 1.0 / 32, "blockwise": 4.0 / 128}
-"""Scale bytes written per FP8 element (MX: one E8M0 per 32, OCP MX spec; blockwise: fp32 per 128)."""
-CAST_KERNELS = {"delayed": 1, "current": 2, "mxfp8": 1, "blockwise": 1}
-"""Kernels per cast (current scaling: amax reduction, then cast-transpose)."""
+FP8_RECIPES = ("delayed", "current", "mxfp8", "blockwise", "rowwise")
+SCALE_BYTES_PER_ELEMENT = {"delayed": 0.0, "current": 0.0, "mxfp8": 1.0 / 32, "blockwise": 4.0 / 128,
+                           "rowwise": 0.0}
+"""Scale bytes written per FP8 element (MX: one E8M0 per 32, OCP MX spec; blockwise: fp32 per 128;
+rowwise: one fp32 per row of K >= 1,024 elements, under 0.4%, not counted)."""
+CAST_KERNELS = {"delayed": 1, "current": 2, "mxfp8": 1, "blockwise": 1, "rowwise": 2}
+"""Kernels per cast (current scaling and rowwise: an amax reduction, then the cast)."""
 
 
 @dataclass(frozen=True)
@@ -150,7 +155,7 @@ def fp8_copy_bytes(recipe: str, non_tn: bool) -> float:
         raise ValueError(f"unknown fp8 recipe {recipe!r} (known: {', '.join(FP8_RECIPES)})")
     if recipe in ("delayed", "current"):
         return 1.0 if non_tn else 2.0
-    return 2 * (1.0 + SCALE_BYTES_PER_ELEMENT[recipe])
+    return 2 * (1.0 + SCALE_BYTES_PER_ELEMENT[recipe])  # rowwise: one copy per scaling axis
 
 
 def fp8_cast_work(spec: ModelSpec, tokens_local: int, tp: int, recipe: str, act_bytes: float,
@@ -161,6 +166,8 @@ def fp8_cast_work(spec: ModelSpec, tokens_local: int, tp: int, recipe: str, act_
     d, FC1 its output, FC2 d). Each cast reads the bf16 tensor (twice with current scaling)
     and writes the FP8 copies :func:`fp8_copy_bytes` counts (``non_tn``: the GPU's FP8 GEMMs
     take any layout)."""
+    if recipe == "rowwise":
+        return rowwise_cast_work(spec, tokens_local, tp, act_bytes, moe)
     writes = fp8_copy_bytes(recipe, non_tn)
     d = spec.d_model
     hd = spec.head_dim_
@@ -173,6 +180,45 @@ def fp8_cast_work(spec: ModelSpec, tokens_local: int, tp: int, recipe: str, act_
     fwd_elems = d + qw + d + f
     bwd_elems = (qw + 2 * kvw) + d + fc1 + d
     return (MemoryWork(tokens_local * fwd_elems * per, 4 * n), MemoryWork(tokens_local * bwd_elems * per, 4 * n))
+
+
+def rowwise_cast_work(spec: ModelSpec, tokens_local: int, tp: int, act_bytes: float,
+                      moe: bool = False) -> tuple[MemoryWork, MemoryWork]:
+    """(forward, backward) memory-bound work torchao.float8's rowwise recipe adds to one block's
+    four linear layers on one GPU (torchao ``float8_linear.matmul_with_hp_or_float8_args``).
+
+    Each GEMM's operands are scaled per row along the dimension it contracts, so every tensor is
+    reduced (amax) and cast once per GEMM that uses it, each cast reading the 16-bit tensor twice
+    (the row amax, then the cast) and writing one FP8 copy (``2a + 1`` bytes an element, 2 kernels):
+
+    * forward ``y = x @ W^T`` (contracts K): the input x and the weight W along K;
+    * backward ``dx = dy @ W`` (contracts N): dy and W along N; ``dW = dy^T @ x`` (contracts the
+      tokens): dy and x along the tokens. The weight is cast every microbatch (no cached FP8
+      copy: the rowwise recipe has no FP8 all-gather and no scale precompute).
+    * The two backward GEMMs run without fast accumulation (the recipe's default
+      ``Float8LinearConfig`` sets ``use_fast_accum`` for the output GEMM only), and for a rowwise
+      GEMM without it torchao calls the per-tensor cuBLAS kernel with unit scales and then
+      multiplies the output by the scales (``addmm_float8_unwrapped``: ``output *= post_inverse_scale``,
+      pytorch/ao#1325: the rowwise CUTLASS kernel without fast accumulation was too slow), one
+      more read and write of dx (tokens x K) and of dW (N x K).
+
+    The GEMMs themselves run at the FP8 rate: the rowwise CUTLASS kernel with fast accumulation is
+    within 2% of cuBLAS's per-tensor one at 4176x12288x4096 on H100 (pytorch/FBGEMM#2764: 317.5 vs
+    310.3 us) and "within 90-100% of tensor-wise efficiency" over a shape sweep (pytorch/pytorch#147971).
+    """
+    a = act_bytes
+    cast = 2 * a + 1
+    d = spec.d_model
+    q, k, f, fc1 = _local(spec, tp, moe)
+    # (input width K, output width N) of QKV, proj, FC1, FC2 on this TP rank
+    linears = ((d, q + 2 * k), (q, d), (d, fc1), (f, d))
+    x_elems = tokens_local * sum(kk for kk, _ in linears)
+    dy_elems = tokens_local * sum(nn for _, nn in linears)
+    w_elems = sum(kk * nn for kk, nn in linears)
+    fwd = MemoryWork((x_elems + w_elems) * cast, 2 * 2 * len(linears))
+    bwd = MemoryWork((2 * dy_elems + x_elems + w_elems) * cast + (x_elems + w_elems) * 2 * a,
+                     (4 * 2 + 2) * len(linears))
+    return fwd, bwd
 
 
 def default_fp8_recipe(peak_flops: dict) -> str:
