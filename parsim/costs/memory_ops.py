@@ -205,6 +205,9 @@ def rowwise_cast_work(spec: ModelSpec, tokens_local: int, tp: int, act_bytes: fl
     The GEMMs themselves run at the FP8 rate: the rowwise CUTLASS kernel with fast accumulation is
     within 2% of cuBLAS's per-tensor one at 4176x12288x4096 on H100 (pytorch/FBGEMM#2764: 317.5 vs
     310.3 us) and "within 90-100% of tensor-wise efficiency" over a shape sweep (pytorch/pytorch#147971).
+    In an MoE block (``moe``) the FFN's weights counted are the top-k experts' a token passes
+    through, not the rank's local experts (torchao's grouped-GEMM FP8 for MoE is a prototype, not
+    modelled apart).
     """
     a = act_bytes
     cast = 2 * a + 1
