@@ -67,6 +67,12 @@ def test_parallel_axes_validate_with_their_communication_in_the_table(case):
     if stream != "cp":  # the K/V ring may hide entirely under attention in the model (no exposed part)
         assert all(a["duration_s_predicted"] and a["duration_s_predicted"] > 0 for a in rows)
     assert c["world"] == 2 and c["measured"]["step_time_s"] > 0
+    if case == "ep":  # the run's routing: 2 ranks x 2 microbatches x 256 tokens x top-2, per MoE layer
+        mr = c["moe_routing"]
+        assert [sum(row) for row in mr["histogram"]] == [2 * 2 * 256 * 2] * 4
+        assert mr["predicted_step_time_s"] > 0
+    else:
+        assert "moe_routing" not in c
 
 
 @pytest.mark.slow

@@ -116,6 +116,13 @@ def result(run: ValidationRun) -> dict:
               "nice": job["nice"], "recv": job["recv"], "launches": len(run.launches),
               "load_average_1min": run.load_average_1min,
               "losses": run.launches[-1][loss_rank]["steps"][-1]["losses"]})
+    from parsim.validate.routing import predicted_with_routing, run_routing
+
+    hist = run_routing(run.launches, sched.chain_len)
+    if hist is not None:  # an MoE run: the routing its router produced, and the step predicted from it
+        t = predicted_with_routing(run.predicted, hist)
+        c["moe_routing"] = {"histogram": [list(row) for row in hist], "predicted_step_time_s": t,
+                            "relative_error": t / c["measured"]["step_time_s"] - 1}
     return c
 
 

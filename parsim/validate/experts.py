@@ -60,6 +60,10 @@ class MoE(nn.Module):
                                       for e in range(spec.n_experts)})
         shared = spec.n_shared_experts * spec.d_ff_shared_
         self.shared = Expert(spec, shared, dtype, linear) if shared else None
+        self.routed: list[torch.Tensor] = []
+        """Per forward call (recomputation included), the expert of each of this rank's top-k
+        assignments before capacity dropping: the routing the run produced (the simulator's
+        ``[moe] histogram`` means the same, and drops by capacity itself)."""
 
     def local_experts(self) -> list[int]:
         g = self.ep
@@ -76,6 +80,7 @@ class MoE(nn.Module):
         w = (w / w.sum(-1, keepdim=True)).to(h.dtype)
         e = idx.t().reshape(-1)                 # first choices of every token, then second ...
         tok = torch.arange(T, device=h.device).repeat(k)
+        self.routed.append(e)  # counted after the step (routed_counts): no op added inside it
         wt = w.t().reshape(-1)
         if self.drop:
             cap = math.ceil(self.capacity_factor * T * k / E)

@@ -64,6 +64,13 @@ def markdown(c: dict) -> str:
         lines += ["", f"Message-driven order (what the messages' arrival made it): {mo['steps_matching_prediction']} "
                   f"of {mo['steps']} measured steps ran the order the simulator predicts from the costs. "
                   f"Predicted: {show(mo['predicted'])}. Measured (most common): {show(mo['measured_most_common'])}."]
+    mr = c.get("moe_routing")
+    if mr:
+        rows = "; ".join(f"layer {j}: " + " ".join(f"{n:.0f}" for n in row) for j, row in enumerate(mr["histogram"]))
+        lines += ["", f"Routing the run's router produced (top-k assignments per expert before capacity dropping, "
+                  f"summed over ranks and measured steps, per MoE layer): {rows}. Predicted with it "
+                  f"(`[moe] routing = \"histogram\"`): {mr['predicted_step_time_s']:.4f} s, "
+                  f"{_pct(mr['relative_error'])} against the measured step (the error above keeps the scenario's routing)."]
     faults = m.get("minor_faults_per_step")
     if faults is not None:
         lines += ["", f"Page faults per measured step (median over ranks and steps): {faults:.0f}."]

@@ -154,6 +154,7 @@ def run(job: dict, sc, sched, lay: Layout) -> dict:
         for s, st in mine.items():  # every rank of a tp/cp/ep group probes the same stages together
             x = data[0][0] if st.first else torch.randn(act_shape, dtype=lay.dtype, device=lay.device)
             memory[str(s)] = stage_activation_bytes(st, x, data[0][1] if st.last else None)
+    routed_counts(mine)  # the memory probe's forwards are not the run's routing
     parity = job.get("mode") == "parity"
     common = {"schedule": sched, "stages": mine, "layout": lay, "data": data, "act_shape": act_shape,
               "zero": sc.parallel.zero, "opt_factory": optimizer_factory(tr.optimizer), "fault": job.get("fault"),
@@ -172,6 +173,9 @@ def run(job: dict, sc, sched, lay: Layout) -> dict:
         st = rt.run_step()
         # page faults taken during the step (allocator churn: a CPU-run artefact worth seeing)
         steps.append({**rt.timer.export(), "losses": st.losses, "minor_faults": _minor_faults() - faults})
+        routed = routed_counts(mine)
+        if routed:
+            steps[-1]["moe_routed"] = routed
         if speed_probe is not None:  # how fast the device runs now, timed as calibration timed it
             dist.barrier()
             steps[-1]["probe_s"] = speed_probe()
@@ -193,6 +197,27 @@ def run(job: dict, sc, sched, lay: Layout) -> dict:
     return {"rank": lay.rank, "pp_rank": c.pp, "dp_rank": c.dp, "tp_rank": c.tp, "cp_rank": c.cp,
             "host": socket.gethostname(), "warmup": 0 if parity else int(job.get("warmup", 2)), "steps": steps,
             "memory": memory, "device": str(lay.device), "threads": torch.get_num_threads()}
+
+
+def routed_counts(stages: dict) -> dict[str, list[list[int]]]:
+    """Per stage, per MoE block (in layer order), this rank's top-k assignments per expert (before
+    capacity dropping) over the step's forward calls; the blocks' records are cleared."""
+    out = {}
+    for s, st in stages.items():
+        rows = []
+        for blk in st.blocks:
+            moe = getattr(blk, "moe", None)
+            if moe is None:
+                continue
+            counts = [0] * moe.n_experts
+            for e in moe.routed:
+                for j, c in enumerate(torch.bincount(e, minlength=moe.n_experts).tolist()):
+                    counts[j] += c
+            rows.append(counts)
+            moe.routed.clear()
+        if rows:
+            out[str(s)] = rows
+    return out
 
 
 def _minor_faults() -> int:
