@@ -122,6 +122,22 @@ def test_unwritable_or_occupied_paths_are_one_line(tmp_path, case):
     err = r.stderr.strip().splitlines()
     assert len(err) == 1 and str(target) in err[0] and "cannot write" in err[0], r.stderr
     assert not leftovers(tmp_path)
+    if not (case == "no_permission" and os.geteuid() == 0):  # (root: /proc passes the check, fails the write)
+        assert r.stdout == "", r.stdout[:200]  # refused before the simulation: no summary printed
+
+
+@pytest.mark.parametrize("command", [
+    ["simulate", TINY, "--timeline"], ["simulate", TINY, "--memory-timeline"], ["simulate", TINY, "--plot"],
+    ["infer", "scenarios/inference/bloom-176b-a100-inference.toml", "--trace"],
+    ["fl", "scenarios/fl-mobile.toml", "--rounds-csv"],
+])
+def test_an_output_below_a_file_is_refused_before_any_work(tmp_path, command):
+    (tmp_path / "f").write_text("x")
+    target = tmp_path / "f" / "out"
+    r = run(*command, target)
+    assert r.returncode == 2 and r.stdout == "", (r.stdout[:200], r.stderr)
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and f"{target}: cannot write: {tmp_path / 'f'} is not a directory" in err[0], r.stderr
 
 
 def test_a_failing_writer_leaves_nothing(tmp_path):

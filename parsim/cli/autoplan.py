@@ -91,8 +91,10 @@ def cmd_autoplan(args) -> int:
     except ImportError:
         raise ConfigError(FILE, None, EXTRA_HINT) from None
     from parsim.autoplan.run import autoplan, to_json, to_toml
-    from parsim.cli.common import write_text
+    from parsim.cli.common import out_file, write_text
 
+    if args.emit_scenario:
+        out_file(args.emit_scenario)  # refused before the search
     spec = build_spec(args)
     res = autoplan(spec)
     grid = None if args.no_grid else _grid(spec)

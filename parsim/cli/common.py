@@ -109,6 +109,27 @@ def write_bytes(path, data: bytes) -> None:
     atomic_write(path, w)
 
 
+def out_file(path: str | Path) -> None:
+    """Refuse in one line, before any work, an output file that cannot be written: a directory,
+    a path below a file, a place without write permission (the write itself, atomic_write, may
+    still fail later: a full disk). Standard output and an existing FIFO or device pass;
+    nothing is created."""
+    if str(path) == STDOUT:
+        return
+    real = Path(os.path.realpath(path))
+    if real.is_dir():
+        raise ConfigError(str(path), None, "cannot write: is a directory")
+    if real.exists() and not real.is_file():
+        return  # a FIFO or a device: written through
+    probe = real.parent  # a regular file is replaced through a temporary one beside it
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(str(path), None, f"cannot write: {probe} is not a directory")
+    if not os.access(probe, os.W_OK | os.X_OK) or (real.exists() and not os.access(real, os.W_OK)):
+        raise ConfigError(str(path), None, "cannot write: permission denied")
+
+
 def out_dir(path: str | Path, create: bool = False) -> Path:
     """A report directory: refused in one line if it is a file, standard output, or in a place
     that cannot be written; created only with ``create`` (a refused run leaves nothing behind)."""

@@ -24,10 +24,12 @@ def cmd_fl(args) -> int:
     import sys
 
     from parsim import __version__
-    from parsim.cli.common import STDOUT, atomic_write, out_dir
+    from parsim.cli.common import STDOUT, atomic_write, out_dir, out_file
     from parsim.federated import load_fl_scenario, simulate_fl
     from parsim.report.federated import write_fl_report
 
+    if args.rounds_csv:
+        out_file(args.rounds_csv)  # refused before any work
     out = out_dir(args.out) if args.out else None
     sc = load_fl_scenario(args.scenario, args.set)
     res = simulate_fl(sc)

@@ -10,7 +10,7 @@ import json
 import os
 import sys
 
-from parsim.cli.common import STDOUT, atomic_write
+from parsim.cli.common import STDOUT, atomic_write, out_file
 
 
 def register(sub) -> None:
@@ -87,9 +87,11 @@ def cmd_infer(args) -> int:
     from parsim.infer import load_inference, run_inference
     from parsim.results.summary import json_safe
 
+    outputs = [o for o in (args.timeline, args.trace, args.plot) if o]
+    for o in outputs:  # refused before any work
+        out_file(o)
     job = load_inference(args.scenario, args.set)
     mx, tl = run_inference(job)
-    outputs = [o for o in (args.timeline, args.trace, args.plot) if o]
     human = sys.stderr if STDOUT in outputs else sys.stdout
     print(json.dumps(json_safe(mx), indent=1) if args.json else summary(mx), file=human)
     if args.timeline:

@@ -21,6 +21,7 @@ from parsim.cli.common import (
     STDOUT,
     atomic_write,
     out_dir,
+    out_file,
 )
 from parsim.errors import ConfigError, ParsimError, ScheduleError
 
@@ -40,8 +41,10 @@ def cmd_simulate(args) -> int:
         raise ConfigError("parsim simulate", "-", "only one output can be standard output")
     if args.gpu_hour_price is not None and args.train_tokens is None:
         raise ConfigError("parsim simulate", "--gpu-hour-price", "needs --train-tokens")
+    for o in outputs:  # before the simulation: an unwritable place is refused at once
+        out_file(o)
     if args.out:
-        out = out_dir(args.out)  # before the simulation: an unwritable place is refused at once
+        out = out_dir(args.out)
     sc = load_scenario(args.scenario, args.set)
     res = simulate(sc)
     mx = res.metrics
