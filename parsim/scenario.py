@@ -130,7 +130,7 @@ def read_scenario_doc(path: str | Path, overrides: list[str] | None = None) -> t
     path = Path(path)
     file = str(path)
     try:
-        doc = tomllib.loads(path.read_text())
+        doc = tomllib.loads(path.read_text(encoding="utf-8-sig"))  # UTF-8; a leading BOM (Windows editors) skipped
     except FileNotFoundError:
         raise ConfigError(file, None, "no such scenario file") from None
     except IsADirectoryError:

@@ -107,6 +107,24 @@ def test_files_that_are_not_utf8(tmp_path, capsys):
     refused(capsys, ["import", "torchtitan", bad], str(bad), "UTF-8")
 
 
+def test_a_utf8_byte_order_mark_is_read_past(tmp_path, capsys):
+    """Windows editors save UTF-8 with a BOM (EF BB BF); TOML is UTF-8 and the BOM is no content:
+    the scenario, its inference form and a profile read as without it."""
+    bom = b"\xef\xbb\xbf"
+    scen = tmp_path / "bom.toml"
+    scen.write_bytes(bom + TINY.read_bytes())
+    assert main(["simulate", str(scen), "--json"]) == 0
+    with_bom, without = capsys.readouterr().out, (main(["simulate", str(TINY), "--json"]), capsys.readouterr().out)[1]
+    assert json.loads(with_bom)["step_time_s"] == json.loads(without)["step_time_s"]
+    prof = tmp_path / "prof.toml"
+    prof.write_bytes(bom + PROFILE.read_bytes())
+    assert main(["simulate", str(TINY), "--set", f"hardware={prof}", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["step_time_s"] == json.loads(without)["step_time_s"]
+    inf = ROOT / "scenarios" / "inference" / "bloom-176b-a100-inference.toml"
+    (tmp_path / "inf.toml").write_bytes(bom + inf.read_bytes())
+    assert main(["infer", str(tmp_path / "inf.toml"), "--json"]) == 0
+
+
 def test_directories_where_files_go(tmp_path, capsys):
     d = tmp_path / "dir"
     d.mkdir()

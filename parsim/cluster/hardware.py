@@ -703,8 +703,7 @@ def load_profile(name_or_path: str, base_dir: Path | None = None, *,
                           f"no profile {name_or_path!r} (known: {', '.join(list_profiles())})")
     file = _display(path)
     try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
+        data = tomllib.loads(path.read_text(encoding="utf-8-sig"))  # a leading BOM skipped
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(file, None, f"invalid TOML: {' '.join(str(exc).split())}") from None
     except UnicodeDecodeError as exc:

@@ -58,7 +58,7 @@ def load_inference(path: str | Path, overrides: list[str] | None = None) -> Infe
     """Read an inference scenario: ``[inference]`` required, ``[training]`` optional (ignored)."""
     file = str(path)
     try:
-        doc = tomllib.loads(Path(path).read_text())
+        doc = tomllib.loads(Path(path).read_text(encoding="utf-8-sig"))  # a leading BOM skipped
     except FileNotFoundError:
         raise ConfigError(file, None, "no such scenario file") from None
     except (OSError, UnicodeDecodeError) as e:
