@@ -258,3 +258,22 @@ def test_dgx2_pcie_efficiency_is_the_documented_fit():
     assert len(rows) == 24 and {r["model"] for r in used} == {"opt-30b", "opt-175b", "bloom-176b"} and len(used) == 3
     job = load_inference(OPT)
     assert job.scenario.hardware.pcie.efficiency == pytest.approx(fit.fit(used), abs=0.002)
+
+
+def test_the_request_cache_changes_no_cost_and_stops_growing_after_the_first_decode():
+    """pass_cost with the request's cache gives the uncached costs exactly; every decode step after
+    the first adds nothing to it (its GEMM, all-reduce and layer shapes are the first's), which is
+    what keeps a 20,000-token generation from recomputing them per layer per token."""
+    from parsim.costs.inference import pass_cost
+
+    job = load_inference(BLOOM_TOML, ["inference.batch=4"])
+    sc, inf = job.scenario, job.inference
+    kw = dict(hw=sc.hardware, model=sc.model, layers=tuple(range(sc.model.n_layers)), first_stage=True,
+              last_stage=True, batch=inf.batch, tp=sc.parallel.tp, precision=inf.precision, weight_bits=16)
+    cache: dict = {}
+    assert pass_cost(**kw, new_tokens=8, context=8, cache=cache) == pass_cost(**kw, new_tokens=8, context=8)
+    sizes = []
+    for ctx in (9, 10, 500, 4000):
+        assert pass_cost(**kw, new_tokens=1, context=ctx, cache=cache) == pass_cost(**kw, new_tokens=1, context=ctx)
+        sizes.append(len(cache))
+    assert sizes[0] > 0 and sizes == [sizes[0]] * 4

@@ -89,12 +89,23 @@ def tp_allreduce_s(hw: HardwareProfile, nbytes: float, tp: int) -> float:
     return select_algorithm(hw, "all_reduce", nbytes, list(range(tp)), concurrent=1)[1]
 
 
+def _memo(cache: dict | None, key: tuple, compute):
+    """``compute()``, kept in ``cache`` under ``key`` when a cache is given."""
+    if cache is None:
+        return compute()
+    if key not in cache:
+        cache[key] = compute()
+    return cache[key]
+
+
 def pass_cost(*, hw: HardwareProfile, model: ModelSpec, layers: tuple[int, ...], last_stage: bool,
               first_stage: bool, batch: int, new_tokens: int, context: int, tp: int, precision: str,
-              weight_bits: int, kv_on_host: bool = False) -> PassCost:
+              weight_bits: int, kv_on_host: bool = False, cache: dict | None = None) -> PassCost:
     """A forward pass over ``layers`` for ``batch`` sequences of ``new_tokens`` new tokens each,
     attending to ``context`` tokens (prefill: new_tokens = context = the prompt; decode: 1 new
-    token over the cache so far)."""
+    token over the cache so far). ``cache``: a dict one generation request passes to every pass
+    (the caller's state): the GEMMs' and all-reduces' times, which depend on the shapes only, are
+    then computed once, not again for every layer of every decode step."""
     dev = hw.device
     a = act_bytes(precision)
     tokens = batch * new_tokens
@@ -102,7 +113,10 @@ def pass_cost(*, hw: HardwareProfile, model: ModelSpec, layers: tuple[int, ...],
     tp_total = 0.0
     kv_elems = 2 * max(1, model.n_kv_heads // tp) * model.head_dim_
     for li in layers:
-        g = sum(_gemm_s(hw, x.m, x.n, x.k, x.count, precision, weight_bits) for x in layer_gemms(model, tokens, tp, li))
+        shapes = _memo(cache, ("shapes", li, tokens, tp),
+                       lambda: tuple((x.m, x.n, x.k, x.count) for x in layer_gemms(model, tokens, tp, li)))
+        g = _memo(cache, ("gemms", shapes, precision, weight_bits),
+                  lambda: sum(_gemm_s(hw, m, n, k, c, precision, weight_bits) for m, n, k, c in shapes))
         if new_tokens > 1:  # prefill: fused causal attention over the prompt (half the s x s pairs)
             att = dev.attention_time(attention_core_flops(model, batch, new_tokens, tp, li) / 2, _fp(hw, precision))
         else:  # decode: read every cached K and V once
@@ -110,14 +124,16 @@ def pass_cost(*, hw: HardwareProfile, model: ModelSpec, layers: tuple[int, ...],
             att = kv / (hw.pcie.effective_bandwidth if kv_on_host else dev.effective_memory_bandwidth)
             flops = 4.0 * batch * context * (model.n_heads / tp) * model.head_dim_  # QK^T and PV
             att += flops / (dev.peak(_fp(hw, precision)) * dev.attention_efficiency)
-        comm = 2 * tp_allreduce_s(hw, tokens * model.d_model * a, tp)
+        comm = 2 * _memo(cache, ("all_reduce", tokens * model.d_model * a, tp),
+                         lambda: tp_allreduce_s(hw, tokens * model.d_model * a, tp))
         tp_total += comm
         out.append(g + att + comm + KERNELS_PER_LAYER * dev.kernel_launch_s)
-        wb.append(layer_params(model, li) / tp * weight_bits / 8)
+        wb.append(_memo(cache, ("params", li), lambda: layer_params(model, li)) / tp * weight_bits / 8)
     head = 0.0
     if last_stage:
         h = head_gemm(model, batch, tp)  # the next token's logits only
-        head = _gemm_s(hw, h.m, h.n, h.k, h.count, precision, weight_bits) + 2 * dev.kernel_launch_s
+        head = _memo(cache, ("gemms", ((h.m, h.n, h.k, h.count),), precision, weight_bits),
+                     lambda: _gemm_s(hw, h.m, h.n, h.k, h.count, precision, weight_bits)) + 2 * dev.kernel_launch_s
     wbytes = weight_bits / 8 / tp
     emb = embedding_params(model) * wbytes  # token (+ position) table
     matrix = model.vocab_size * model.d_model * wbytes

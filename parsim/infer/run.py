@@ -114,8 +114,9 @@ def _fetch_s(job: InferJob, nbytes: float) -> tuple[float, str, float]:
 
 
 def _run_pass(job: InferJob, clocks: list[_Clock], spans: list, op: str, token: int, new: int, context: int,
-              start: float) -> float:
-    """One forward pass through every stage from ``start``; returns its end."""
+              start: float, cache: dict | None = None) -> float:
+    """One forward pass through every stage from ``start``; returns its end (``cache``: the
+    request's, :func:`parsim.costs.inference.pass_cost`)."""
     sc, inf = job.scenario, job.inference
     par, hw = sc.parallel, sc.hardware
     streamed = job.offload.params != "none"
@@ -124,7 +125,7 @@ def _run_pass(job: InferJob, clocks: list[_Clock], spans: list, op: str, token: 
         layers = tuple(range(sum(sc.layers_per_stage[:stage]), sum(sc.layers_per_stage[:stage + 1])))
         pc = pass_cost(hw=hw, model=sc.model, layers=layers, first_stage=stage == 0, last_stage=stage == par.pp - 1,
                        batch=inf.batch, new_tokens=new, context=context, tp=par.tp, precision=inf.precision,
-                       weight_bits=inf.weight_bits, kv_on_host=inf.kv_cache == "cpu")
+                       weight_bits=inf.weight_bits, kv_on_host=inf.kv_cache == "cpu", cache=cache)
         c = clocks[stage]
         if stage > 0:  # the activations arrive from the previous stage
             nb = inf.batch * new * sc.model.d_model * act_bytes(inf.precision)
@@ -170,10 +171,11 @@ def run_inference(job: InferJob) -> tuple[dict, pd.DataFrame]:
     par, hw, m = sc.parallel, sc.hardware, sc.model
     clocks = [_Clock() for _ in range(par.pp)]
     spans: list = []
-    prefill_end = _run_pass(job, clocks, spans, "PREFILL", 0, inf.prompt_tokens, inf.prompt_tokens, 0.0)
+    cache: dict = {}  # shape-only costs, shared by this request's passes
+    prefill_end = _run_pass(job, clocks, spans, "PREFILL", 0, inf.prompt_tokens, inf.prompt_tokens, 0.0, cache)
     t = prefill_end
     for tok in range(1, inf.generate_tokens):
-        t = _run_pass(job, clocks, spans, "DECODE", tok, 1, inf.prompt_tokens + tok, t)
+        t = _run_pass(job, clocks, spans, "DECODE", tok, 1, inf.prompt_tokens + tok, t, cache)
     total = t
     decode = (total - prefill_end) / (inf.generate_tokens - 1) if inf.generate_tokens > 1 else 0.0
     tokens = par.dp * inf.batch * inf.generate_tokens
