@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from parsim.infer import load_inference, run_inference  # noqa: E402
+from parsim.infer import load_inference, run_inference
 
 SCENARIO = ROOT / "scenarios" / "inference" / "bloom-176b-a100-inference.toml"
 

@@ -339,6 +339,12 @@ FP8_RECIPES = ("delayed", "current", "mxfp8", "blockwise", "rowwise")
 Float8BlockScaling) and torchao.float8's rowwise recipe (torchtitan ``recipe_name = "rowwise"``)."""
 
 
+MAX_SEQ_LEN = 2 ** 27
+"""Longest training sequence a scenario may ask for (134,217,728 tokens, ~100x the longest
+context-parallel runs published): the attention kernel model walks a sequence in 128-token tiles,
+~8 s at this length (a 2^40-token sequence would run for hours)."""
+
+
 def _training(t: dict, file: str) -> TrainingConfig:
     p = "training."
     _check_keys(t, {f.name for f in fields(TrainingConfig)}, file, p)
@@ -365,6 +371,9 @@ def _training(t: dict, file: str) -> TrainingConfig:
                                   p + "recompute_method")),
         recompute_num_layers=_typed(t, "recompute_num_layers", int, file, p, None),
     )
+    if tc.seq_len > MAX_SEQ_LEN:
+        raise ConfigError(file, p + "seq_len", f"{tc.seq_len:,} tokens is more than parsim models ({MAX_SEQ_LEN:,}: "
+                          "the attention kernel model walks the sequence tile by tile)")
     for key in ("recompute_method", "recompute_num_layers"):
         if getattr(tc, key) is not None and tc.recompute != "full":
             raise ConfigError(file, p + key, f"only with recompute = \"full\" (Megatron's --recompute-granularity "

@@ -408,3 +408,23 @@ def test_no_subcommand_prints_a_traceback_on_bad_input(tmp_path, name):
     assert "Traceback" not in r.stderr + r.stdout
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not list(tmp_path.iterdir())
+
+
+def test_sizes_beyond_what_parsim_models_are_refused_not_hung(capsys):
+    """A 2^40-token sequence made the attention kernel model walk 8.6e9 tiles (hours) and a
+    2^40-token generation simulate as many decode steps: each is refused in one line naming the
+    key, at the bound the loader states."""
+    from parsim.config.offload import MAX_GENERATE_TOKENS, MAX_PROMPT_TOKENS
+    from parsim.scenario import MAX_SEQ_LEN
+
+    huge = 2 ** 40
+    refused(capsys, ["simulate", TINY, "--set", f"training.seq_len={huge}"], "training.seq_len", f"{MAX_SEQ_LEN:,}")
+    refused(capsys, ["plan", "--model", "llama3-8b", "--hardware", "dgx-h100", "--gpus", "8", "--global-batch", "8",
+                     "--seq-len", huge], "--seq-len", f"{MAX_SEQ_LEN:,}")
+    refused(capsys, ["kernel", "attention", "--seq", huge, "--heads", "8", "--head-dim", "128", "--hardware",
+                     "dgx-h100"], "--seq", f"{MAX_SEQ_LEN:,}")
+    inf = ROOT / "scenarios" / "inference" / "bloom-176b-a100-inference.toml"
+    refused(capsys, ["infer", inf, "--set", f"inference.generate_tokens={MAX_GENERATE_TOKENS + 1}"],
+            "inference.generate_tokens", f"{MAX_GENERATE_TOKENS:,}")
+    refused(capsys, ["infer", inf, "--set", f"inference.prompt_tokens={MAX_PROMPT_TOKENS + 1}"],
+            "inference.prompt_tokens")

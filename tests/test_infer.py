@@ -268,8 +268,8 @@ def test_the_request_cache_changes_no_cost_and_stops_growing_after_the_first_dec
 
     job = load_inference(BLOOM_TOML, ["inference.batch=4"])
     sc, inf = job.scenario, job.inference
-    kw = dict(hw=sc.hardware, model=sc.model, layers=tuple(range(sc.model.n_layers)), first_stage=True,
-              last_stage=True, batch=inf.batch, tp=sc.parallel.tp, precision=inf.precision, weight_bits=16)
+    kw = {"hw": sc.hardware, "model": sc.model, "layers": tuple(range(sc.model.n_layers)), "first_stage": True,
+          "last_stage": True, "batch": inf.batch, "tp": sc.parallel.tp, "precision": inf.precision, "weight_bits": 16}
     cache: dict = {}
     assert pass_cost(**kw, new_tokens=8, context=8, cache=cache) == pass_cost(**kw, new_tokens=8, context=8)
     sizes = []

@@ -22,7 +22,7 @@ def _rank(warmup: int, steps: list[dict]) -> dict:
 
 
 def test_run_routing_sums_measured_steps_over_ranks_and_launches():
-    step = lambda rows: {"moe_routed": {"0": rows}}  # noqa: E731
+    step = lambda rows: {"moe_routed": {"0": rows}}
     launches = [[_rank(1, [step([[9, 9], [9, 9]]), step([[1, 2], [3, 4]])]), _rank(1, [step([[9, 9], [9, 9]]),
                                                                                      step([[5, 6], [7, 8]])])],
                 [[_rank(0, [step([[1, 0], [0, 1]])])][0], _rank(0, [step([[0, 0], [0, 0]])])]]

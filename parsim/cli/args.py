@@ -53,14 +53,16 @@ def add_attention_flags(p: argparse.ArgumentParser) -> None:
                    help="no dropout (training.dropout = false; default: the model family's)")
 
 
-def positive_int(option: str, minimum: int = 1):
-    """An integer option >= ``minimum`` (1: positive; 0: non-negative)."""
+def positive_int(option: str, minimum: int = 1, most: int | None = None):
+    """An integer option >= ``minimum`` (1: positive; 0: non-negative) and, with ``most``, at most that."""
     what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
 
     def conv(text: str) -> int:
         v = _number(option, text, int, what)
         if v < minimum:
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        if most is not None and v > most:
+            raise argparse.ArgumentTypeError(f"at most {most:,}, got {v:,}")
         return v
     conv.__name__ = what
     return conv

@@ -142,9 +142,13 @@ def cmd_attention(args) -> int:
         attention_flops,
         resolve,
     )
+    from parsim.scenario import MAX_SEQ_LEN
 
     seq = _positive_int("--seq", args.seq)
     seq_k = _positive_int("--seq-k", args.seq_k) if args.seq_k is not None else seq
+    for name, v in (("--seq", seq), ("--seq-k", seq_k)):
+        if v > MAX_SEQ_LEN:  # the kernel model walks the sequence tile by tile
+            raise ConfigError(WHERE, name, f"at most {MAX_SEQ_LEN:,} tokens, got {v:,}")
     heads = _positive_int("--heads", args.heads)
     kv_heads = _positive_int("--kv-heads", args.kv_heads) if args.kv_heads is not None else heads
     head_dim = _positive_int("--head-dim", args.head_dim)

@@ -13,6 +13,7 @@ FORMATS = ("table", "csv", "json", "md")
 
 def register(sub) -> None:
     from parsim.cli.args import add_attention_flags, finite_positive, positive_int
+    from parsim.scenario import MAX_SEQ_LEN
 
     p = sub.add_parser("plan", help="what-if capacity planning: rank parallel configurations for N GPUs",
                        description="Rank parallel configurations (dp, tp, pp, cp, ep, schedule, ZeRO, recompute, "
@@ -26,7 +27,8 @@ def register(sub) -> None:
     p.add_argument("--global-batch", type=positive_int("--global-batch"), help="sequences per optimizer step")
     p.add_argument("--tokens", type=finite_positive("--tokens"),
                    help="tokens per step instead of --global-batch (e.g. 4e6: rounded to a power-of-two batch)")
-    p.add_argument("--seq-len", type=positive_int("--seq-len"), required=True, help="tokens per sequence")
+    p.add_argument("--seq-len", type=positive_int("--seq-len", most=MAX_SEQ_LEN), required=True,
+                   help="tokens per sequence")
     p.add_argument("--schedules", help="comma-separated schedule names (default: every registered schedule)")
     p.add_argument("--recompute", help="comma-separated recompute modes (default: none,full; selective too without "
                                         "FlashAttention; selective:MOD+MOD for Megatron's recompute modules, e.g. "

@@ -126,10 +126,23 @@ def parse_offload(table, file: str, zero: int) -> OffloadConfig:
                          delayed_update=delayed, activation_layers=layers)
 
 
+MAX_GENERATE_TOKENS = 2 ** 17
+"""Most new tokens a request may ask for (131,072, the longest outputs models are served with):
+every decode step is simulated and kept as spans (~0.4 ms and ~72 span rows a step for BLOOM-176B)."""
+MAX_PROMPT_TOKENS = 2 ** 27
+"""Longest prompt (134,217,728 tokens, as ``training.seq_len``'s bound)."""
+
+
 def parse_inference(table, file: str) -> InferenceConfig:
     """The ``[inference]`` table."""
     p = "inference."
     _check(table, InferenceConfig, file, p)
+    for key, most in (("generate_tokens", MAX_GENERATE_TOKENS), ("prompt_tokens", MAX_PROMPT_TOKENS)):
+        v = table.get(key)
+        if isinstance(v, int) and not isinstance(v, bool) and v > most:
+            raise ConfigError(file, p + key, f"{v:,} is more than parsim simulates ({most:,}: every decode step "
+                              "is simulated)" if key == "generate_tokens" else f"{v:,} is more than parsim models "
+                              f"({most:,} tokens)")
     return InferenceConfig(
         batch=_int(table, "batch", file, p), prompt_tokens=_int(table, "prompt_tokens", file, p),
         generate_tokens=_int(table, "generate_tokens", file, p),

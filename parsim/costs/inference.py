@@ -114,9 +114,9 @@ def pass_cost(*, hw: HardwareProfile, model: ModelSpec, layers: tuple[int, ...],
     kv_elems = 2 * max(1, model.n_kv_heads // tp) * model.head_dim_
     for li in layers:
         shapes = _memo(cache, ("shapes", li, tokens, tp),
-                       lambda: tuple((x.m, x.n, x.k, x.count) for x in layer_gemms(model, tokens, tp, li)))
+                       lambda li=li: tuple((x.m, x.n, x.k, x.count) for x in layer_gemms(model, tokens, tp, li)))
         g = _memo(cache, ("gemms", shapes, precision, weight_bits),
-                  lambda: sum(_gemm_s(hw, m, n, k, c, precision, weight_bits) for m, n, k, c in shapes))
+                  lambda shapes=shapes: sum(_gemm_s(hw, m, n, k, c, precision, weight_bits) for m, n, k, c in shapes))
         if new_tokens > 1:  # prefill: fused causal attention over the prompt (half the s x s pairs)
             att = dev.attention_time(attention_core_flops(model, batch, new_tokens, tp, li) / 2, _fp(hw, precision))
         else:  # decode: read every cached K and V once
@@ -128,7 +128,7 @@ def pass_cost(*, hw: HardwareProfile, model: ModelSpec, layers: tuple[int, ...],
                          lambda: tp_allreduce_s(hw, tokens * model.d_model * a, tp))
         tp_total += comm
         out.append(g + att + comm + KERNELS_PER_LAYER * dev.kernel_launch_s)
-        wb.append(_memo(cache, ("params", li), lambda: layer_params(model, li)) / tp * weight_bits / 8)
+        wb.append(_memo(cache, ("params", li), lambda li=li: layer_params(model, li)) / tp * weight_bits / 8)
     head = 0.0
     if last_stage:
         h = head_gemm(model, batch, tp)  # the next token's logits only
