@@ -11,7 +11,9 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
-from parsim.cluster.attention_kernels import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
+from parsim.cluster.attention_kernels import (
+    IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS,
+)
 from parsim.cluster.attention_kernels import resolve as resolve_attention
 from parsim.cluster.hardware import load_profile
 from parsim.config.faults import faults_from_table
@@ -35,6 +37,7 @@ from parsim.config.scenario import (
     ScheduleConfig,
     SimulationConfig,
     TrainingConfig,
+    check_attention_head_dim,
     check_batch,
     check_model_parallel,
     check_recompute_modules,
@@ -178,6 +181,7 @@ def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Sc
             raise ConfigError(file, "training.attention_kernel",
                               f"{training.attention_kernel!r} has no kernel model on {hardware.device.name} "
                               f"(modelled: fa2 on Ampere and Hopper, fa3 and cudnn on Hopper, fa4 on Blackwell)")
+    check_attention_head_dim(model, training, hardware, file)
     sharding, parallel_table = _sharding(doc, file, gpus)
     parallel = _parallel(parallel_table, file, gpus)
     schedule = _schedule(doc.get("schedule", {}), file)
@@ -212,7 +216,9 @@ def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Sc
         _check_megatron_activation_offload(sc, file)
     check_batch(sc)
     if stragglers is not None and stragglers.rank_hardware and stragglers.balance and schedule.layers_per_stage is None:
-        from parsim.costs.mixed import speed_balanced_layers  # ranks on other GPUs: layers to each one's speed
+        from parsim.costs.mixed import (
+            speed_balanced_layers,  # ranks on other GPUs: layers to each one's speed
+        )
         return replace(sc, layers_per_stage=speed_balanced_layers(sc))
     if schedule.partition == "balanced" and schedule.layers_per_stage is None:
         from parsim.costs.partition import (

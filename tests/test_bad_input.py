@@ -428,3 +428,20 @@ def test_sizes_beyond_what_parsim_models_are_refused_not_hung(capsys):
             "inference.generate_tokens", f"{MAX_GENERATE_TOKENS:,}")
     refused(capsys, ["infer", inf, "--set", f"inference.prompt_tokens={MAX_PROMPT_TOKENS + 1}"],
             "inference.prompt_tokens")
+
+
+def test_a_head_dim_the_fused_kernel_does_not_take_is_refused(capsys, tmp_path):
+    """FlashAttention-2/3 and cuDNN take head dims up to 256 (their largest tile rows): a 512 head
+    dim on H100 ended in an internal error (exit 70) from the kernel model; now one line naming the
+    key and the way out, and the unfused attention it points to runs."""
+    llama = ROOT / "scenarios" / "llama3-70b-h100.toml"
+    refused(capsys, ["simulate", llama, "--set", "model.head_dim=512"], "model.head_dim", "256",
+            "training.flash_attention = false")
+    assert main(["simulate", str(llama), "--set", "model.head_dim=512", "--set", "training.flash_attention=false",
+                 "--json"]) == 0
+    capsys.readouterr()
+    hf = tmp_path / "config.json"
+    hf.write_text(json.dumps({**HF_LLAMA, "hidden_size": 2048, "num_attention_heads": 4, "num_key_value_heads": 4,
+                              "head_dim": 512}))
+    refused(capsys, ["plan", "--model", hf, "--hardware", "dgx-h100", "--gpus", "8", "--global-batch", "8",
+                     "--seq-len", "1024"], "--model", "--no-flash-attention")

@@ -41,7 +41,11 @@ def register(sub) -> None:
 def build_spec(args):
     from parsim.autoplan.run import AutoplanSpec
     from parsim.cluster.hardware import load_profile
-    from parsim.config.scenario import OPTIMIZERS
+    from parsim.config.scenario import (
+        OPTIMIZERS,
+        TrainingConfig,
+        check_attention_head_dim,
+    )
     from parsim.model import get_preset, model_from_hf_config
 
     ref = args.model
@@ -66,6 +70,9 @@ def build_spec(args):
     if model.is_mla or (model.is_moe and (model.n_shared_experts or model.first_dense_layers or model.moe_every != 1)):
         raise ConfigError(FILE, "--model", f"{model.name}: the op graph covers dense MHA/GQA blocks and blocks of "
                                            "routed experts only (no MLA, shared experts or dense layers between)")
+    # a head dim the GPU's fused attention kernel does not take, as a scenario would be refused
+    check_attention_head_dim(model, TrainingConfig(1, 1, flash_attention=args.flash_attention), hw, FILE, "--model",
+                             "run with --no-flash-attention to cost unfused attention")
     return AutoplanSpec(model, ref, hw, args.gpus, args.global_batch, args.seq_len, prec, args.optimizer, rc,
                         args.confirm, flash_attention=args.flash_attention, dropout=args.dropout)
 

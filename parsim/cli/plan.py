@@ -87,6 +87,7 @@ def build_spec(args):
         RECOMPUTE,
         RECOMPUTE_MODULES,
         TrainingConfig,
+        check_attention_head_dim,
         check_recompute_modules,
         split_recompute,
     )
@@ -149,6 +150,9 @@ def build_spec(args):
         raise ConfigError(f, "--precision", f"{args.precision!r} on {args.hardware}: {e}") from None
     if args.optimizer not in OPTIMIZERS:
         raise ConfigError(f, "--optimizer", f"{args.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
+    # a head dim the GPU's fused attention kernel does not take, as a scenario would be refused
+    check_attention_head_dim(model, TrainingConfig(1, 1, flash_attention=args.flash_attention), hw, f, "--model",
+                             "run with --no-flash-attention to cost unfused attention")
     worlds = (args.gpus,)
     if args.objective == "cost":
         worlds = tuple(w for w in (args.gpus, args.gpus // 2, args.gpus // 4) if w >= 1 and args.gpus % w == 0)

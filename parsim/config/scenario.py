@@ -3,13 +3,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from parsim.cluster.attention_kernels import KERNELS, resolve
 from parsim.cluster.hardware import HardwareProfile
 from parsim.cluster.precision import TRAINING_PRECISIONS
 from parsim.config.faults import FaultsConfig
 from parsim.config.moe import MoEConfig
 from parsim.config.offload import OffloadConfig
-from parsim.config.sharding import ShardingConfig
 from parsim.config.parallel import ParallelConfig
+from parsim.config.sharding import ShardingConfig
 from parsim.config.stragglers import StragglerConfig
 from parsim.errors import ConfigError
 from parsim.model import ModelSpec
@@ -286,6 +287,27 @@ def dropout_enabled(model: ModelSpec, dropout: bool | None) -> bool:
     """``training.dropout``, or its default when None: on for GeLU (GPT-style) models, off for
     SwiGLU (Llama-style) ones."""
     return model.ffn == "gelu" if dropout is None else dropout
+
+
+def check_attention_head_dim(model: ModelSpec, training: TrainingConfig, hardware: HardwareProfile, file: str,
+                             key: str = "model.head_dim",
+                             fix: str = "set training.flash_attention = false to cost unfused attention") -> None:
+    """A fused-attention kernel takes head dims up to its largest tile row (FlashAttention-2/3 and
+    cuDNN: 256): beyond it the job cannot run that kernel, so the scenario is refused in one line
+    (training.flash_attention = false costs the unfused attention instead)."""
+    kf = hardware.device.kernels
+    if not training.flash_attention or kf is None or kf.attention_kernel is None:
+        return
+    name = (resolve(training.attention_kernel, kf.mma_style) if training.attention_kernel
+            else kf.attention_kernel)
+    kernel = KERNELS[name]
+    most = min(kernel.fwd_tiles[-1][0], kernel.bwd_tiles[-1][0])
+    # the head dim the kernel runs at: MLA's is the mean of its QK and V dims (parsim.costs.compute)
+    hd = ((model.qk_nope_head_dim + model.qk_rope_head_dim + model.v_head_dim) // 2 if model.is_mla
+          else model.head_dim_)
+    if hd > most:
+        raise ConfigError(file, key, f"head dim {hd} is more than {kernel.name} on {hardware.device.name} "
+                          f"takes ({most}); {fix}")
 
 
 def check_recompute_modules(training: TrainingConfig, model: ModelSpec, file: str) -> None:
