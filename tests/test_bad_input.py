@@ -445,3 +445,21 @@ def test_a_head_dim_the_fused_kernel_does_not_take_is_refused(capsys, tmp_path):
                               "head_dim": 512}))
     refused(capsys, ["plan", "--model", hf, "--hardware", "dgx-h100", "--gpus", "8", "--global-batch", "8",
                      "--seq-len", "1024"], "--model", "--no-flash-attention")
+
+
+def test_runs_that_would_not_finish_are_refused_not_hung(capsys):
+    """Found by sweeping sizes: a token budget whose run expects ~1e19 failures, a sub-nanosecond
+    MTBF (the Monte Carlo steps through every failure), 1e8 Monte Carlo samples (30 GiB), a
+    10-million-microbatch schedule grid and a billion-GPU collective each hung or crashed; each is
+    now one line naming its option or key and the bound."""
+    from parsim.cli.args import MAX_SAMPLES
+    from parsim.goodput.run import MAX_FAILURES_PER_RUN
+
+    faults = ROOT / "scenarios" / "llama3-405b-16k-faults.toml"
+    refused(capsys, ["goodput", faults, "--train-tokens", "1e30"], "faults", f"{MAX_FAILURES_PER_RUN:,}")
+    refused(capsys, ["goodput", faults, "--train-tokens", "1e12", "--set", "faults.gpu_mtbf_hours=1e-9"], "faults")
+    refused(capsys, ["goodput", faults, "--train-tokens", "1e12", "--samples", MAX_SAMPLES + 1], "--samples")
+    refused(capsys, ["simulate", TINY, "--samples", MAX_SAMPLES + 1], "--samples", f"{MAX_SAMPLES:,}")
+    refused(capsys, ["schedule", "GPipe", "--pp", "2", "--microbatches", "10000000"], "--microbatches")
+    refused(capsys, ["collective", "all_reduce", "--size", "1G", "--gpus", "1000000000", "--hardware", "dgx-h100"],
+            "--gpus")

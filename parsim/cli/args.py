@@ -53,6 +53,11 @@ def add_attention_flags(p: argparse.ArgumentParser) -> None:
                    help="no dropout (training.dropout = false; default: the model family's)")
 
 
+MAX_SAMPLES = 100_000
+"""Most Monte Carlo samples a command takes (--samples): parsim goodput keeps 41 checkpoint
+intervals x samples x 8 arrays (~260 MB and ~50 s at this bound)."""
+
+
 def positive_int(option: str, minimum: int = 1, most: int | None = None):
     """An integer option >= ``minimum`` (1: positive; 0: non-negative) and, with ``most``, at most that."""
     what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"

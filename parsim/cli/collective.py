@@ -24,6 +24,10 @@ REDUCING = ("all_reduce", "reduce_scatter", "reduce")
 MAX_ROWS = 4096
 
 
+MAX_GROUP = 2 ** 20
+"""Largest collective group (1,048,576 GPUs, ~10x the largest clusters): the group's ranks are listed."""
+
+
 def register(sub) -> None:
     from parsim.cluster.collectives import KINDS
 
@@ -85,6 +89,8 @@ def predict(hw, kind: str, size: int, gpus: int) -> dict:
 def cmd_collective(args) -> int:
     from parsim.cluster.hardware import load_profile
 
+    if args.gpus > MAX_GROUP:
+        raise ConfigError("parsim collective", "--gpus", f"at most {MAX_GROUP:,} GPUs in one group, got {args.gpus:,}")
     if args.gpus < 2:
         raise ConfigError("parsim collective", "--gpus", f"a collective needs at least 2 GPUs, got {args.gpus}")
     if args.kind == "p2p" and args.gpus != 2:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from parsim.cli.args import finite_positive, positive_int
+from parsim.cli.args import MAX_SAMPLES, finite_positive, positive_int
 
 
 def register(sub) -> None:
@@ -19,7 +19,7 @@ def register(sub) -> None:
                    help="override a scenario key (repeatable), e.g. --set faults.restart_s=300")
     p.add_argument("--train-tokens", type=finite_positive("--train-tokens"), required=True, metavar="T",
                    help="tokens to train on (e.g. 15e12)")
-    p.add_argument("--samples", type=positive_int("--samples"), default=200, help="simulated runs")
+    p.add_argument("--samples", type=positive_int("--samples", most=MAX_SAMPLES), default=200, help="simulated runs")
     p.add_argument("--seed", type=positive_int("--seed", 0), default=0, help="random seed (same seed, same numbers)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
     p.set_defaults(func=cmd_goodput)

@@ -14,7 +14,7 @@ import sys
 from parsim import __version__
 from parsim.cli import (autoplan, calibrate, collective, compare, estimate_memory, fl, goodput, importer, infer,
                         kernel, plan, validate)
-from parsim.cli.args import HelpParser, finite_positive, positive_int
+from parsim.cli.args import MAX_SAMPLES, HelpParser, finite_positive, positive_int
 from parsim.cli.common import (
     EXIT_BAD_INPUT,
     EXIT_INTERRUPTED,
@@ -79,10 +79,15 @@ def cmd_simulate(args) -> int:
 
 
 def cmd_schedule(args) -> int:
+    from parsim.config.scenario import MAX_SCHEDULE_ACTIONS
     from parsim.schedule import build, lower
     from parsim.schedule.dryrun import format_timeline_grid
-
     from parsim.schedule.semantics import canonical_key
+
+    actions = args.microbatches * args.pp * args.vpp * 3 * (args.token_slices or 1)
+    if actions > MAX_SCHEDULE_ACTIONS:  # as a scenario's schedule is bounded (config.scenario.check_batch)
+        raise ConfigError("parsim schedule", "--microbatches", f"~{actions:,} actions (microbatches x stages x F/B/W), "
+                          f"more than parsim builds ({MAX_SCHEDULE_ACTIONS:,})")
     if args.token_slices is not None:
         if canonical_key(args.name) != "terapipe":
             raise ConfigError("parsim schedule", "--token-slices", "applies to schedule TeraPipe only")
@@ -132,7 +137,7 @@ def build_parser() -> HelpParser:
                    help="token budget (e.g. 300e9): adds time_to_train_s and gpu_hours")
     s.add_argument("--gpu-hour-price", type=finite_positive("--gpu-hour-price"), metavar="PRICE",
                    help="price of one GPU-hour (with --train-tokens): adds cost")
-    s.add_argument("--samples", type=positive_int("--samples"), metavar="N",
+    s.add_argument("--samples", type=positive_int("--samples", most=MAX_SAMPLES), metavar="N",
                    help="Monte Carlo over per-op duration draws from the profile's spread: adds the P5/P50/P95 of "
                         "step time and throughput (step_time_p5_s, step_time_p50_s, step_time_p95_s)")
     s.add_argument("--seed", type=positive_int("--seed", 0), default=0, help="random seed of --samples")

@@ -21,6 +21,9 @@ from parsim.goodput.montecarlo import (
 from parsim.results.summary import fmt_b, fmt_s, pct, sig3, training_budget
 
 HOUR = 3600.0
+MAX_FAILURES_PER_RUN = 100_000
+"""Most failures a simulated run may expect (the Monte Carlo steps through each one: ~10,000 a
+second per interval); a month-long run on 100k GPUs expects a few thousand."""
 
 
 def job_mtbf_s(sc: Scenario) -> float:
@@ -60,6 +63,18 @@ def goodput(sc: Scenario, train_tokens: float, samples: int = 200, seed: int = 0
     f = sc.faults
     mtbf = job_mtbf_s(sc)
     write_s, size = checkpoint_write(sc, metrics["params"])
+    # the Monte Carlo walks every failure of every run: refuse a run that fails more often than it can
+    # count, judged at its best checkpoint interval by Daly's closed form
+    tau = min(max(daly_interval(write_s, mtbf), step), useful)
+    try:
+        fewest = daly_expected_time(useful, tau, write_s, f.restart_s, mtbf) / mtbf
+    except OverflowError:
+        fewest = math.inf
+    if fewest > MAX_FAILURES_PER_RUN:
+        raise ConfigError(sc.file, "faults", f"{train_tokens:.3g} tokens ({useful / HOUR:.3g} h of training) with a "
+                          f"failure every {mtbf / HOUR:.3g} h expects {fewest:.3g} failures per run even at the best "
+                          f"checkpoint interval, more than parsim simulates ({MAX_FAILURES_PER_RUN:,}): fewer tokens, "
+                          "a longer MTBF, a shorter restart or checkpoint write")
     model = RunModel(useful, mtbf, write_s, f.restart_s, f.spare_nodes,
                      (f.node_repair_hours or 0.0) * HOUR)
     best, _, _ = best_interval(model, samples, seed, lo_s=step)
