@@ -463,3 +463,25 @@ def test_runs_that_would_not_finish_are_refused_not_hung(capsys):
     refused(capsys, ["schedule", "GPipe", "--pp", "2", "--microbatches", "10000000"], "--microbatches")
     refused(capsys, ["collective", "all_reduce", "--size", "1G", "--gpus", "1000000000", "--hardware", "dgx-h100"],
             "--gpus")
+
+
+def test_model_and_population_sizes_beyond_the_bounds(capsys):
+    """Round 4 of the sweep: lognormal routing with sigma 1e9 (NaN loads: exit 70), 10^8 experts
+    (hung), a billion FL clients (killed for memory) and 10^8 FL rounds (hung) are one line each;
+    plan with a 10^9-sequence batch marks every layout illegal (over the schedule-action budget)
+    instead of building 10^9-microbatch schedules."""
+    from parsim.config.moe import MAX_LOGNORMAL_SIGMA
+    from parsim.federated.config import MAX_CLIENTS, MAX_UPDATES
+    from parsim.model.spec import MAX_EXPERTS
+
+    refused(capsys, ["simulate", MOE, "--set", "moe.routing=lognormal", "--set", "moe.lognormal_sigma=1e9"],
+            "moe.lognormal_sigma", f"{MAX_LOGNORMAL_SIGMA:g}")
+    refused(capsys, ["simulate", MOE, "--set", f"model.n_experts={MAX_EXPERTS * 2}"], "model.n_experts",
+            f"{MAX_EXPERTS:,}")
+    fl = ROOT / "scenarios" / "fl-mobile.toml"
+    refused(capsys, ["fl", fl, "--set", f"federated.clients={MAX_CLIENTS + 1}"], "federated.clients")
+    refused(capsys, ["fl", fl, "--set", "federated.rounds=100000000"], "federated.rounds", f"{MAX_UPDATES:,}")
+    rc = main(["plan", "--model", "llama3-8b", "--hardware", "dgx-h100", "--gpus", "8", "--global-batch",
+               "1000000000", "--seq-len", "4096"])
+    out = capsys.readouterr().out
+    assert rc == 1 and "schedule actions, more than parsim simulates" in out

@@ -8,6 +8,8 @@ from parsim.errors import ConfigError
 
 ROUTINGS = ("balanced", "zipf", "lognormal", "histogram")
 DISPATCHERS = ("alltoall", "deepep", "hybridep")
+MAX_LOGNORMAL_SIGMA = 50.0
+"""Largest ``lognormal_sigma``: exp of a N(0, sigma) draw stays finite in float64 up to ~700."""
 
 DISPATCHER_SMS = {"deepep": 20, "hybridep": 24}
 """SMs the flex dispatchers' kernels hold while in flight, as Megatron-Core configures them by
@@ -91,6 +93,9 @@ def moe_from_table(t: dict, file: str) -> MoEConfig:
             v = kw[key]
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ConfigError(file, p + key, f"expected a non-negative finite number, got {v!r}")
+            if key == "lognormal_sigma" and v > MAX_LOGNORMAL_SIGMA:
+                raise ConfigError(file, p + key, f"at most {MAX_LOGNORMAL_SIGMA:g} (exp(N(0, sigma)) loads overflow "
+                                                 f"beyond; sigma 3 already puts most tokens on one expert), got {v!r}")
             kw[key] = float(v)
     for key in ("seed", "expert_tp", "dispatcher_sms"):
         if key in kw:

@@ -241,11 +241,22 @@ def fl_scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) ->
                       model_name=model_name)
 
 
+MAX_CLIENTS = 2 ** 24
+"""Most clients a population may have (16,777,216; per-client arrays: ~1 GB here, 4M take 1.5 s)."""
+MAX_UPDATES = 10_000_000
+"""Most client updates a run may simulate (rounds x clients_per_round; 1M take ~6 s here)."""
+
+
 def _federated(t: _Table, base_dir: Path) -> FederatedConfig:
     clients = t.int("clients")
+    if clients > MAX_CLIENTS:
+        raise t.bad("clients", f"{clients:,} is more than parsim simulates ({MAX_CLIENTS:,})")
     k = t.int("clients_per_round")
     if k > clients:
         raise t.bad("clients_per_round", f"{k} is more than the {clients} clients")
+    if t.int("rounds") * k > MAX_UPDATES:
+        raise t.bad("rounds", f"{t.int('rounds'):,} rounds x {k:,} clients per round is more client updates than "
+                              f"parsim simulates ({MAX_UPDATES:,})")
     classes = _classes(t)
     if classes and any(t.has(x) for x in ("seconds_per_sample", "uplink_mbit_per_s", "downlink_mbit_per_s")):
         raise t.bad("device_classes", "give device classes or the population medians "

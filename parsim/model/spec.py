@@ -168,6 +168,9 @@ the per-layer cost tables and stage partitions are sized by it."""
 _OPT_POS_INT = ("head_dim", "d_ff_expert", "d_ff_shared")
 
 
+MAX_EXPERTS = 4096
+"""Most routed experts a model may have (10x the largest production MoE, Kimi-K2's 384): the MoE
+cost model walks every expert's rows (4,096: ~3 s a scenario; 65,536 took 43 s)."""
 _NONNEG_INT = ("n_experts", "n_shared_experts", "first_dense_layers", "q_lora_rank",
                "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
                "sliding_window", "attention_chunk", "position_offset")
@@ -220,6 +223,9 @@ def _validate(s: ModelSpec) -> None:
         for key in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             if getattr(s, key) <= 0:
                 raise bad(key, "must be positive when kv_lora_rank > 0 (MLA)")
+    if s.n_experts > MAX_EXPERTS:
+        raise bad("n_experts", f"{s.n_experts:,} is more than parsim models ({MAX_EXPERTS:,}: the grouped-GEMM model "
+                  "costs every expert's rows)")
     if s.is_moe and s.top_k > s.n_experts:
         raise bad("top_k", f"top_k={s.top_k} exceeds n_experts={s.n_experts}")
     if s.first_dense_layers > s.n_layers:
