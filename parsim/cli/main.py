@@ -79,12 +79,12 @@ def cmd_simulate(args) -> int:
 
 
 def cmd_schedule(args) -> int:
-    from parsim.config.scenario import MAX_SCHEDULE_ACTIONS
+    from parsim.config.scenario import MAX_SCHEDULE_ACTIONS, schedule_actions
     from parsim.schedule import build, lower
     from parsim.schedule.dryrun import format_timeline_grid
     from parsim.schedule.semantics import canonical_key
 
-    actions = args.microbatches * args.pp * args.vpp * 3 * (args.token_slices or 1)
+    actions = schedule_actions(args.microbatches, args.pp * args.vpp, args.token_slices or 1)
     if actions > MAX_SCHEDULE_ACTIONS:  # as a scenario's schedule is bounded (config.scenario.check_batch)
         raise ConfigError("parsim schedule", "--microbatches", f"~{actions:,} actions (microbatches x stages x F/B/W), "
                           f"more than parsim builds ({MAX_SCHEDULE_ACTIONS:,})")

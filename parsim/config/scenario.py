@@ -302,9 +302,7 @@ def check_attention_head_dim(model: ModelSpec, training: TrainingConfig, hardwar
             else kf.attention_kernel)
     kernel = KERNELS[name]
     most = min(kernel.fwd_tiles[-1][0], kernel.bwd_tiles[-1][0])
-    # the head dim the kernel runs at: MLA's is the mean of its QK and V dims (parsim.costs.compute)
-    hd = ((model.qk_nope_head_dim + model.qk_rope_head_dim + model.v_head_dim) // 2 if model.is_mla
-          else model.head_dim_)
+    hd = model.kernel_head_dim
     if hd > most:
         raise ConfigError(file, key, f"head dim {hd} is more than {kernel.name} on {hardware.device.name} "
                           f"takes ({most}); {fix}")
@@ -332,12 +330,18 @@ def check_batch(sc: Scenario) -> None:
     if sc.n_microbatches < 1:
         raise ConfigError(sc.file, "schedule.n_microbatches", "must be at least 1")
     slices = sc.schedule.token_slices if isinstance(sc.schedule.token_slices, int) else 1
-    actions = sc.n_microbatches * par.pp * par.vpp * 3 * max(1, slices)
+    actions = schedule_actions(sc.n_microbatches, par.pp * par.vpp, slices)
     if actions > MAX_SCHEDULE_ACTIONS:
         key = "schedule.n_microbatches" if sc.schedule.n_microbatches is not None else "training.global_batch"
         raise ConfigError(sc.file, key, f"{sc.n_microbatches:,} microbatches make ~{actions:,} schedule actions per step "
                                         f"(microbatches x stages x F/B/W{' x token slices' if slices > 1 else ''}), "
                                         f"more than parsim simulates ({MAX_SCHEDULE_ACTIONS:,})")
+
+
+def schedule_actions(microbatches: int, stages: int, token_slices: int = 1) -> int:
+    """Actions a schedule of ``stages`` (pp * vpp) runs per step: microbatches x stages x F/B/W
+    (x token slices): what MAX_SCHEDULE_ACTIONS bounds."""
+    return microbatches * stages * 3 * max(1, token_slices)
 
 
 MAX_SCHEDULE_ACTIONS = 2_000_000

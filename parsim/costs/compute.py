@@ -108,13 +108,8 @@ def _heads(inp: LayerInputs) -> tuple[int, int, int]:
     (the FLOPs of QK^T and PV then match ``attention_core_flops``)."""
     m, tp = inp.model, inp.shard.tp
     heads = max(1, m.n_heads // tp)
-    kv = 1 if m.is_mla else max(1, m.n_kv_heads // tp)
-    if m.is_mla:
-        hd = (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim) // 2
-        kv = heads  # MLA's up-projected K and V have one head per query head
-    else:
-        hd = m.head_dim_
-    return heads, min(kv, heads), hd
+    kv = heads if m.is_mla else max(1, m.n_kv_heads // tp)  # MLA's up-projected K and V: a head per query head
+    return heads, min(kv, heads), m.kernel_head_dim
 
 
 @lru_cache(maxsize=4096)

@@ -126,6 +126,14 @@ class ModelSpec:
         return self.d_model // self.n_heads
 
     @property
+    def kernel_head_dim(self) -> int:
+        """Head dimension a fused-attention kernel runs at: MLA's is the mean of its QK and V dims
+        (the FLOPs of QK^T and PV then match ``attention_core_flops``)."""
+        if self.is_mla:
+            return (self.qk_nope_head_dim + self.qk_rope_head_dim + self.v_head_dim) // 2
+        return self.head_dim_
+
+    @property
     def is_moe(self) -> bool:
         return self.n_experts > 0
 

@@ -226,7 +226,7 @@ def _expand(spec: PlanSpec, base: Candidate, reject) -> list[Candidate]:
                 if n_stages > spec.model.n_layers or (vpp > 1 and spec.model.n_layers % n_stages):
                     reject(f"{name}: n_layers={spec.model.n_layers} not divisible by pp*vpp", fam)
                     continue
-                actions = m * n_stages * 3
+                actions = _scn.schedule_actions(m, n_stages)
                 if actions > _scn.MAX_SCHEDULE_ACTIONS:  # the scenario loader's bound, checked before building
                     reject(f"{m:,} microbatches make ~{actions:,} schedule actions, more than parsim simulates "
                            f"({_scn.MAX_SCHEDULE_ACTIONS:,})", fam)
