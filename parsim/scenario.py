@@ -165,6 +165,8 @@ def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Sc
     except ConfigError as e:
         raise ConfigError(e.file or file, e.key if e.file else "hardware", e.problem) from None
     gpus = _typed(doc, "gpus", int, file, "", required=True)
+    if gpus > MAX_GPUS:
+        raise ConfigError(file, "gpus", f"at most {MAX_GPUS:,} GPUs, got {gpus:,}")
     if "model" not in doc or not isinstance(doc["model"], dict):
         raise ConfigError(file, "model", "missing [model] table (preset = \"...\" or explicit fields)")
     model = model_from_table(doc["model"], file)
@@ -343,6 +345,11 @@ def _simple(cls, table: dict, file: str, prefix: str):
 FP8_RECIPES = ("delayed", "current", "mxfp8", "blockwise", "rowwise")
 """Transformer Engine's FP8 scaling recipes (DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling,
 Float8BlockScaling) and torchao.float8's rowwise recipe (torchtitan ``recipe_name = "rowwise"``)."""
+
+
+MAX_GPUS = 2 ** 20
+"""Most GPUs a scenario (or a search) may ask for (1,048,576, ~10x the largest clusters built):
+rank lists and groups are sized by it (2^20 simulates in seconds; 10^9 ran for ever)."""
 
 
 MAX_SEQ_LEN = 2 ** 27

@@ -485,3 +485,102 @@ def test_model_and_population_sizes_beyond_the_bounds(capsys):
                "1000000000", "--seq-len", "4096"])
     out = capsys.readouterr().out
     assert rc == 1 and "schedule actions, more than parsim simulates" in out
+
+
+def test_sweep_round_5_bounds_and_finite_numbers(capsys, tmp_path):
+    """Round 5 of the sweep: a non-finite collective size (1e400, nanM: exit 70), a NaN or
+    too-small range factor (printed one row, or 4,096 equal rows), a range of more rows than are
+    printed (silently cut), 10^8 Monte Carlo draws per plan row and 10^9 GPUs in a scenario, a plan
+    or an autoplan (each ran for ever), and validate's step counts of 0 or -1 (exit 70) are one
+    line naming the option or key and the bound."""
+    from parsim.cli.args import MAX_SAMPLES
+    from parsim.cli.collective import MAX_ROWS
+    from parsim.cli.validate import MAX_LAUNCHES, MAX_STEPS
+    from parsim.scenario import MAX_GPUS
+
+    coll = ["collective", "all_reduce", "--gpus", "8", "--hardware", "dgx-h100", "--size"]
+    for size in ("1e400", "nanM", "infG", "2E"):
+        refused(capsys, coll + [size], "--size", size)
+    for factor in ("nan", "inf", "1"):
+        refused(capsys, coll + ["1M:1G", "--factor", factor], "--factor")
+    refused(capsys, coll + ["1M:1G", "--factor", "1.0000000001"], "--factor", "whole byte")
+    refused(capsys, coll + ["1K:1T", "--factor", "1.001"], "--factor", f"{MAX_ROWS}")
+    assert main(coll + ["1K:1M", "--json"]) == 0  # 1K, 2K, ... 1M: 11 rows at the default factor 2
+    assert len(json.loads(capsys.readouterr().out)) == 11
+    plan = ["plan", "--model", "llama3-8b", "--hardware", "dgx-h100", "--global-batch", "8", "--seq-len", "4096"]
+    refused(capsys, plan + ["--gpus", "8", "--samples", MAX_SAMPLES + 1], "--samples", f"{MAX_SAMPLES:,}")
+    refused(capsys, plan + ["--gpus", MAX_GPUS + 1], "--gpus", f"{MAX_GPUS:,}")
+    refused(capsys, ["autoplan", *plan[1:], "--gpus", MAX_GPUS + 1, "--no-grid"], "--gpus", f"{MAX_GPUS:,}")
+    refused(capsys, ["simulate", TINY, "--set", f"gpus={MAX_GPUS * 2}", "--set", f"parallel.dp={MAX_GPUS}"], "gpus",
+            f"{MAX_GPUS:,}")
+    for option, value, bound in (("--steps", "0", None), ("--steps", "-1", None), ("--steps", MAX_STEPS + 1, MAX_STEPS),
+                                 ("--repeat", "0", None), ("--repeat", MAX_LAUNCHES + 1, MAX_LAUNCHES),
+                                 ("--warmup", "-1", None), ("--timeout", "nan", None), ("--nice", "50", "19")):
+        line = refused(capsys, ["validate", TINY, option, value], option)
+        if bound is not None:
+            assert (f"{bound:,}" if isinstance(bound, int) else bound) in line, line
+    refused(capsys, ["calibrate", "--nice", "100000"], "--nice", "19")
+    assert not list(tmp_path.iterdir())
+
+
+def test_rank_processes_are_bounded_by_the_machine(capsys):
+    """``parsim calibrate --ranks 100000`` started 100,000 benchmark processes, and validating a
+    64-GPU layout starts 64: both are refused past four ranks per core (at least 8), naming the
+    option or key, before any process starts."""
+    from parsim.validate.launch import local_rank_limit
+
+    limit = local_rank_limit()
+    assert limit == max(8, 4 * (os.cpu_count() or 1))
+    refused(capsys, ["calibrate", "--ranks", limit + 1], "--ranks", f"at most {limit}")
+    world = 2 * limit
+    refused(capsys, ["validate", TINY, "--set", f"gpus={world}", "--set", f"parallel.dp={world // 2}",
+                     "--set", f"training.global_batch={world}"], "gpus", f"{world:,} ranks", f"at most {limit}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
+def test_a_stopped_validation_leaves_no_rank_running(tmp_path, how):
+    """A validation stopped by SIGTERM (a scheduler, ``timeout``) exits 143 after one line and
+    nothing written; stopped by SIGKILL, its ranks die with it (the kernel's parent-death signal):
+    neither leaves a rank process behind."""
+    pytest.importorskip("torch")
+    out = tmp_path / "out"
+    p = subprocess.Popen([sys.executable, "-m", "parsim", "validate", str(TINY), "--steps", "500", "--out", str(out)],
+                         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    ranks: list[int] = []
+    while len(ranks) < 2 and time.time() < deadline and p.poll() is None:
+        time.sleep(0.2)
+        ranks = _children_running(p.pid)
+    assert len(ranks) == 2, "the ranks never started"
+    p.send_signal(how)
+    _, err = p.communicate(timeout=60)
+    if how == signal.SIGTERM:
+        assert p.returncode == 143 and err.strip().splitlines() == ["parsim: terminated"], err
+    deadline = time.time() + 30
+    while any(_alive(pid) for pid in ranks) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in ranks)
+    assert not out.exists()
+
+
+def _children_running(ppid: int) -> list[int]:
+    """Pids of the live processes whose parent is ``ppid`` (Linux /proc)."""
+    kids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(stat[1]) == ppid and stat[0] != "Z":
+                kids.append(int(d.name))
+    return kids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

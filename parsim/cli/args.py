@@ -58,6 +58,17 @@ MAX_SAMPLES = 100_000
 intervals x samples x 8 arrays (~260 MB and ~50 s at this bound)."""
 
 
+def niceness(option: str):
+    """A niceness increment: an integer from -20 to 19 (nice(2)'s range; beyond it the kernel clamps)."""
+
+    def conv(text: str) -> int:
+        v = _number(option, text, int, "an integer from -20 to 19")
+        if not -20 <= v <= 19:
+            raise argparse.ArgumentTypeError(f"expected an integer from -20 to 19, got {text!r}")
+        return v
+    return conv
+
+
 def positive_int(option: str, minimum: int = 1, most: int | None = None):
     """An integer option >= ``minimum`` (1: positive; 0: non-negative) and, with ``most``, at most that."""
     what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"

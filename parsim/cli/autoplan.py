@@ -12,7 +12,7 @@ FILE = "parsim autoplan"
 
 def register(sub) -> None:
     from parsim.cli.args import add_attention_flags, positive_int
-    from parsim.scenario import MAX_SEQ_LEN
+    from parsim.scenario import MAX_GPUS, MAX_SEQ_LEN
 
     p = sub.add_parser("autoplan", help="automatic parallelization: Alpa-style intra-op ILP + stage DP, simulated",
                        description="Search sharding (Megatron TP/SP, DP, FSDP, EP as annotations on a device mesh) with "
@@ -23,7 +23,7 @@ def register(sub) -> None:
                               "--global-batch 32 --seq-len 1024 --emit-scenario plan.toml")
     p.add_argument("--model", required=True, help="model preset name, or a Hugging Face config.json path")
     p.add_argument("--hardware", required=True, help="hardware profile name or path")
-    p.add_argument("--gpus", type=positive_int("--gpus"), required=True, help="GPUs available")
+    p.add_argument("--gpus", type=positive_int("--gpus", most=MAX_GPUS), required=True, help="GPUs available")
     p.add_argument("--global-batch", type=positive_int("--global-batch"), required=True, help="sequences per step")
     p.add_argument("--seq-len", type=positive_int("--seq-len", most=MAX_SEQ_LEN), required=True,
                    help="tokens per sequence")

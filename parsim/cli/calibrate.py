@@ -23,7 +23,7 @@ from parsim.errors import ConfigError
 def register(sub) -> None:
     p = sub.add_parser("calibrate", help="microbenchmark this machine and fit a hardware profile")
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
-    from parsim.cli.args import finite_positive, positive_int
+    from parsim.cli.args import finite_positive, niceness, positive_int
     p.add_argument("--ranks", type=positive_int("--ranks"), default=2, help="processes (ranks) to run at once (default 2)")
     p.add_argument("--base", default=None, help="profile to start from (default cpu-gloo for gloo, dgx-h100 for nccl)")
     p.add_argument("--name", default=None, help="name of the calibrated profile (default: the base's name)")
@@ -34,7 +34,7 @@ def register(sub) -> None:
     p.add_argument("--passes", type=int, default=0,
                    help="interleaved timing passes over the compute cases (default 7; more = a longer, "
                         "drift-averaged window)")
-    p.add_argument("--nice", type=int, default=0, help="niceness increment for the benchmark ranks (e.g. -10)")
+    p.add_argument("--nice", type=niceness("--nice"), default=0, help="niceness increment for the benchmark ranks (e.g. -10)")
     p.add_argument("--timeout", type=finite_positive("--timeout"), default=900.0, help="hard limit for the benchmark run, seconds")
     p.add_argument("--validations", nargs="+", metavar="DIR",
                    help="instead of benchmarking: the parsim validate records (comparison.json files, or directories "
@@ -57,8 +57,11 @@ def cmd_calibrate(args) -> int:
 
     from parsim.calibrate.fit import fit_profile
     from parsim.calibrate.spread import spread_table
-    from parsim.validate.launch import launch
+    from parsim.validate.launch import launch, local_rank_limit
 
+    if args.ranks > local_rank_limit():
+        raise ConfigError("parsim calibrate", "--ranks", f"at most {local_rank_limit()} rank processes on this "
+                          f"machine ({os.cpu_count()} cores, four ranks per core), got {args.ranks:,}")
     base = load_profile(args.base or ("cpu-gloo" if args.backend == "gloo" else "dgx-h100"))
     name = args.name or base.name
     precision = args.precision or ("fp32" if args.backend == "gloo" else "bf16")

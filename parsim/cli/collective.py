@@ -12,6 +12,7 @@ nccl-tests run), so it has its nodes' NICs to itself.
 from __future__ import annotations
 
 import json
+import math
 
 from parsim.errors import ConfigError
 
@@ -22,6 +23,9 @@ TYPES = {"int8": 1, "uint8": 1, "half": 2, "bfloat16": 2, "float": 4, "int32": 4
 ROOTED = ("broadcast", "reduce", "gather", "scatter")
 REDUCING = ("all_reduce", "reduce_scatter", "reduce")
 MAX_ROWS = 4096
+"""Most rows one range prints (nccl-tests' 8 B to 16 GiB at factor 2 is 32)."""
+MAX_SIZE = 2 ** 60
+"""Largest buffer (1 EiB): far beyond any GPU's memory, still exact as an integer byte count."""
 
 
 MAX_GROUP = 2 ** 20
@@ -54,6 +58,8 @@ def parse_size(text: str, key: str = "--size") -> int:
         value = float(digits)
     except ValueError:
         raise ConfigError("parsim collective", key, f"cannot read size {text!r} (e.g. 8K, 256M, 1G)") from None
+    if not math.isfinite(value) or value * UNITS[unit] > MAX_SIZE:
+        raise ConfigError("parsim collective", key, f"size {text!r} must be a finite number of bytes up to 1E (2^60)")
     size = int(value * UNITS[unit])
     if size < 1:
         raise ConfigError("parsim collective", key, f"size {text!r} must be at least one byte")
@@ -69,11 +75,18 @@ def sizes(text: str, factor: float) -> list[int]:
     hi = parse_size(hi_text)
     if hi < lo:
         raise ConfigError("parsim collective", "--size", f"range {text!r} ends below its start")
-    if factor <= 1:
-        raise ConfigError("parsim collective", "--factor", f"must be above 1 for a range, got {factor:g}")
+    if not math.isfinite(factor) or factor <= 1:
+        raise ConfigError("parsim collective", "--factor", f"must be a finite number above 1 for a range, got {factor:g}")
     out = [lo]
-    while out[-1] * factor <= hi and len(out) < MAX_ROWS:
-        out.append(int(out[-1] * factor))
+    while out[-1] * factor <= hi:
+        nxt = int(out[-1] * factor)
+        if nxt <= out[-1]:
+            raise ConfigError("parsim collective", "--factor",
+                              f"{factor:g} does not grow a {out[-1]}-byte size by a whole byte; use a larger factor")
+        if len(out) == MAX_ROWS:
+            raise ConfigError("parsim collective", "--factor",
+                              f"range {text!r} at factor {factor:g} has more than {MAX_ROWS} rows; use a larger factor")
+        out.append(nxt)
     return out
 
 

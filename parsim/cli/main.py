@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import threading
 
 from parsim import __version__
 from parsim.cli import (autoplan, calibrate, collective, compare, estimate_memory, fl, goodput, importer, infer,
@@ -26,6 +28,7 @@ from parsim.cli.common import (
 from parsim.errors import ConfigError, ParsimError, ScheduleError
 
 EXIT_INTERNAL = 70  # EX_SOFTWARE: a defect in parsim, not in the input
+EXIT_TERMINATED = 128 + signal.SIGTERM  # the shell's status of a process ended by SIGTERM
 
 
 def cmd_simulate(args) -> int:
@@ -187,13 +190,29 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+class Terminated(BaseException):
+    """SIGTERM arrived (a job scheduler, ``timeout``, ``kill``): unwound like Ctrl-C, so what a
+    command started (validation and calibration ranks) is stopped and nothing is half-written."""
+
+
+def _terminated(signum, frame) -> None:
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # --help and usage errors: SystemExit (0, or 2 after one line)
+    # SIGTERM's default action ends the process at once, leaving any rank processes it launched
+    # running; raised as an exception instead, the launcher's cleanup kills and reaps them
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     try:
         return args.func(args)
     except KeyboardInterrupt:
         print("parsim: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Terminated:
+        print("parsim: terminated", file=sys.stderr)
+        return EXIT_TERMINATED
     except ScheduleError as e:
         print(f"parsim: error: {e.problem}", file=sys.stderr)
         if e.grid:
@@ -215,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"parsim: internal error: {type(e).__name__}: {_one_line(e)} "
               "(a bug in parsim; rerun with PARSIM_TRACEBACK=1 and report it)", file=sys.stderr)
         return EXIT_INTERNAL
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 if __name__ == "__main__":

@@ -12,8 +12,9 @@ FORMATS = ("table", "csv", "json", "md")
 
 
 def register(sub) -> None:
+    from parsim.cli.args import MAX_SAMPLES
     from parsim.cli.args import add_attention_flags, finite_positive, positive_int
-    from parsim.scenario import MAX_SEQ_LEN
+    from parsim.scenario import MAX_GPUS, MAX_SEQ_LEN
 
     p = sub.add_parser("plan", help="what-if capacity planning: rank parallel configurations for N GPUs",
                        description="Rank parallel configurations (dp, tp, pp, cp, ep, schedule, ZeRO, recompute, "
@@ -23,7 +24,7 @@ def register(sub) -> None:
                               "--tokens 4e6 --seq-len 8192 --train-tokens 15e12 --gpu-hour-price 2.5")
     p.add_argument("--model", required=True, help="model preset name, or a Hugging Face config.json path")
     p.add_argument("--hardware", required=True, help="hardware profile name or path")
-    p.add_argument("--gpus", type=positive_int("--gpus"), required=True, help="GPUs available")
+    p.add_argument("--gpus", type=positive_int("--gpus", most=MAX_GPUS), required=True, help="GPUs available")
     p.add_argument("--global-batch", type=positive_int("--global-batch"), help="sequences per optimizer step")
     p.add_argument("--tokens", type=finite_positive("--tokens"),
                    help="tokens per step instead of --global-batch (e.g. 4e6: rounded to a power-of-two batch)")
@@ -48,7 +49,7 @@ def register(sub) -> None:
     p.add_argument("--gpu-hour-price", type=finite_positive("--gpu-hour-price"), metavar="PRICE",
                    help="price of one GPU-hour (with --train-tokens): adds cost")
     p.add_argument("--top", type=positive_int("--top"), default=10, help="rows to print")
-    p.add_argument("--samples", type=positive_int("--samples"), metavar="N",
+    p.add_argument("--samples", type=positive_int("--samples", most=MAX_SAMPLES), metavar="N",
                    help="add each ranked row's P5/P50/P95 step time (N Monte Carlo draws per row, as simulate --samples)")
     p.add_argument("--seed", type=positive_int("--seed", 0), default=0, help="random seed of --samples")
     p.add_argument("--confirm", type=positive_int("--confirm"),

@@ -16,6 +16,11 @@ from pathlib import Path
 
 from parsim.cli.common import INSTALL_HINT, torch_available
 
+MAX_STEPS = 10_000
+"""Most measured (or warm-up) steps per launch: a tiny scenario's step takes ~0.2 s on a CPU rank."""
+MAX_LAUNCHES = 1_000
+"""Most independent launches (--repeat)."""
+
 
 def register(sub) -> None:
     p = sub.add_parser("validate", help="run a scenario for real on torch.distributed and compare with the prediction")
@@ -23,12 +28,15 @@ def register(sub) -> None:
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--profile", default=None, help="hardware profile for the prediction (default: calibrated one if present)")
-    p.add_argument("--steps", type=int, default=5, help="measured steps per launch (median reported)")
-    p.add_argument("--repeat", type=int, default=1,
+    from parsim.cli.args import finite_positive, niceness, positive_int
+    p.add_argument("--steps", type=positive_int("--steps", most=MAX_STEPS), default=5,
+                   help="measured steps per launch (median reported)")
+    p.add_argument("--repeat", type=positive_int("--repeat", most=MAX_LAUNCHES), default=1,
                    help="independent launches (fresh processes); the median is over the steps of all of them")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--timeout", type=float, default=300.0, help="hard limit for the real run, seconds")
-    p.add_argument("--nice", type=int, default=0,
+    p.add_argument("--warmup", type=positive_int("--warmup", 0, most=MAX_STEPS), default=2,
+                   help="unmeasured steps before the measured ones, per launch (default 2)")
+    p.add_argument("--timeout", type=finite_positive("--timeout"), default=300.0, help="hard limit for the real run, seconds")
+    p.add_argument("--nice", type=niceness("--nice"), default=0,
                    help="niceness increment for the rank processes (e.g. -10 to win the cores from other jobs; needs privilege)")
     p.add_argument("--recv", choices=("early", "late"), default=None,
                    help="where receives are posted: all at the start of the step (early; gloo default) "
@@ -75,6 +83,11 @@ def plan_validation(scenario: str, overrides=None, backend: str = "gloo", profil
     if backend == "nccl" and traits(sc.schedule.name).message_driven:
         raise ConfigError(str(scenario), "--backend", "AMPNet's message-driven receives run in threads beside the "
                           "compute, which one NCCL communicator does not allow; validate it on gloo")
+    from parsim.validate.launch import local_rank_limit
+    if sc.parallel.world_size > local_rank_limit():
+        raise ConfigError(str(scenario), "gpus", f"the validation runtime starts one process per rank on this machine: "
+                          f"{sc.parallel.world_size:,} ranks, at most {local_rank_limit()} here ({os.cpu_count()} cores, "
+                          "four ranks per core); scale the layout down with --set (gpus, parallel.dp/tp/pp/cp)")
     job["profile"] = profile or default_profile(sc, backend)
     res = simulate(sc, schedule=schedule_for(sc, early_recv=early_recv(job)))  # the schedule the ranks run
     return ValidationRun(sc, res, job, sc.parallel.world_size)

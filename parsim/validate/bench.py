@@ -735,4 +735,7 @@ def main(job_file: str) -> int:
 
 
 if __name__ == "__main__":
+    from parsim.validate.launch import die_with_launcher
+
+    die_with_launcher()
     sys.exit(main(sys.argv[1]))

@@ -66,6 +66,35 @@ MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(2 ** 30), "MALLOC_TRIM_THRESHOLD_": 
               "MALLOC_TOP_PAD_": str(2 ** 28)}
 
 
+def local_rank_limit() -> int:
+    """Most rank processes one launch may start on this machine: four per core (at least 8).
+    Oversubscribed runs are allowed (they are reported, not gated), but each rank imports torch
+    (~0.3 GB), so thousands of them would exhaust memory and the process table, not validate."""
+    return max(8, 4 * (os.cpu_count() or 1))
+
+
+LAUNCHER_PID = "PARSIM_LAUNCHER_PID"
+"""Environment variable naming the launching process, for :func:`die_with_launcher`."""
+
+
+def die_with_launcher() -> None:
+    """First thing in a rank process (worker, bench): have the kernel send it SIGKILL when the
+    process that launched it dies, however it dies (Linux ``prctl(PR_SET_PDEATHSIG)``), so a
+    launcher killed by SIGKILL leaves no rank behind. If the launcher is already gone (it died
+    before this ran, and the rank was re-parented), exit now. Elsewhere: nothing."""
+    launcher = os.environ.get(LAUNCHER_PID)
+    if sys.platform != "linux" or not launcher:
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if str(os.getppid()) != launcher:
+        os._exit(1)
+
+
 def launch(job: dict, world: int, out_dir: str | Path, timeout_s: float,
            module: str = "parsim.validate.worker") -> list[dict]:
     """Run ``world`` ranks of ``module`` on ``job``; return each rank's JSON result."""
@@ -80,7 +109,7 @@ def launch(job: dict, world: int, out_dir: str | Path, timeout_s: float,
         for r in range(world):
             env = {**MALLOC_ENV, **os.environ, "RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),
                    "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                   "OMP_NUM_THREADS": str(job.get("threads", 1))}
+                   "OMP_NUM_THREADS": str(job.get("threads", 1)), LAUNCHER_PID: str(os.getpid())}
             err = out / f"rank{r}.stderr"
             logs.append(err)
             with open(err, "w") as fe:

@@ -229,4 +229,7 @@ def _minor_faults() -> int:
 
 
 if __name__ == "__main__":
+    from parsim.validate.launch import die_with_launcher
+
+    die_with_launcher()
     sys.exit(main(sys.argv[1]))
