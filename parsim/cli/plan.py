@@ -12,8 +12,12 @@ FORMATS = ("table", "csv", "json", "md")
 
 
 def register(sub) -> None:
-    from parsim.cli.args import MAX_SAMPLES
-    from parsim.cli.args import add_attention_flags, finite_positive, positive_int
+    from parsim.cli.args import (
+        MAX_SAMPLES,
+        add_attention_flags,
+        finite_positive,
+        positive_int,
+    )
     from parsim.scenario import MAX_GPUS, MAX_SEQ_LEN
 
     p = sub.add_parser("plan", help="what-if capacity planning: rank parallel configurations for N GPUs",
