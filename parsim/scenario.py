@@ -177,6 +177,11 @@ def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Sc
         hardware.device.peak(training.precision)
     except ValueError as e:
         raise ConfigError(file, "training.precision", f"{training.precision!r} on {hw_name}: {e}") from None
+    if training.fp8_recipe == "mxfp8" and training.precision == "fp8" and "mxfp8" not in hardware.device.peak_flops:
+        # Transformer Engine refuses MXFP8BlockScaling below sm100: the block-scaled MMA is Blackwell's
+        raise ConfigError(file, "training.fp8_recipe",
+                          f"'mxfp8' needs block-scaled (MXFP8) tensor cores, which {hardware.device.name} lacks "
+                          "(Blackwell has them); use 'current', 'delayed', 'blockwise' or 'rowwise'")
     if training.attention_kernel is not None:
         kf = hardware.device.kernels
         if kf is None or resolve_attention(training.attention_kernel, kf.mma_style) is None:
@@ -517,14 +522,28 @@ def _count(t: dict, key: str, file: str, prefix: str) -> int | None:
     return v
 
 
+MEASURED_COST_RANGE_S = (1e-9, 1e6)
+"""Range of a non-zero ``[costs]`` time (one pass of one stage on one microbatch, one transfer):
+1 ns (under any kernel launch) to 10^6 s (11.6 days). Beyond it a step overflows to infinity
+(1e308 s) or prints hundreds of zeros (1e-300 s): a unit slip, not a measurement."""
+
+
+def _measured_seconds(x, key: str, file: str) -> None:
+    lo, hi = MEASURED_COST_RANGE_S
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0:
+        raise ConfigError(file, f"costs.{key}", f"expected non-negative finite seconds, got {x!r}")
+    if x and not lo <= x <= hi:
+        raise ConfigError(file, f"costs.{key}", f"{x!r} s is outside {lo:g} to {hi:g} s (0 is allowed): "
+                          "a measured time in seconds")
+
+
 def _per_stage(t: dict, key: str, file: str, n_stages: int) -> tuple[float, ...] | None:
     if key not in t:
         return None
     v = t[key]
     vals = v if isinstance(v, list) else [v]
     for x in vals:
-        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0:
-            raise ConfigError(file, f"costs.{key}", f"expected non-negative finite seconds, got {x!r}")
+        _measured_seconds(x, key, file)
     if isinstance(v, list):
         if len(v) != n_stages:
             raise ConfigError(file, f"costs.{key}", f"has {len(v)} values but there are {n_stages} stages (pp*vpp)")
@@ -545,8 +564,7 @@ def _costs(t: dict, file: str, n_stages: int) -> MeasuredCosts:
     if b is not None and (bi is not None or bw is not None):
         raise ConfigError(file, "costs.backward_s", "give backward_s or the input/weight split, not both")
     p2p = t.get("p2p_s", 0.0)
-    if isinstance(p2p, bool) or not isinstance(p2p, (int, float)) or not math.isfinite(p2p) or p2p < 0:
-        raise ConfigError(file, "costs.p2p_s", f"expected non-negative finite seconds, got {p2p!r}")
+    _measured_seconds(p2p, "p2p_s", file)
     ov = _per_stage(t, "overlap_f_b_s", file, n_stages)
     if sum(fwd) + sum(b or ()) + sum(bi or ()) + sum(bw or ()) <= 0:  # a step of no work has no timeline to show
         raise ConfigError(file, "costs.forward_s", "every measured compute time is zero")

@@ -584,3 +584,28 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def test_measured_costs_out_of_range_and_mxfp8_without_its_tensor_cores(capsys):
+    """Round 5, scenario values: a [costs] time of 1e308 s (the step overflowed to infinity with a
+    NumPy warning, exit 0) or 1e-300 s (the summary printed ~300 zeros) is refused outside 1 ns to
+    10^6 s, naming the key and the range (0 stays allowed); MXFP8 on a Hopper GPU (silently run as
+    per-tensor FP8) is refused naming training.fp8_recipe, as Transformer Engine refuses it, while
+    Blackwell takes it."""
+    from parsim.scenario import MEASURED_COST_RANGE_S
+
+    lo, hi = MEASURED_COST_RANGE_S
+    for key, value in (("forward_s", "1e308"), ("forward_s", "1e-300"), ("backward_s", "[1e7, 1]"),
+                       ("p2p_s", "1e7")):
+        sets = {"forward_s": "0.1", "backward_s": "0.2", key: value}
+        argv = ["simulate", TINY] + [a for k, v in sets.items() for a in ("--set", f"costs.{k}={v}")]
+        refused(capsys, argv, f"costs.{key}", f"{lo:g} to {hi:g}")
+    assert main(["simulate", str(TINY), "--set", "costs.forward_s=0.1", "--set", "costs.backward_s=0.2",
+                 "--set", "costs.p2p_s=0", "--json"]) == 0
+    capsys.readouterr()
+    fp8 = ["--set", "training.precision=fp8", "--set", "training.fp8_recipe=mxfp8"]
+    refused(capsys, ["simulate", ROOT / "scenarios" / "deepseek-v3-h800.toml", *fp8], "training.fp8_recipe",
+            "H800", "'current'")
+    assert main(["simulate", str(ROOT / "scenarios" / "llama3-70b-h100.toml"), "--set", "hardware=hgx-b200",
+                 *fp8, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["step_time_s"] > 0
