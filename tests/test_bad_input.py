@@ -609,3 +609,34 @@ def test_measured_costs_out_of_range_and_mxfp8_without_its_tensor_cores(capsys):
     assert main(["simulate", str(ROOT / "scenarios" / "llama3-70b-h100.toml"), "--set", "hardware=hgx-b200",
                  *fp8, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["step_time_s"] > 0
+
+
+def test_outputs_in_one_place_a_stated_checkpoint_interval_and_compare_labels(capsys, tmp_path):
+    """Round 5, the rest: two outputs naming one file (the trace silently held the CSV timeline)
+    or both on standard output, in simulate and in infer; a stated checkpoint interval under which
+    the run expects ~10^27 failures (the Monte Carlo ran for ever; the best interval was checked,
+    not the stated one); a second --sweep (silently replaced the first); and two compare variants
+    with one label, or none: each is one line naming the options, nothing written."""
+    from parsim.goodput.run import MAX_FAILURES_PER_RUN
+
+    same = tmp_path / "out.json"
+    refused(capsys, ["simulate", TINY, "--trace", same, "--timeline", tmp_path / "." / "out.json"],
+            "--trace and --timeline", "its own file")
+    refused(capsys, ["simulate", TINY, "--plot", "-", "--memory-timeline", "-"], "--memory-timeline and --plot",
+            "standard output")
+    inf = ROOT / "scenarios" / "inference" / "opt-30b-zero-inference-v100.toml"
+    refused(capsys, ["infer", inf, "--timeline", same, "--trace", same], "--timeline and --trace", "its own file")
+    refused(capsys, ["infer", inf, "--timeline", "-", "--trace", "-"], "--timeline and --trace", "standard output")
+    faults = ROOT / "scenarios" / "llama3-405b-16k-faults.toml"
+    refused(capsys, ["goodput", faults, "--train-tokens", "1e12", "--set", "faults.checkpoint_interval_s=1e12"],
+            "faults.checkpoint_interval_s", f"{MAX_FAILURES_PER_RUN:,}", '"auto"')
+    assert main(["goodput", str(faults), "--train-tokens", "1e12", "--samples", "20", "--set",
+                 "faults.checkpoint_interval_s=36000", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["checkpoint_interval_s"] > 0
+    out = tmp_path / "report"
+    refused(capsys, ["compare", TINY, "--out", out, "--sweep", "parallel.pp=1,2", "--sweep", "training.seq_len=64,128"],
+            "--sweep", "2 times")
+    refused(capsys, ["compare", TINY, "--out", out, "--variant", "a:parallel.pp=1", "--variant", "a:parallel.pp=2"],
+            "--variant", "'a' is given twice")
+    refused(capsys, ["compare", TINY, "--out", out, "--variant", ":parallel.pp=1"], "--variant", "label")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

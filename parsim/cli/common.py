@@ -130,6 +130,26 @@ def out_file(path: str | Path) -> None:
         raise ConfigError(str(path), None, "cannot write: permission denied")
 
 
+def out_files(command: str, named: dict[str, str | Path | None]) -> list[str]:
+    """Check a command's output options (option -> path or None) before any work: each one
+    writable (:func:`out_file`), at most one on standard output, and no two naming the same file
+    (the second would replace the first: a trace holding a CSV timeline). Returns the paths given."""
+    given = {opt: str(p) for opt, p in named.items() if p}
+    on_stdout = [opt for opt, p in given.items() if p == STDOUT]
+    if len(on_stdout) > 1:
+        raise ConfigError(command, " and ".join(on_stdout), "only one output can be standard output")
+    seen: dict[str, str] = {}
+    for opt, p in given.items():
+        out_file(p)
+        if p == STDOUT:
+            continue
+        real = os.path.realpath(p)
+        if real in seen:
+            raise ConfigError(command, f"{seen[real]} and {opt}", f"both name {p}: each output needs its own file")
+        seen[real] = opt
+    return list(given.values())
+
+
 def out_dir(path: str | Path, create: bool = False) -> Path:
     """A report directory: refused in one line if it is a file, standard output, or in a place
     that cannot be written; created only with ``create`` (a refused run leaves nothing behind)."""

@@ -18,8 +18,8 @@ def register(sub) -> None:
     p.add_argument("scenarios", nargs="+", help="scenario TOML files (one BASE with --sweep / --variant)")
     p.add_argument("--out", required=True, metavar="DIR", help="report directory (report.html, report.md, PNGs)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override for every scenario")
-    p.add_argument("--sweep", metavar="KEY=V1,V2,...",
-                   help="one scenario per value of KEY (e.g. parallel.pp=2,4,8; sweeping tp/pp/cp keeps gpus by adjusting dp)")
+    p.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2,...",
+                   help="one scenario per value of KEY (once per report) (e.g. parallel.pp=2,4,8; sweeping tp/pp/cp keeps gpus by adjusting dp)")
     p.add_argument("--variant", action="append", default=[], metavar="LABEL:KEY=V[,KEY=V...]",
                    help="a labelled variant of BASE (repeatable), e.g. 'interleaved:schedule.name=Interleaved1F1B,parallel.vpp=2'")
     p.add_argument("--baseline", metavar="SCENARIO|LABEL",
@@ -69,8 +69,11 @@ def _jobs(args) -> tuple[list[tuple[str, str, list[str]]], tuple[str, list] | No
                           f"needs exactly one BASE scenario, got {len(args.scenarios)}")
     if args.sweep and args.variant:
         raise ConfigError("parsim compare", "--variant", "use --sweep or --variant, not both")
+    if len(args.sweep) > 1:  # one axis per report; the last one silently replaced the others
+        raise ConfigError("parsim compare", "--sweep", f"given {len(args.sweep)} times: a report sweeps one key "
+                          "(use --variant LABEL:KEY=V,KEY=V for combinations)")
     if args.sweep:
-        key, vals = _split_values(args.sweep)
+        key, vals = _split_values(args.sweep[0])
         base = args.scenarios[0]
         jobs = []
         for v in vals:
@@ -84,8 +87,12 @@ def _jobs(args) -> tuple[list[tuple[str, str, list[str]]], tuple[str, list] | No
             if ":" not in text:
                 raise ConfigError("--variant", text, "expected LABEL:KEY=V[,KEY=V...]")
             label, rest = text.split(":", 1)
+            label = label.strip()
+            if not label or label in (j[0] for j in jobs):
+                raise ConfigError("--variant", text, "each variant needs its own label before ':'"
+                                  + (f" ({label!r} is given twice)" if label else ""))
             sets = [s.strip() for s in rest.split(",") if s.strip()]
-            jobs.append((label.strip(), args.scenarios[0], args.set + sets))
+            jobs.append((label, args.scenarios[0], args.set + sets))
         return jobs, None
     jobs, seen = [], set()
     for path in args.scenarios:

@@ -10,7 +10,7 @@ import json
 import os
 import sys
 
-from parsim.cli.common import STDOUT, atomic_write, out_file
+from parsim.cli.common import STDOUT, atomic_write, out_files
 
 
 def register(sub) -> None:
@@ -87,9 +87,8 @@ def cmd_infer(args) -> int:
     from parsim.infer import load_inference, run_inference
     from parsim.results.summary import json_safe
 
-    outputs = [o for o in (args.timeline, args.trace, args.plot) if o]
-    for o in outputs:  # refused before any work
-        out_file(o)
+    outputs = out_files("parsim infer", {"--timeline": args.timeline, "--trace": args.trace,  # before any work
+                                         "--plot": args.plot})
     job = load_inference(args.scenario, args.set)
     mx, tl = run_inference(job)
     human = sys.stderr if STDOUT in outputs else sys.stdout

@@ -23,7 +23,7 @@ from parsim.cli.common import (
     STDOUT,
     atomic_write,
     out_dir,
-    out_file,
+    out_files,
 )
 from parsim.errors import ConfigError, ParsimError, ScheduleError
 
@@ -39,13 +39,11 @@ def cmd_simulate(args) -> int:
     from parsim.scenario import load_scenario
     from parsim.simulate import simulate
 
-    outputs = [o for o in (args.trace, args.timeline, args.memory_timeline, args.plot) if o]
-    if outputs.count(STDOUT) > 1:
-        raise ConfigError("parsim simulate", "-", "only one output can be standard output")
     if args.gpu_hour_price is not None and args.train_tokens is None:
         raise ConfigError("parsim simulate", "--gpu-hour-price", "needs --train-tokens")
-    for o in outputs:  # before the simulation: an unwritable place is refused at once
-        out_file(o)
+    # before the simulation: an unwritable place, or two outputs in one place, is refused at once
+    outputs = out_files("parsim simulate", {"--trace": args.trace, "--timeline": args.timeline,
+                                            "--memory-timeline": args.memory_timeline, "--plot": args.plot})
     if args.out:
         out = out_dir(args.out)
     sc = load_scenario(args.scenario, args.set)

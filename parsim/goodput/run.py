@@ -80,6 +80,17 @@ def goodput(sc: Scenario, train_tokens: float, samples: int = 200, seed: int = 0
     best, _, _ = best_interval(model, samples, seed, lo_s=step)
     wanted = f.checkpoint_interval_s if f.checkpoint_interval_s is not None else best
     interval = min(max(1, round(wanted / step)), steps) * step  # checkpoints fall between steps
+    if f.checkpoint_interval_s is not None:  # the stated interval must be countable too (the best one is)
+        try:
+            at_interval = daly_expected_time(useful, interval, write_s, f.restart_s, mtbf) / mtbf
+        except OverflowError:
+            at_interval = math.inf
+        if at_interval > MAX_FAILURES_PER_RUN:
+            raise ConfigError(sc.file, "faults.checkpoint_interval_s",
+                              f"a checkpoint every {interval / HOUR:.3g} h with a failure every {mtbf / HOUR:.3g} h "
+                              f"expects {at_interval:.3g} failures per run (each loses the work since the last "
+                              f"checkpoint), more than parsim simulates ({MAX_FAILURES_PER_RUN:,}): a shorter "
+                              f'interval, or "auto" (the simulated best, {best / HOUR:.3g} h)')
     runs = simulate_runs(model, [interval], samples, seed)
     wall = runs.wall_s[0]
     crashes = float(runs.work_failures.sum())
