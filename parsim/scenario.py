@@ -203,6 +203,10 @@ def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Sc
     if "moe" in doc and not model.is_moe:
         raise ConfigError(file, "moe", f"model {model.name} has no experts")
     check_moe(moe, model, parallel, file)
+    kf = hardware.device.kernels
+    if moe.dispatcher_sms is not None and kf is not None and kf.sm_count and moe.dispatcher_sms >= kf.sm_count:
+        raise ConfigError(file, "moe.dispatcher_sms", f"{moe.dispatcher_sms} SMs for the dispatcher, but "
+                          f"{hardware.device.name} has {kf.sm_count}: it must leave the compute at least one")
     _check_megatron_ep_overlap(overlap, parallel, training, model, file)
     simulation = _simulation(doc.get("simulation", {}), file)
     faults = faults_from_table(doc["faults"], file) if "faults" in doc else None

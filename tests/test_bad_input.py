@@ -640,3 +640,22 @@ def test_outputs_in_one_place_a_stated_checkpoint_interval_and_compare_labels(ca
             "--variant", "'a' is given twice")
     refused(capsys, ["compare", TINY, "--out", out, "--variant", ":parallel.pp=1"], "--variant", "label")
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_straggler_slowdowns_and_dispatcher_sms_within_the_hardware(capsys):
+    """A straggler slowdown of 1e300 (its times overflow) and a dispatcher holding more SMs than
+    the GPU has (100,000 on a 132-SM H100, silently accepted) are refused naming the key; a
+    1000x straggler is still simulated, and slows the step about 1000x."""
+    from parsim.config.stragglers import MAX_SLOWDOWN
+
+    mixed = ROOT / "scenarios" / "llama3-8b-mixed-stragglers.toml"
+    refused(capsys, ["simulate", mixed, "--set", "stragglers.gpus=[[42, 1e300]]"], "stragglers.gpus", f"{MAX_SLOWDOWN:g}")
+    refused(capsys, ["simulate", mixed, "--set", "stragglers.nodes=[[1, 1e-9]]"], "stragglers.nodes")
+    steps = []
+    for s in (1.0, MAX_SLOWDOWN):
+        assert main(["simulate", str(mixed), "--set", f"stragglers.gpus=[[42, {s}]]", "--json"]) == 0
+        steps.append(json.loads(capsys.readouterr().out)["step_time_s"])
+    assert 0.5 * MAX_SLOWDOWN < steps[1] / steps[0] < 1.5 * MAX_SLOWDOWN
+    refused(capsys, ["simulate", MOE, "--set", "moe.dispatcher_sms=132"], "moe.dispatcher_sms", "132")
+    assert main(["simulate", str(MOE), "--set", "moe.dispatcher_sms=131", "--json"]) == 0
+    capsys.readouterr()

@@ -55,6 +55,11 @@ def _pairs(t: dict, key: str, file: str, second) -> tuple:
     return tuple(out)
 
 
+MAX_SLOWDOWN = 1000.0
+"""Largest slowdown (and 1 / the smallest) a straggler may have: a GPU 1000x slower has failed,
+and beyond ~1e300 its times overflow to infinity (a 1e300 slowdown printed a 773 ms step)."""
+
+
 def stragglers_from_table(t: dict, file: str) -> StragglerConfig:
     """Strictly parse ``[stragglers]`` (indices are checked against the job by :func:`check_stragglers`)."""
     known = {"gpus", "nodes", "nics", "failed_nics", "rank_hardware", "replica_hardware", "balance", "gpu_sigma",
@@ -66,6 +71,9 @@ def stragglers_from_table(t: dict, file: str) -> StragglerConfig:
     def slowdown(x, key):
         if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x <= 0:
             raise ConfigError(file, key, f"slowdown must be a positive number (1.2: 20% slower), got {x!r}")
+        if not 1 / MAX_SLOWDOWN <= x <= MAX_SLOWDOWN:
+            raise ConfigError(file, key, f"slowdown {x!r} is outside 1/{MAX_SLOWDOWN:g} to {MAX_SLOWDOWN:g} (a GPU "
+                              "that much slower has failed: see [faults])")
         return float(x)
 
     def fraction(x, key):
