@@ -659,3 +659,24 @@ def test_straggler_slowdowns_and_dispatcher_sms_within_the_hardware(capsys):
     refused(capsys, ["simulate", MOE, "--set", "moe.dispatcher_sms=132"], "moe.dispatcher_sms", "132")
     assert main(["simulate", str(MOE), "--set", "moe.dispatcher_sms=131", "--json"]) == 0
     capsys.readouterr()
+
+
+def test_kernel_facts_must_imply_a_real_clock(capsys, tmp_path):
+    """A profile whose SM count, tensor FLOP per clock and peak imply no real clock (10^8 SMs: a
+    2.4 MHz H100, simulated as a 7-day step) is refused naming device.sm_count; every bundled
+    profile implies its GPU's boost clock (1.41 GHz A100 to 2.06 GHz GB200)."""
+    from parsim.cluster.hardware import load_profile
+    from parsim.cluster.kernels import CLOCK_RANGE_HZ
+
+    text = (ROOT / "parsim" / "cluster" / "profiles" / "dgx-h100.toml").read_text()
+    for sms in ("100000000", "1"):
+        bad = tmp_path / f"sm{sms}.toml"
+        bad.write_text("\n".join(f"sm_count = {sms}" if ln.startswith("sm_count") else ln for ln in text.splitlines()))
+        refused(capsys, ["simulate", ROOT / "scenarios" / "llama3-70b-h100.toml", "--set", f"hardware={bad}"],
+                "device.sm_count", "GHz")
+    for f in sorted((ROOT / "parsim" / "cluster" / "profiles").glob("*.toml")):
+        dev = load_profile(str(f)).device
+        if dev.kernels is not None:
+            peak = dev.peak_flops.get("bf16") or dev.peak_flops["fp16"]
+            clock = peak / (dev.kernels.sm_count * dev.kernels.tensor_flop_per_clock_per_sm)
+            assert 1.3e9 < clock < 2.2e9 and CLOCK_RANGE_HZ[0] < clock < CLOCK_RANGE_HZ[1], (f.name, clock)

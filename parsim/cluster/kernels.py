@@ -345,6 +345,15 @@ def facts_from_table(d: Mapping[str, Any], peaks: Mapping[str, float], precision
                           f"missing: the kernel facts come together ({', '.join(KERNEL_FACT_KEYS)})")
     if not any(p in peaks for p in BASE_PRECISIONS):
         raise ConfigError(file, "device.bf16_tflops", "the kernel models need a bf16 or fp16 peak")
+    # the peak is SMs x tensor FLOP per clock per SM x the clock: the clock these imply must be a clock
+    base = next(p for p in BASE_PRECISIONS if p in peaks)
+    clock = peaks[base] / (d["sm_count"] * d["tensor_flop_per_clock_per_sm"])
+    if not CLOCK_RANGE_HZ[0] <= clock <= CLOCK_RANGE_HZ[1]:
+        raise ConfigError(file, "device.sm_count",
+                          f"{d['sm_count']:,} SMs x {d['tensor_flop_per_clock_per_sm']:g} tensor FLOP per clock at "
+                          f"{peaks[base] / 1e12:g} {base} TFLOP/s implies a {clock / 1e9:.3g} GHz clock; GPUs clock "
+                          f"{CLOCK_RANGE_HZ[0] / 1e9:g}-{CLOCK_RANGE_HZ[1] / 1e9:g} GHz (check the SM count, the FLOP "
+                          "per clock and the peak)")
     mamf = {p: (to_si(f"mamf_{p}_tflops", d[f"mamf_{p}_tflops"]), d.get(f"mamf_{p}_shape"))
             for p in precisions if f"mamf_{p}_tflops" in d}
     msmf = _msmf(d, file)
@@ -359,6 +368,13 @@ def facts_from_table(d: Mapping[str, Any], peaks: Mapping[str, float], precision
                        gemm_latency_s=to_si("gemm_latency_us", d.get("gemm_latency_us", 0.0)),
                        collective_ctas=_ctas(d, "collective_ctas", file),
                        collective_ctas_net=_ctas(d, "collective_ctas_net", file), msmf=msmf)
+
+
+CLOCK_RANGE_HZ = (0.3e9, 4.0e9)
+"""SM clocks a profile's kernel facts may imply (peak / (SMs x tensor FLOP per clock per SM)):
+every data-center GPU since Volta boosts between ~1.4 and ~2.1 GHz (V100 1.53, A100 1.41, H100
+1.83, B200 1.86); outside this range a number is in the wrong unit (1e8 SMs gave a 2.4 MHz clock
+and a 7-day step)."""
 
 
 MSMF_KEYS = ("msmf_bf16_tflops", "msmf_mamf_bf16_tflops")
