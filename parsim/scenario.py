@@ -45,6 +45,7 @@ from parsim.config.scenario import (
 from parsim.config.sharding import sharding_from_table, to_parallel_table
 from parsim.config.stragglers import check_stragglers, stragglers_from_table
 from parsim.errors import ConfigError
+from parsim.files import read_input_text
 from parsim.model import ModelSpec, model_from_table
 
 # the types live in parsim.config.scenario (below the cost model); re-exported for users of the loader
@@ -133,7 +134,7 @@ def read_scenario_doc(path: str | Path, overrides: list[str] | None = None) -> t
     path = Path(path)
     file = str(path)
     try:
-        doc = tomllib.loads(path.read_text(encoding="utf-8-sig"))  # UTF-8; a leading BOM (Windows editors) skipped
+        doc = tomllib.loads(read_input_text(path))  # UTF-8; a leading BOM (Windows editors) skipped
     except FileNotFoundError:
         raise ConfigError(file, None, "no such scenario file") from None
     except IsADirectoryError:

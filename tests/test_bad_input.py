@@ -680,3 +680,27 @@ def test_kernel_facts_must_imply_a_real_clock(capsys, tmp_path):
             peak = dev.peak_flops.get("bf16") or dev.peak_flops["fp16"]
             clock = peak / (dev.kernels.sm_count * dev.kernels.tensor_flop_per_clock_per_sm)
             assert 1.3e9 < clock < 2.2e9 and CLOCK_RANGE_HZ[0] < clock < CLOCK_RANGE_HZ[1], (f.name, clock)
+
+
+@pytest.mark.parametrize("argv", [
+    ["simulate", "{big}"], ["infer", "{big}"], ["fl", "{big}"],
+    ["simulate", TINY, "--set", "hardware={big}"],
+    ["plan", "--model", "{big}", "--hardware", "dgx-h100", "--gpus", "8", "--global-batch", "8", "--seq-len", "128"],
+    ["import", "torchtitan", "{big}", "--gpus", "8"],
+    ["calibrate", "--validations", "{big}"]], ids=lambda a: a[0] if a[0] != "simulate" or len(a) == 2 else "profile")
+@pytest.mark.parametrize("source", ["/dev/zero", "file"])
+def test_endless_or_huge_input_files_are_refused_not_read_for_ever(capsys, tmp_path, argv, source):
+    """``parsim simulate /dev/zero`` read until the kernel killed it; every input file (scenario,
+    profile, HF config, torchtitan config, validation record) is now read up to 64 MiB and a
+    longer one refused in one line naming the file."""
+    from parsim.files import MAX_INPUT_BYTES
+
+    if source == "file":
+        big = tmp_path / "big.toml"
+        with open(big, "wb") as f:
+            f.truncate(MAX_INPUT_BYTES + 1)  # sparse: no disk used
+    else:
+        big = Path(source)
+    line = refused(capsys, [str(a).replace("{big}", str(big)) for a in argv], str(big))
+    if source == "file":  # a regular file one byte over the bound: refused for its size
+        assert f"more than {MAX_INPUT_BYTES // 2 ** 20} MiB" in line, line

@@ -13,7 +13,7 @@ PKG = Path(__file__).resolve().parent.parent / "parsim"
 
 # bottom up; a room may import its own folder and any room of a lower layer
 LAYERS = [
-    {"errors", "units"},
+    {"errors", "units", "files"},
     {"model", "cluster", "schedule"},
     {"config"},
     {"sim"},

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from parsim.calibrate.spread import model_discrepancy, step_error
 from parsim.errors import ConfigError, ScheduleError
+from parsim.files import read_input_text
 
 MIN_RECORDS = 3
 """Fewest records a discrepancy is stated from: below that a sigma is not an estimate."""
@@ -75,7 +76,7 @@ def _positive(v) -> bool:
 def read_record(path: Path) -> Record:
     """One ``comparison.json`` -> Record; a file that is not one is a one-line ConfigError."""
     try:
-        d = json.loads(path.read_text())
+        d = json.loads(read_input_text(path))
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(str(path), None, f"cannot read: {getattr(e, 'strerror', None) or e}") from None
     except json.JSONDecodeError as e:

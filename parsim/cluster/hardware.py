@@ -34,6 +34,7 @@ from parsim.cluster.kernels import KernelFacts, parse_shape, parse_tile
 from parsim.cluster.precision import GEMM_PRECISIONS, PRECISION_TABLE
 from parsim.cluster.precision import precision as precision_row
 from parsim.errors import ConfigError
+from parsim.files import read_input_text
 from parsim.units import GB, TB, TFLOP, US, GiB, to_si
 
 # Bundled profiles are package data (they travel with a wheel); calibrations a user runs are
@@ -703,7 +704,7 @@ def load_profile(name_or_path: str, base_dir: Path | None = None, *,
                           f"no profile {name_or_path!r} (known: {', '.join(list_profiles())})")
     file = _display(path)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8-sig"))  # a leading BOM skipped
+        data = tomllib.loads(read_input_text(path))  # a leading BOM skipped
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(file, None, f"invalid TOML: {' '.join(str(exc).split())}") from None
     except UnicodeDecodeError as exc:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from parsim.errors import ConfigError
 from parsim.federated.compression import METHODS, Tensor, check_chain, model_tensors
+from parsim.files import read_input_text
 from parsim.model import model_from_table, total_params
 from parsim.scenario import read_scenario_doc
 
@@ -330,7 +331,7 @@ def _trace(t: _Table, base_dir: Path) -> AvailabilityTrace:
         raise t.bad("availability_trace", f"expected a path string, got {raw!r}")
     p = Path(raw) if Path(raw).is_absolute() else base_dir / raw
     try:
-        doc = json.loads(p.read_text())
+        doc = json.loads(read_input_text(p))
     except OSError as e:
         raise t.bad("availability_trace", f"cannot read {p}: {e.strerror or e}") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:

@@ -29,6 +29,7 @@ import tomllib
 from pathlib import Path
 
 from parsim.errors import ConfigError
+from parsim.files import read_input_text
 from parsim.frameworks.emit import Imported, has_parallel_key, schedule_name, stage_layout
 from parsim.model import PRESETS
 
@@ -98,7 +99,7 @@ def read_config(path: str | Path) -> dict:
     """A torchtitan TOML file, or a JSON dump of its dataclass config."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = read_input_text(path)
     except FileNotFoundError:
         raise ConfigError(str(path), None, "no such file") from None
     except OSError as e:

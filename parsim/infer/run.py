@@ -36,6 +36,7 @@ from parsim.config.scenario import Scenario
 from parsim.costs.inference import act_bytes, kv_bytes_per_sequence, pass_cost, workspace_bytes
 from parsim.costs.offload import tiers
 from parsim.errors import ConfigError
+from parsim.files import read_input_text
 from parsim.model import total_params
 from parsim.scenario import apply_overrides, scenario_from_dict
 
@@ -58,11 +59,11 @@ def load_inference(path: str | Path, overrides: list[str] | None = None) -> Infe
     """Read an inference scenario: ``[inference]`` required, ``[training]`` optional (ignored)."""
     file = str(path)
     try:
-        doc = tomllib.loads(Path(path).read_text(encoding="utf-8-sig"))  # a leading BOM skipped
+        doc = tomllib.loads(read_input_text(path))  # a leading BOM skipped
     except FileNotFoundError:
         raise ConfigError(file, None, "no such scenario file") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(file, None, f"cannot read: {e}") from None
+        raise ConfigError(file, None, f"cannot read: {getattr(e, 'strerror', None) or e}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(file, None, f"not valid TOML: {' '.join(str(e).split())}") from None
     doc = apply_overrides(doc, overrides or [])

@@ -36,6 +36,7 @@ import json
 from pathlib import Path
 
 from parsim.errors import ConfigError
+from parsim.files import read_input_text
 from parsim.model.hf_classic import CLASSIC, classic_fields
 from parsim.model.hf_keys import HFKeys
 from parsim.model.spec import ModelSpec
@@ -235,7 +236,7 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
     path = Path(path)
     file = str(path)
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_input_text(path))
     except OSError as e:
         raise ConfigError(file, None, f"cannot read HF config: {e.strerror or e}") from None
     except json.JSONDecodeError as e:
