@@ -19,7 +19,7 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, metavar="DIR", help="report directory (report.html, report.md, PNGs)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override for every scenario")
     p.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2,...",
-                   help="one scenario per value of KEY (once per report) (e.g. parallel.pp=2,4,8; sweeping tp/pp/cp keeps gpus by adjusting dp)")
+                   help="one scenario per value of KEY, one key per report (e.g. parallel.pp=2,4,8; sweeping tp/pp/cp keeps gpus by adjusting dp)")
     p.add_argument("--variant", action="append", default=[], metavar="LABEL:KEY=V[,KEY=V...]",
                    help="a labelled variant of BASE (repeatable), e.g. 'interleaved:schedule.name=Interleaved1F1B,parallel.vpp=2'")
     p.add_argument("--baseline", metavar="SCENARIO|LABEL",
