@@ -28,10 +28,6 @@ MAX_SIZE = 2 ** 60
 """Largest buffer (1 EiB): far beyond any GPU's memory, still exact as an integer byte count."""
 
 
-MAX_GROUP = 2 ** 20
-"""Largest collective group (1,048,576 GPUs, ~10x the largest clusters): the group's ranks are listed."""
-
-
 def register(sub) -> None:
     from parsim.cluster.collectives import KINDS
 
@@ -101,9 +97,10 @@ def predict(hw, kind: str, size: int, gpus: int) -> dict:
 
 def cmd_collective(args) -> int:
     from parsim.cluster.hardware import load_profile
+    from parsim.scenario import MAX_GPUS
 
-    if args.gpus > MAX_GROUP:
-        raise ConfigError("parsim collective", "--gpus", f"at most {MAX_GROUP:,} GPUs in one group, got {args.gpus:,}")
+    if args.gpus > MAX_GPUS:  # the group's ranks are listed: the scenarios' bound
+        raise ConfigError("parsim collective", "--gpus", f"at most {MAX_GPUS:,} GPUs in one group, got {args.gpus:,}")
     if args.gpus < 2:
         raise ConfigError("parsim collective", "--gpus", f"a collective needs at least 2 GPUs, got {args.gpus}")
     if args.kind == "p2p" and args.gpus != 2:

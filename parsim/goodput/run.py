@@ -48,6 +48,15 @@ def checkpoint_write(sc: Scenario, params: float) -> tuple[float, float | None]:
     return size / (f.storage_gbyte_per_s * 1e9), size
 
 
+def expected_failures(useful_s: float, interval_s: float, write_s: float, restart_s: float, mtbf_s: float) -> float:
+    """Failures a run expects with a checkpoint every ``interval_s`` (Daly's expected wall time over
+    the MTBF); infinite where that time overflows."""
+    try:
+        return daly_expected_time(useful_s, interval_s, write_s, restart_s, mtbf_s) / mtbf_s
+    except OverflowError:
+        return math.inf
+
+
 def goodput(sc: Scenario, train_tokens: float, samples: int = 200, seed: int = 0, metrics: dict | None = None) -> dict:
     """The goodput figures of training ``sc`` on ``train_tokens`` tokens (``metrics``: the step's
     simulate metrics when already at hand)."""
@@ -66,10 +75,7 @@ def goodput(sc: Scenario, train_tokens: float, samples: int = 200, seed: int = 0
     # the Monte Carlo walks every failure of every run: refuse a run that fails more often than it can
     # count, judged at its best checkpoint interval by Daly's closed form
     tau = min(max(daly_interval(write_s, mtbf), step), useful)
-    try:
-        fewest = daly_expected_time(useful, tau, write_s, f.restart_s, mtbf) / mtbf
-    except OverflowError:
-        fewest = math.inf
+    fewest = expected_failures(useful, tau, write_s, f.restart_s, mtbf)
     if fewest > MAX_FAILURES_PER_RUN:
         raise ConfigError(sc.file, "faults", f"{train_tokens:.3g} tokens ({useful / HOUR:.3g} h of training) with a "
                           f"failure every {mtbf / HOUR:.3g} h expects {fewest:.3g} failures per run even at the best "
@@ -81,10 +87,7 @@ def goodput(sc: Scenario, train_tokens: float, samples: int = 200, seed: int = 0
     wanted = f.checkpoint_interval_s if f.checkpoint_interval_s is not None else best
     interval = min(max(1, round(wanted / step)), steps) * step  # checkpoints fall between steps
     if f.checkpoint_interval_s is not None:  # the stated interval must be countable too (the best one is)
-        try:
-            at_interval = daly_expected_time(useful, interval, write_s, f.restart_s, mtbf) / mtbf
-        except OverflowError:
-            at_interval = math.inf
+        at_interval = expected_failures(useful, interval, write_s, f.restart_s, mtbf)
         if at_interval > MAX_FAILURES_PER_RUN:
             raise ConfigError(sc.file, "faults.checkpoint_interval_s",
                               f"a checkpoint every {interval / HOUR:.3g} h with a failure every {mtbf / HOUR:.3g} h "
