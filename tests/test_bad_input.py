@@ -498,7 +498,7 @@ def test_model_and_population_sizes_beyond_the_bounds(capsys):
             f"{MAX_EXPERTS:,}")
     fl = ROOT / "scenarios" / "fl-mobile.toml"
     refused(capsys, ["fl", fl, "--set", f"federated.clients={MAX_CLIENTS + 1}"], "federated.clients")
-    refused(capsys, ["fl", fl, "--set", "federated.rounds=100000000"], "federated.rounds", f"{MAX_UPDATES:,}")
+    refused(capsys, ["fl", fl, "--set", "federated.rounds=20000"], "federated.rounds", f"{MAX_UPDATES:,}")
     rc = main(["plan", "--model", "llama3-8b", "--hardware", "dgx-h100", "--gpus", "8", "--global-batch",
                "1000000000", "--seq-len", "4096"])
     out = capsys.readouterr().out
@@ -743,3 +743,59 @@ def test_a_sequence_longer_than_the_learned_position_table(capsys, tmp_path):
     refused(capsys, ["infer", inf], "inference", "prompt_tokens + generate_tokens = 1,100")
     assert main(["infer", str(inf), "--set", "inference.generate_tokens=24", "--json"]) == 0
     capsys.readouterr()
+
+
+def test_sweep_round_6_model_widths_moe_frequencies_and_fl_rounds(capsys, tmp_path):
+    """Round 6: an HF config whose moe_layer_freq (DeepSeek) or decoder_sparse_step (Qwen MoE) is 0
+    crashed (ZeroDivisionError, exit 70); an intermediate_size of 2^70 was simulated (exit 0, a
+    step of ~10^13 s); 10^7 federated rounds of one client each passed the client-update bound and
+    ran for ever (~2.4 ms a round). Each is one line naming the key; the bounds' edges still run."""
+    from parsim.federated.config import MAX_ROUNDS
+    from parsim.model.spec import MAX_WIDTH
+
+    base = {"model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 256,
+            "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 512,
+            "vocab_size": 1024, "max_position_embeddings": 256, "hidden_act": "silu", "rms_norm_eps": 1e-05,
+            "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 128, "n_shared_experts": 1,
+            "first_k_dense_replace": 1, "q_lora_rank": 64, "kv_lora_rank": 32, "qk_nope_head_dim": 32,
+            "qk_rope_head_dim": 16, "v_head_dim": 32}
+    qwen = {"model_type": "qwen3_moe", "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "intermediate_size": 512, "vocab_size": 1024, "max_position_embeddings": 256,
+            "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 128, "head_dim": 64}
+    tiny = ROOT / "scenarios" / "tiny-cpu.toml"
+    for name, cfg, key in (("ds", {**base, "moe_layer_freq": 0}, "moe_layer_freq"),
+                           ("qwen", {**qwen, "decoder_sparse_step": 0}, "decoder_sparse_step"),
+                           ("wide", {**base, "intermediate_size": 2 ** 70}, "model.d_ff")):
+        f = tmp_path / f"{name}.json"
+        f.write_text(json.dumps(cfg))
+        refused(capsys, ["simulate", tiny, "--set", f'model={{hf_config="{f}"}}', "--set", "training.seq_len=128"],
+                str(f), key)
+    ok = tmp_path / "ok.json"
+    ok.write_text(json.dumps({**base, "moe_layer_freq": 1, "vocab_size": MAX_WIDTH}))
+    assert main(["simulate", str(tiny), "--set", f'model={{hf_config="{ok}"}}', "--set", "training.seq_len=128",
+                 "--json"]) == 0
+    capsys.readouterr()
+    fl = ROOT / "scenarios" / "fl-mobile.toml"
+    refused(capsys, ["fl", fl, "--set", f"federated.rounds={MAX_ROUNDS + 1}", "--set", "federated.clients_per_round=1"],
+            "federated.rounds", f"{MAX_ROUNDS:,}")
+
+
+def test_sweep_round_6_report_dirs_spares_and_histograms(capsys):
+    """Round 6, the rest: a report directory that cannot be created although its parent passes the
+    access check (/proc, as root) crashed after the run (FileNotFoundError, exit 70) in simulate,
+    compare and fl; 2^62 spare nodes crashed the goodput Monte Carlo (array too big); a routing
+    histogram of 1e308s overflowed NumPy (a warning, then a run). Each is one line naming the
+    directory or the key."""
+    from parsim.config.faults import MAX_SPARE_NODES
+
+    if os.access("/proc", os.W_OK):  # only a root test run gets past the access check to the mkdir
+        refused(capsys, ["simulate", TINY, "--out", "/proc/parsim-out"], "/proc/parsim-out", "cannot write")
+        refused(capsys, ["compare", TINY, "--out", "/proc/parsim-cmp", "--sweep", "parallel.pp=1,2"],
+                "/proc/parsim-cmp", "cannot write")
+        refused(capsys, ["fl", ROOT / "scenarios" / "fl-mobile.toml", "--out", "/proc/parsim-fl"],
+                "/proc/parsim-fl", "cannot write")
+    faults = ROOT / "scenarios" / "llama3-405b-16k-faults.toml"
+    refused(capsys, ["goodput", faults, "--train-tokens", "1e12", "--set", f"faults.spare_nodes={2 ** 62}",
+                     "--set", "faults.node_repair_hours=1"], "faults.spare_nodes", f"{MAX_SPARE_NODES:,}")
+    refused(capsys, ["simulate", MOE, "--set", "moe.routing=histogram", "--set", "moe.histogram=[1e308,1e308,1e308,1e308]"],
+            "moe.histogram")

@@ -133,6 +133,7 @@ def cmd_compare(args) -> int:
     title = args.title or ("Comparison: " + ", ".join(label for label, _ in items))
     command = "parsim " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["compare"] else None
 
+    out = out_dir(args.out, create=True)  # the runs succeeded: now the directory
     html_path, md_path = write_report(items, out, title, sweep, command, write_bytes, baseline, __version__)
     head, rows = summary_table(items, 0 if baseline is None else baseline)
     keep = [0, 3, 4, 6, 7, 8, 10, 11]  # label, step, delta, MFU, bubble, idle, peak, fits

@@ -33,6 +33,8 @@ def cmd_fl(args) -> int:
     out = out_dir(args.out) if args.out else None
     sc = load_fl_scenario(args.scenario, args.set)
     res = simulate_fl(sc)
+    if out is not None:  # the run succeeded: now the directory, before anything is printed or written
+        out = out_dir(args.out, create=True)
     human = sys.stderr if args.rounds_csv == STDOUT else sys.stdout
     print(json.dumps(res.metrics, indent=1) if args.json else res.summary(), file=human)
     if args.rounds_csv:

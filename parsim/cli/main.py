@@ -54,6 +54,8 @@ def cmd_simulate(args) -> int:
     if args.samples:
         from parsim.uncertainty.band import band
         mx.update(band(sc, mx, args.samples, args.seed))
+    if args.out:  # created once the run succeeded, before anything is printed or written
+        out = out_dir(args.out, create=True)
     # a stream on stdout keeps it clean: the summary goes to stderr then
     human = sys.stderr if STDOUT in outputs else sys.stdout
     if args.json:

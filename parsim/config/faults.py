@@ -7,6 +7,10 @@ from dataclasses import dataclass
 
 from parsim.errors import ConfigError
 
+MAX_SPARE_NODES = 2**20
+"""Largest spare-node pool (the most GPUs a scenario may have, 2^20, as nodes: the Monte Carlo keeps
+one repair time per spare)."""
+
 
 @dataclass(frozen=True)
 class FaultsConfig:
@@ -73,6 +77,8 @@ def faults_from_table(t: dict, file: str) -> FaultsConfig:
         s = t["spare_nodes"]
         if isinstance(s, bool) or not isinstance(s, int) or s < 0:
             raise ConfigError(file, p + "spare_nodes", f"expected a non-negative integer, got {s!r}")
+        if s > MAX_SPARE_NODES:
+            raise ConfigError(file, p + "spare_nodes", f"{s:,} is more than parsim models ({MAX_SPARE_NODES:,})")
         if "node_repair_hours" not in kw:
             raise ConfigError(file, p + "node_repair_hours", "missing: spare_nodes needs the time a failed node takes to return")
         kw["spare_nodes"] = s

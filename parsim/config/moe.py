@@ -59,7 +59,7 @@ def _counts(h) -> bool:
     return (isinstance(h, list) and bool(h)
             and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
                     for x in h)
-            and sum(h) > 0)
+            and 0 < sum(h) < math.inf)  # counts summing past a float (1e308 each) overflow the shares
 
 
 def layer_histograms(cfg: MoEConfig) -> tuple[tuple[float, ...], ...] | None:

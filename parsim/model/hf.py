@@ -154,6 +154,8 @@ def _moe_fields(c: HFKeys, n_layers: int) -> dict:
                     d_ff_expert=c.int("intermediate_size"), n_shared_experts=1, **_moe_layers(c, n_layers))
     if mt in ("qwen2_moe", "qwen3_moe"):
         step = c.int("decoder_sparse_step", 1)
+        if step < 1:
+            raise c.error("decoder_sparse_step", f"must be at least 1 (every step-th layer is MoE), got {step}")
         f = dict(n_experts=c.int("num_experts"), top_k=c.int("num_experts_per_tok"),
                  d_ff_expert=c.int("moe_intermediate_size"),
                  moe_every=step, first_dense_layers=step - 1)  # HF: MoE iff (i+1) % step == 0
@@ -169,6 +171,8 @@ def _moe_fields(c: HFKeys, n_layers: int) -> dict:
         return f
     # deepseek_v2 / v3 / v32: MoE iff i >= first_k_dense_replace and i % moe_layer_freq == 0
     freq, first = c.int("moe_layer_freq", 1), c.int("first_k_dense_replace", 0)
+    if freq < 1:
+        raise c.error("moe_layer_freq", f"must be at least 1 (every freq-th layer is MoE), got {freq}")
     first = next((i for i in range(first, n_layers) if i % freq == 0), n_layers)
     return dict(n_experts=c.int("n_routed_experts"), top_k=c.int("num_experts_per_tok"),
                 d_ff_expert=c.int("moe_intermediate_size"), n_shared_experts=c.int("n_shared_experts", 0),

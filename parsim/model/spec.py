@@ -176,6 +176,14 @@ the per-layer cost tables and stage partitions are sized by it."""
 _OPT_POS_INT = ("head_dim", "d_ff_expert", "d_ff_shared")
 
 
+MAX_WIDTH = 2**24
+"""Widest dimension a model may have (d_model, FFN and expert widths, vocabulary, heads, head and
+latent dimensions): 64x the largest published vocabulary (Gemma 3: 262,144) and 200x the widest FFN
+(PaLM 540B: 73,728); beyond it the FLOP and byte counts describe no trainable model."""
+_WIDTHS = ("d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size", "head_dim", "d_ff_expert", "d_ff_shared",
+           "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+
+
 MAX_EXPERTS = 4096
 """Most routed experts a model may have (10x the largest production MoE, Kimi-K2's 384): the MoE
 cost model walks every expert's rows (4,096: ~3 s a scenario; 65,536 took 43 s)."""
@@ -212,6 +220,10 @@ def _validate(s: ModelSpec) -> None:
             raise bad(key, f"expected an integer, got {v!r}")
         if v < 0 or (v == 0 and key not in _NONNEG_INT):
             raise bad(key, f"must be {'>= 0' if key in _NONNEG_INT else 'positive'}, got {v}")
+    for key in _WIDTHS:
+        v = getattr(s, key)
+        if v is not None and v > MAX_WIDTH:
+            raise bad(key, f"{v:,} is more than parsim models ({MAX_WIDTH:,})")
     if s.n_layers > MAX_LAYERS:
         raise bad("n_layers", f"{s.n_layers:,} blocks is more than parsim models ({MAX_LAYERS:,}; per-layer tables)")
     for key in _BOOL:
