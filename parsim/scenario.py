@@ -174,11 +174,6 @@ def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Sc
     if "inference" in doc and "training" not in doc:
         raise ConfigError(file, "training", "missing: an [inference] scenario runs with `parsim infer`")
     training = _training(doc.get("training", {}), file)
-    if model.position == "learned" and training.seq_len > model.max_seq_len:
-        # a learned position table has one row per position: there is no embedding for the rest
-        raise ConfigError(file, "training.seq_len",
-                          f"{training.seq_len:,} tokens, but {model.name} has learned positions for "
-                          f"{model.max_seq_len:,} (model.max_seq_len)")
     try:  # a device without this precision's tensor cores (V100: no bf16) cannot run it; bf16 is the default
         hardware.device.peak(training.precision)
     except ValueError as e:

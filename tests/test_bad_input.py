@@ -724,27 +724,6 @@ def test_endless_or_huge_input_files_are_refused_not_read_for_ever(capsys, tmp_p
         assert f"more than {MAX_INPUT_BYTES // 2 ** 20} MiB" in line, line
 
 
-def test_a_sequence_longer_than_the_learned_position_table(capsys, tmp_path):
-    """GPT-2 has 1,024 learned positions: training it on 2,048-token sequences, or generating past
-    1,024 tokens, has no position embedding for the rest (was simulated as if it had). Refused
-    naming training.seq_len (inference: the [inference] table, prompt + generated tokens); a
-    longer table (model.max_seq_len) or a rotary model of the same sequence length runs."""
-    gpt2 = tmp_path / "gpt2.toml"
-    gpt2.write_text('hardware = "dgx-a100-80g"\ngpus = 8\n[model]\npreset = "gpt2"\n'
-                    "[training]\nglobal_batch = 8\nseq_len = 2048\n")
-    refused(capsys, ["simulate", gpt2], "training.seq_len", "1,024", "model.max_seq_len")
-    assert main(["simulate", str(gpt2), "--set", "model.max_seq_len=2048", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["seq_len"] == 2048
-    assert main(["simulate", str(gpt2), "--set", "training.seq_len=1024", "--json"]) == 0
-    capsys.readouterr()
-    inf = tmp_path / "gpt2-infer.toml"
-    inf.write_text('hardware = "dgx-a100-80g"\ngpus = 1\n[model]\npreset = "gpt2"\n'
-                   "[inference]\nbatch = 1\nprompt_tokens = 1000\ngenerate_tokens = 100\n")
-    refused(capsys, ["infer", inf], "inference", "prompt_tokens + generate_tokens = 1,100")
-    assert main(["infer", str(inf), "--set", "inference.generate_tokens=24", "--json"]) == 0
-    capsys.readouterr()
-
-
 def test_sweep_round_6_model_widths_moe_frequencies_and_fl_rounds(capsys, tmp_path):
     """Round 6: an HF config whose moe_layer_freq (DeepSeek) or decoder_sparse_step (Qwen MoE) is 0
     crashed (ZeroDivisionError, exit 70); an intermediate_size of 2^70 was simulated (exit 0, a
