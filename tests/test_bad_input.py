@@ -474,7 +474,7 @@ def test_runs_that_would_not_finish_are_refused_not_hung(capsys):
     from parsim.goodput.run import MAX_FAILURES_PER_RUN
 
     faults = ROOT / "scenarios" / "llama3-405b-16k-faults.toml"
-    refused(capsys, ["goodput", faults, "--train-tokens", "1e30"], "faults", f"{MAX_FAILURES_PER_RUN:,}")
+    refused(capsys, ["goodput", faults, "--train-tokens", "1e18"], "faults", f"{MAX_FAILURES_PER_RUN:,}")
     refused(capsys, ["goodput", faults, "--train-tokens", "1e12", "--set", "faults.gpu_mtbf_hours=1e-9"], "faults")
     refused(capsys, ["goodput", faults, "--train-tokens", "1e12", "--samples", MAX_SAMPLES + 1], "--samples")
     refused(capsys, ["simulate", TINY, "--samples", MAX_SAMPLES + 1], "--samples", f"{MAX_SAMPLES:,}")
@@ -498,7 +498,7 @@ def test_model_and_population_sizes_beyond_the_bounds(capsys):
             f"{MAX_EXPERTS:,}")
     fl = ROOT / "scenarios" / "fl-mobile.toml"
     refused(capsys, ["fl", fl, "--set", f"federated.clients={MAX_CLIENTS + 1}"], "federated.clients")
-    refused(capsys, ["fl", fl, "--set", "federated.rounds=20000"], "federated.rounds", f"{MAX_UPDATES:,}")
+    refused(capsys, ["fl", fl, "--set", "federated.rounds=10000"], "federated.rounds", f"{MAX_UPDATES:,}")
     rc = main(["plan", "--model", "llama3-8b", "--hardware", "dgx-h100", "--gpus", "8", "--global-batch",
                "1000000000", "--seq-len", "4096"])
     out = capsys.readouterr().out
@@ -680,14 +680,14 @@ def test_straggler_slowdowns_and_dispatcher_sms_within_the_hardware(capsys):
 
 
 def test_kernel_facts_must_imply_a_real_clock(capsys, tmp_path):
-    """A profile whose SM count, tensor FLOP per clock and peak imply no real clock (10^8 SMs: a
+    """A profile whose SM count, tensor FLOP per clock and peak imply no real clock (10^5 SMs: a
     2.4 MHz H100, simulated as a 7-day step) is refused naming device.sm_count; every bundled
     profile implies its GPU's boost clock (1.41 GHz A100 to 2.06 GHz GB200)."""
     from parsim.cluster.hardware import load_profile
     from parsim.cluster.kernels import CLOCK_RANGE_HZ
 
     text = (ROOT / "parsim" / "cluster" / "profiles" / "dgx-h100.toml").read_text()
-    for sms in ("100000000", "1"):
+    for sms in ("100000", "1"):  # 10^5 SMs (the most parsim.cluster.plausible allows): a 2.4 MHz clock
         bad = tmp_path / f"sm{sms}.toml"
         bad.write_text("\n".join(f"sm_count = {sms}" if ln.startswith("sm_count") else ln for ln in text.splitlines()))
         refused(capsys, ["simulate", ROOT / "scenarios" / "llama3-70b-h100.toml", "--set", f"hardware={bad}"],
@@ -778,3 +778,87 @@ def test_sweep_round_6_report_dirs_spares_and_histograms(capsys):
                      "--set", "faults.node_repair_hours=1"], "faults.spare_nodes", f"{MAX_SPARE_NODES:,}")
     refused(capsys, ["simulate", MOE, "--set", "moe.routing=histogram", "--set", "moe.histogram=[1e308,1e308,1e308,1e308]"],
             "moe.histogram")
+
+
+def test_sweep_round_6_profiles_within_plausible_ranges(capsys, tmp_path):
+    """Round 6, hardware profiles: an FP8 peak of 1e300 TFLOP/s or 1e300 GiB of memory overflowed to
+    infinity (NaN timelines, NumPy warnings, exit 0 or 70 in plan/autoplan); an HBM bandwidth, NIC
+    rate or efficiency of 1e-300, a 1e300 us launch, a 10^8-wide GEMM tile or a calibrated
+    collective at 1e-300 GB/s simulated to 300-digit step times. Each number is now held to its
+    unit's plausible range (parsim.cluster.plausible), one line naming the key; every bundled and
+    calibrated profile is inside them."""
+    from parsim.cluster.hardware import load_profile
+
+    text = (ROOT / "parsim" / "cluster" / "profiles" / "dgx-h100.toml").read_text()
+    llama = ROOT / "scenarios" / "llama3-70b-h100.toml"
+    for key, value, named in (("fp8_tflops", "1e300", "device.fp8_tflops"), ("memory_gib", "1e300", "device.memory_gib"),
+                              ("memory_tbyte_per_s", "1e-300", "device.memory_tbyte_per_s"),
+                              ("memory_efficiency", "1e-300", "device.memory_efficiency"),
+                              ("kernel_launch_us", "1e300", "device.kernel_launch_us"),
+                              ("nic_gbit_per_s", "1e-300", "network.nic_gbit_per_s"),
+                              ("nics_per_node", "100000", "network.nics_per_node"),
+                              ("gemm_tiles", '["100000000x100000000"]', "device.gemm_tiles")):
+        bad = tmp_path / f"{key}.toml"
+        bad.write_text("\n".join(f"{key} = {value}" if ln.startswith(f"{key} ") else ln for ln in text.splitlines()))
+        refused(capsys, ["simulate", llama, "--set", f"hardware={bad}"], named)
+    cal = tmp_path / "cal.toml"
+    cal.write_text(text + "\n[calibration]\ncollective_all_reduce_8 = [[1e9, 5.0, 1e-300]]\n")
+    refused(capsys, ["simulate", llama, "--set", f"hardware={cal}"], "calibration.collective_all_reduce_8")
+    v100 = (ROOT / "parsim" / "cluster" / "profiles" / "dgx2-v100.toml").read_text()
+    host = tmp_path / "host.toml"
+    host.write_text("\n".join("cpu_memory_gbyte_per_s = 1e-300" if ln.startswith("cpu_memory_gbyte_per_s")
+                              else ln for ln in v100.splitlines()))
+    refused(capsys, ["simulate", ROOT / "scenarios" / "zero-offload-10b-v100.toml", "--set", f"hardware={host}"],
+            "host.cpu_memory_gbyte_per_s")
+    for f in sorted((ROOT / "parsim" / "cluster" / "profiles").rglob("*.toml")) + sorted(
+            (ROOT / "reports").rglob("*.toml")):
+        if "[device]" in f.read_text():
+            load_profile(str(f))  # every shipped profile is plausible
+
+
+def test_sweep_round_6_runs_and_options_that_printed_nonsense(capsys, tmp_path):
+    """Round 6, runs: schedule.n_microbatches = 3 against a 128-sequence global batch reported MFU
+    555% (tokens counted from the global batch, 6 sequences simulated): the step's tokens now follow
+    what is simulated. And one line each for: a NIC at 1e-300 of its bandwidth (300-digit step), a
+    spare pool larger than the job (MemoryError at 2^20) or a 1e300-hour repair, federated
+    weight_bits of 2^62 / a 1e-300 s deadline / a train_factor of 1e300, plan --results naming a
+    directory or a path below a file (exit 70), --train-tokens 1e-300 or a 1e300 GPU-hour price, an
+    empty --out (compare wrote its report into the working directory), a model with 2^62 shared
+    experts or positions, a collective smaller than one element, and --seed without --samples."""
+    llama = ROOT / "scenarios" / "llama3-70b-h100.toml"
+    assert main(["simulate", str(llama), "--set", "schedule.n_microbatches=3", "--json"]) == 0
+    mx = json.loads(capsys.readouterr().out)
+    par = mx["parallel"]
+    assert mx["tokens_per_step"] == 3 * par["dp"] * mx["seq_len"] and mx["global_batch"] == 3 * par["dp"]
+    assert 0 < mx["mfu"] < 1
+    refused(capsys, ["simulate", ROOT / "scenarios" / "llama3-8b-mixed-stragglers.toml", "--set",
+                     "stragglers.nics=[[0, 1e-300]]"], "stragglers.nics", "1/1000")
+    faults = ROOT / "scenarios" / "llama3-405b-16k-faults.toml"
+    refused(capsys, ["goodput", faults, "--train-tokens", "1e12", "--set", "faults.spare_nodes=4096", "--set",
+                     "faults.node_repair_hours=1"], "faults.spare_nodes", "2,048 nodes")
+    refused(capsys, ["goodput", faults, "--train-tokens", "1e12", "--set", "faults.spare_nodes=0", "--set",
+                     "faults.node_repair_hours=1e300"], "faults.node_repair_hours")
+    fl = ROOT / "scenarios" / "fl-mobile.toml"
+    for key, value in (("weight_bits", 2 ** 62), ("deadline_s", "1e-300"), ("train_factor", "1e300")):
+        refused(capsys, ["fl", fl, "--set", f"federated.{key}={value}"], f"federated.{key}")
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    plan = ["plan", "--model", "llama3-8b", "--hardware", "dgx-h100", "--gpus", "8", "--global-batch", "8",
+            "--seq-len", "4096", "--top", "1"]
+    refused(capsys, [*plan, "--results", tmp_path], str(tmp_path), "directory")
+    refused(capsys, [*plan, "--results", afile / "r.jsonl"], "not a directory")
+    refused(capsys, ["simulate", TINY, "--train-tokens", "1e-300"], "--train-tokens")
+    refused(capsys, ["simulate", TINY, "--train-tokens", "1e12", "--gpu-hour-price", "1e300"], "--gpu-hour-price")
+    refused(capsys, ["simulate", TINY, "--seed", "5"], "--seed", "--samples")
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        refused(capsys, ["compare", TINY, "--out", "", "--sweep", "parallel.pp=1,2"], "--out", "empty path")
+        refused(capsys, ["simulate", TINY, "--out", "", "--timeline", ""], "empty path")
+    finally:
+        os.chdir(cwd)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+    refused(capsys, ["simulate", MOE, "--set", f"model.n_shared_experts={2 ** 62}"], "model.n_shared_experts")
+    refused(capsys, ["simulate", TINY, "--set", f"model.max_seq_len={2 ** 62}"], "model.max_seq_len")
+    refused(capsys, ["collective", "all_reduce", "--size", "3", "--gpus", "8", "--hardware", "dgx-h100", "--type",
+                     "double"], "--size", "one double")

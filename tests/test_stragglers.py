@@ -139,7 +139,7 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 @pytest.mark.parametrize("setting, needle", [
     ("stragglers.gpus=[[99999, 1.2]]", "stragglers.gpus: index 99999 is outside the job"),
     ("stragglers.gpus=[[1, 0]]", "stragglers.gpus: slowdown must be a positive number"),
-    ("stragglers.nics=[[0, 1.5]]", "stragglers.nics: bandwidth fraction must be in (0, 1]"),
+    ("stragglers.nics=[[0, 1.5]]", "stragglers.nics: bandwidth fraction must be in 1/1000 to 1"),
     ("stragglers.slow=1", "stragglers.slow: unknown key"),
     ("stragglers.failed_nics=[0,1,2,3,4,5,6,7]", "every NIC of node 0 is down"),
     ("stragglers.nics=[[0, 0.5]]", 'need [simulation] mode = "full"'),

@@ -84,12 +84,20 @@ def positive_int(option: str, minimum: int = 1, most: int | None = None):
     return conv
 
 
-def finite_positive(option: str):
-    """A float option that is finite and > 0 (``300e9`` is fine)."""
+def finite_positive(option: str, lo: float = 0.0, hi: float = math.inf):
+    """A float option that is finite and > 0 (``300e9`` is fine), within [lo, hi] when given."""
     def conv(text: str) -> float:
         v = _number(option, text, float, "a finite positive number")
         if v <= 0:
             raise argparse.ArgumentTypeError(f"expected a finite positive number, got {text!r}")
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"expected {lo:g} to {hi:g}, got {text!r}")
         return v
-    conv.__name__ = "a finite positive number"
+    conv.__name__ = "a finite positive number" if (lo, hi) == (0.0, math.inf) else f"a number from {lo:g} to {hi:g}"
     return conv
+
+
+TRAIN_TOKENS_RANGE = (1.0, 1e18)
+"""--train-tokens: at least one token, at most 10^18 (~20,000x Llama 3's 15T-token run)."""
+GPU_HOUR_PRICE_RANGE = (1e-6, 1e6)
+"""--gpu-hour-price: from a millionth to a million of a currency unit per GPU-hour."""

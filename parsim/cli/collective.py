@@ -106,7 +106,11 @@ def cmd_collective(args) -> int:
     if args.kind == "p2p" and args.gpus != 2:
         raise ConfigError("parsim collective", "--gpus", f"p2p is one send/receive between 2 GPUs, got {args.gpus}")
     hw = load_profile(args.hardware)
-    rows = [(s, predict(hw, args.kind, s, args.gpus)) for s in sizes(args.size, args.factor)]
+    want = sizes(args.size, args.factor)
+    if want[0] < TYPES[args.type]:
+        raise ConfigError("parsim collective", "--size", f"{want[0]} bytes is less than one {args.type} "
+                          f"({TYPES[args.type]} bytes)")
+    rows = [(s, predict(hw, args.kind, s, args.gpus)) for s in want]
     if args.json:
         out = rows[0][1] if len(rows) == 1 and ":" not in args.size else [{"size_bytes": s} | r for s, r in rows]
         print(json.dumps(out, indent=1))

@@ -3,7 +3,12 @@ from __future__ import annotations
 
 import json
 
-from parsim.cli.args import MAX_SAMPLES, finite_positive, positive_int
+from parsim.cli.args import (
+    MAX_SAMPLES,
+    TRAIN_TOKENS_RANGE,
+    finite_positive,
+    positive_int,
+)
 
 
 def register(sub) -> None:
@@ -17,7 +22,7 @@ def register(sub) -> None:
     p.add_argument("scenario", help="scenario TOML file with a [faults] table")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a scenario key (repeatable), e.g. --set faults.restart_s=300")
-    p.add_argument("--train-tokens", type=finite_positive("--train-tokens"), required=True, metavar="T",
+    p.add_argument("--train-tokens", type=finite_positive("--train-tokens", *TRAIN_TOKENS_RANGE), required=True, metavar="T",
                    help="tokens to train on (e.g. 15e12)")
     p.add_argument("--samples", type=positive_int("--samples", most=MAX_SAMPLES), default=200, help="simulated runs")
     p.add_argument("--seed", type=positive_int("--seed", 0), default=0, help="random seed (same seed, same numbers)")

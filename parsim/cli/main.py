@@ -16,7 +16,8 @@ import threading
 from parsim import __version__
 from parsim.cli import (autoplan, calibrate, collective, compare, estimate_memory, fl, goodput, importer, infer,
                         kernel, plan, validate)
-from parsim.cli.args import MAX_SAMPLES, HelpParser, finite_positive, positive_int
+from parsim.cli.args import (GPU_HOUR_PRICE_RANGE, MAX_SAMPLES, TRAIN_TOKENS_RANGE, HelpParser, finite_positive,
+                             positive_int)
 from parsim.cli.common import (
     EXIT_BAD_INPUT,
     EXIT_INTERRUPTED,
@@ -41,6 +42,8 @@ def cmd_simulate(args) -> int:
 
     if args.gpu_hour_price is not None and args.train_tokens is None:
         raise ConfigError("parsim simulate", "--gpu-hour-price", "needs --train-tokens")
+    if args.seed is not None and not args.samples:
+        raise ConfigError("parsim simulate", "--seed", "needs --samples (the seed of the uncertainty band's draws)")
     # before the simulation: an unwritable place, or two outputs in one place, is refused at once
     outputs = out_files("parsim simulate", {"--trace": args.trace, "--timeline": args.timeline,
                                             "--memory-timeline": args.memory_timeline, "--plot": args.plot})
@@ -53,7 +56,7 @@ def cmd_simulate(args) -> int:
         mx.update(training_budget(mx, args.train_tokens, args.gpu_hour_price))
     if args.samples:
         from parsim.uncertainty.band import band
-        mx.update(band(sc, mx, args.samples, args.seed))
+        mx.update(band(sc, mx, args.samples, args.seed or 0))
     if args.out:  # created once the run succeeded, before anything is printed or written
         out = out_dir(args.out, create=True)
     # a stream on stdout keeps it clean: the summary goes to stderr then
@@ -136,14 +139,14 @@ def build_parser() -> HelpParser:
     s.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a scenario key (repeatable), e.g. --set parallel.pp=8")
     s.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
-    s.add_argument("--train-tokens", type=finite_positive("--train-tokens"), metavar="T",
+    s.add_argument("--train-tokens", type=finite_positive("--train-tokens", *TRAIN_TOKENS_RANGE), metavar="T",
                    help="token budget (e.g. 300e9): adds time_to_train_s and gpu_hours")
-    s.add_argument("--gpu-hour-price", type=finite_positive("--gpu-hour-price"), metavar="PRICE",
+    s.add_argument("--gpu-hour-price", type=finite_positive("--gpu-hour-price", *GPU_HOUR_PRICE_RANGE), metavar="PRICE",
                    help="price of one GPU-hour (with --train-tokens): adds cost")
     s.add_argument("--samples", type=positive_int("--samples", most=MAX_SAMPLES), metavar="N",
                    help="Monte Carlo over per-op duration draws from the profile's spread: adds the P5/P50/P95 of "
                         "step time and throughput (step_time_p5_s, step_time_p50_s, step_time_p95_s)")
-    s.add_argument("--seed", type=positive_int("--seed", 0), default=0, help="random seed of --samples")
+    s.add_argument("--seed", type=positive_int("--seed", 0), default=None, help="random seed of --samples (default 0)")
     s.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace with memory counters ('-': stdout)")
     s.add_argument("--timeline", metavar="FILE", help="write the span rows as CSV ('-': stdout)")
     s.add_argument("--memory-timeline", metavar="FILE",
@@ -199,6 +202,20 @@ def _terminated(signum, frame) -> None:
     raise Terminated
 
 
+PATH_OPTIONS = ("out", "out_dir", "trace", "timeline", "memory_timeline", "plot", "results", "rounds_csv", "csv",
+                "emit_scenario", "base", "scenario", "profile", "validations")
+"""Options whose value is a file or directory: an empty one is refused (``Path("")`` is the current
+directory, and ``if args.out`` would silently skip it)."""
+
+
+def _no_empty_paths(args) -> None:
+    for name in PATH_OPTIONS:
+        v = getattr(args, name, None)
+        if isinstance(v, str) and not v.strip():
+            label = name if name == "scenario" else f"--{name.replace('_', '-')}"  # scenario: mostly positional
+            raise ConfigError(label, None, "an empty path")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # --help and usage errors: SystemExit (0, or 2 after one line)
     # SIGTERM's default action ends the process at once, leaving any rank processes it launched
@@ -206,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     try:
+        _no_empty_paths(args)
         return args.func(args)
     except KeyboardInterrupt:
         print("parsim: interrupted", file=sys.stderr)

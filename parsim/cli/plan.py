@@ -13,7 +13,9 @@ FORMATS = ("table", "csv", "json", "md")
 
 def register(sub) -> None:
     from parsim.cli.args import (
+        GPU_HOUR_PRICE_RANGE,
         MAX_SAMPLES,
+        TRAIN_TOKENS_RANGE,
         add_attention_flags,
         finite_positive,
         positive_int,
@@ -48,9 +50,9 @@ def register(sub) -> None:
     add_attention_flags(p)
     p.add_argument("--objective", choices=("time", "mfu", "cost"), default="time",
                    help="time: shortest step; mfu: highest MFU; cost: fewest GPU-hours per token (tries N/2, N/4 GPUs too)")
-    p.add_argument("--train-tokens", type=finite_positive("--train-tokens"), metavar="T",
+    p.add_argument("--train-tokens", type=finite_positive("--train-tokens", *TRAIN_TOKENS_RANGE), metavar="T",
                    help="token budget (e.g. 15e12): adds time_to_train_s and gpu_hours to every row")
-    p.add_argument("--gpu-hour-price", type=finite_positive("--gpu-hour-price"), metavar="PRICE",
+    p.add_argument("--gpu-hour-price", type=finite_positive("--gpu-hour-price", *GPU_HOUR_PRICE_RANGE), metavar="PRICE",
                    help="price of one GPU-hour (with --train-tokens): adds cost")
     p.add_argument("--top", type=positive_int("--top"), default=10, help="rows to print")
     p.add_argument("--samples", type=positive_int("--samples", most=MAX_SAMPLES), metavar="N",
@@ -171,7 +173,7 @@ def build_spec(args):
 
 def cmd_plan(args) -> int:
     from parsim import __version__
-    from parsim.cli.common import out_dir, write_text
+    from parsim.cli.common import out_dir, out_file, write_text
     from parsim.plan.run import (
         run_plan,
         scenario_toml,
@@ -186,6 +188,10 @@ def cmd_plan(args) -> int:
         raise ConfigError("parsim plan", "--gpu-hour-price", "needs --train-tokens")
     spec = build_spec(args)
     out = out_dir(args.out) if args.out else None  # refused before the search, not after
+    if args.results is not None:
+        if args.results == "-":
+            raise ConfigError(args.results, None, "--results must be a file (it is read back to resume)")
+        out_file(args.results)  # a directory, or a path below a file: refused now, not mid-search
     res = run_plan(spec, args.objective, args.top, args.confirm, executor=args.executor, workers=args.workers,
                    scheduler=args.scheduler, results=args.results, connect_timeout=args.connect_timeout,
                    train_tokens=args.train_tokens, gpu_hour_price=args.gpu_hour_price)

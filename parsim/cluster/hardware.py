@@ -31,6 +31,7 @@ from typing import Any
 from parsim.cluster import attention_kernels, kernels, nvlink_mesh
 from parsim.cluster.host import HostTier, parse_host
 from parsim.cluster.kernels import KernelFacts, parse_shape, parse_tile
+from parsim.cluster.plausible import check_plausible
 from parsim.cluster.precision import GEMM_PRECISIONS, PRECISION_TABLE
 from parsim.cluster.precision import precision as precision_row
 from parsim.errors import ConfigError
@@ -534,6 +535,7 @@ def _check_value(file: str, key: str, kind: str, v: Any) -> Any:
     if kind == "int":
         if not isinstance(v, int) or v < 1:
             raise ConfigError(file, key, f"must be a positive integer, got {v!r}")
+        check_plausible(file, key, v)
         return v
     problems = {
         "pos": (v > 0, "must be > 0"),
@@ -544,6 +546,7 @@ def _check_value(file: str, key: str, kind: str, v: Any) -> Any:
     ok, why = problems[kind]
     if not ok:
         raise ConfigError(file, key, f"{why}, got {v!r}")
+    check_plausible(file, key, v)
     return float(v)
 
 
@@ -648,11 +651,15 @@ def _collective_fits(cal: Mapping[str, Any], file: str) -> tuple[tuple[str, int,
         kind, _, n = key[len("collective_"):].rpartition("_")
         ok = n.isdigit() and int(n) >= 2 and isinstance(rows, list) and rows and all(
             isinstance(r, list) and len(r) == 3 and all(isinstance(x, (int, float)) and not isinstance(x, bool)
-                                                        for x in r) and r[0] > 0 and r[1] >= 0 and r[2] > 0
+                                                        for x in r) and r[0] > 0 and 0 <= r[1] <= 1e6
+            # GB/s from 1e-4 (parsim.cluster.plausible) to 1e7: a latency-bound bucket's fit may come out
+            # far above any link (calibrated/cpu-gloo: 5e5); the last bucket's max bytes is inf
+            and 1e-4 <= r[2] <= 1e7
             for r in rows)
         if not ok:
             raise ConfigError(file, f"calibration.{key}", "expected collective_<kind>_<group size> = "
-                              "[[max bytes, latency us, GB/s], ...] with positive sizes and bandwidths")
+                              "[[max bytes, latency us, GB/s], ...] with positive sizes, latencies up to 10^6 us and "
+                              "bandwidths of 1e-4 to 1e7 GB/s")
         out += [(kind, int(n), float(r[0]), r[1] * 1e-6, r[2] * 1e9) for r in sorted(rows)]
     return tuple(out)
 

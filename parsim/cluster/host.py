@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from parsim.cluster.plausible import check_plausible
 from parsim.errors import ConfigError
 from parsim.units import GB, TB, GiB
 
@@ -83,6 +84,7 @@ def _value(file: str, key: str, kind: str, v: Any):
         raise ConfigError(file, key, f"must be > 0, got {v!r}")
     if kind == "frac" and not 0 < v <= 1:
         raise ConfigError(file, key, f"must be a fraction in (0, 1], got {v!r}")
+    check_plausible(file, key, v)
     return v
 
 

@@ -112,13 +112,19 @@ class KernelFacts:
         return 1.0 if self.msmf is None else self.msmf[0] / self.msmf[1]
 
 
+MAX_TILE = 1024
+"""Widest side of a GEMM output tile (the largest real ones are 256: cuBLAS/CUTLASS on Hopper and
+Blackwell, 2-SM pairs included)."""
+
+
 def parse_tile(text: str) -> tuple[int, int, int]:
     """``"128x256"`` -> (128, 256, 1); ``"256x256/2sm"`` (a CTA pair) -> (256, 256, 2)."""
     body, _, pair = str(text).lower().partition("/")
     parts = body.split("x")
     if (len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts)
-            or pair not in ("", "1sm", "2sm") or (pair == "2sm" and int(parts[0]) % 2)):
-        raise ValueError(f"tile {text!r} must look like 128x256 or 256x256/2sm")
+            or pair not in ("", "1sm", "2sm") or (pair == "2sm" and int(parts[0]) % 2)
+            or any(int(p) > MAX_TILE for p in parts)):
+        raise ValueError(f"tile {text!r} must look like 128x256 or 256x256/2sm, each side at most {MAX_TILE}")
     return int(parts[0]), int(parts[1]), 2 if pair == "2sm" else 1
 
 

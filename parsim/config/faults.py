@@ -7,9 +7,10 @@ from dataclasses import dataclass
 
 from parsim.errors import ConfigError
 
-MAX_SPARE_NODES = 2**20
-"""Largest spare-node pool (the most GPUs a scenario may have, 2^20, as nodes: the Monte Carlo keeps
-one repair time per spare)."""
+MAX_SPARE_NODES = 2**14
+"""Largest spare-node pool: the Monte Carlo keeps a free time per spare for every sampled run and
+checkpoint interval (~65 kB per spare: 16,384 take ~1 GB; 100,000 took 6.5 GB and over a minute);
+goodput also refuses a pool larger than the job, which never runs dry."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,12 @@ _FLOATS = ("gpu_mtbf_hours", "node_mtbf_hours", "switch_mtbf_hours", "checkpoint
            "storage_gbyte_per_s", "restart_s", "node_repair_hours")
 
 
+_MOST = {"gpu_mtbf_hours": 1e9, "node_mtbf_hours": 1e9, "switch_mtbf_hours": 1e9,  # 100,000 years
+         "checkpoint_write_s": 1e6, "restart_s": 1e6, "node_repair_hours": 1e5,  # ~12 days; ~11 years
+         "checkpoint_bytes": 2.0 ** 60, "storage_gbyte_per_s": 1e6}
+"""Largest value of each number (beyond them a run's times overflow or describe no machine)."""
+
+
 def faults_from_table(t: dict, file: str) -> FaultsConfig:
     """Strictly parse a ``[faults]`` table (unknown keys, wrong types and contradictions refused)."""
     p = "faults."
@@ -60,6 +67,8 @@ def faults_from_table(t: dict, file: str) -> FaultsConfig:
                     or (v == 0 and k != "restart_s"):
                 want = "a non-negative number" if k == "restart_s" else "a positive number"
                 raise ConfigError(file, p + k, f"expected {want}, got {v!r}")
+            if v > _MOST[k]:
+                raise ConfigError(file, p + k, f"{v:g} is more than parsim models ({_MOST[k]:g})")
             kw[k] = float(v)
     if "gpu_mtbf_hours" not in kw:
         raise ConfigError(file, p + "gpu_mtbf_hours", "missing (required in a [faults] table)")

@@ -259,7 +259,9 @@ class Scenario:
 
     @property
     def tokens_per_step(self) -> int:
-        return self.training.global_batch * self.training.seq_len
+        """Tokens the simulated step trains: its microbatches' (``schedule.n_microbatches``, when
+        stated, overrides the global batch's count; throughput and MFU follow what is simulated)."""
+        return self.n_microbatches * self.parallel.dp * self.training.microbatch_size * self.training.seq_len
 
 
 def check_model_parallel(model: ModelSpec, tr: TrainingConfig, par: ParallelConfig, file: str) -> None:

@@ -77,8 +77,9 @@ def stragglers_from_table(t: dict, file: str) -> StragglerConfig:
         return float(x)
 
     def fraction(x, key):
-        if isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 < x <= 1:
-            raise ConfigError(file, key, f"bandwidth fraction must be in (0, 1], got {x!r}")
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not 1 / MAX_SLOWDOWN <= x <= 1:
+            raise ConfigError(file, key, f"bandwidth fraction must be in 1/{MAX_SLOWDOWN:g} to 1 (a NIC slower than "
+                              f"that has failed: failed_nics), got {x!r}")
         return float(x)
 
     def profile(x, key):

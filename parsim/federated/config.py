@@ -23,6 +23,7 @@ from parsim.errors import ConfigError
 from parsim.federated.compression import METHODS, Tensor, check_chain, model_tensors
 from parsim.files import read_input_text
 from parsim.model import model_from_table, total_params
+from parsim.model.spec import MAX_WIDTH
 from parsim.scenario import read_scenario_doc
 
 MODES = ("sync", "async")
@@ -177,7 +178,7 @@ class _Table:
     def has(self, key: str) -> bool:
         return key in self.doc
 
-    def int(self, key: str, default=None, minimum: int = 1):
+    def int(self, key: str, default=None, minimum: int = 1, maximum: int | None = None):
         if key not in self.doc:
             if default is None:
                 raise self.bad(key, "missing (required)")
@@ -187,6 +188,8 @@ class _Table:
             raise self.bad(key, f"expected an integer, got {v!r}")
         if v < minimum:
             raise self.bad(key, f"must be at least {minimum}, got {v}")
+        if maximum is not None and v > maximum:
+            raise self.bad(key, f"{v:,} is more than parsim models ({maximum:,})")
         return v
 
     def num(self, key: str, default=None, lo: float = 0.0, lo_open: bool = True, hi: float | None = None):
@@ -244,12 +247,12 @@ def fl_scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) ->
 
 MAX_CLIENTS = 2 ** 24
 """Most clients a population may have (16,777,216; per-client arrays: ~1 GB here, 4M take 1.5 s)."""
-MAX_UPDATES = 10_000_000
-"""Most client updates a run may simulate (rounds x clients_per_round; 1M take ~6 s here)."""
-MAX_ROUNDS = 20_000
+MAX_UPDATES = 5_000_000
+"""Most client updates a run may simulate (rounds x clients_per_round; 1M take ~6 s here, 10M took 55 s)."""
+MAX_ROUNDS = 10_000
 """Most rounds a run may simulate: each round has a fixed cost beside its clients' (~2.4 ms on a
-2-core VM: 10,000 rounds of one client took 24 s, 100,000 took 179 s); 20,000 is more than the
-FedAvg paper's longest runs and keeps a run under a minute."""
+2-core VM: 10,000 rounds of one client took 24 s, 100,000 took 179 s); 10,000 covers the FedAvg
+paper's runs to target accuracy and keeps a run within ~30 s."""
 
 
 def _federated(t: _Table, base_dir: Path) -> FederatedConfig:
@@ -284,19 +287,19 @@ def _federated(t: _Table, base_dir: Path) -> FederatedConfig:
     return FederatedConfig(
         clients=clients, clients_per_round=k, rounds=t.int("rounds"), mode=mode,
         buffer_size=_buffer(t, mode, k), local_steps=t.int("local_steps"), batch_size=t.int("batch_size"),
-        seconds_per_sample=t.num("seconds_per_sample") if need else 0.0,
-        compute_sigma=t.num("compute_sigma", 0.0, lo_open=False, hi=5.0), train_factor=t.num("train_factor", 3.0),
-        uplink_bit_per_s=t.num("uplink_mbit_per_s") * MBIT if need else 0.0,
-        downlink_bit_per_s=t.num("downlink_mbit_per_s") * MBIT if need else 0.0,
+        seconds_per_sample=t.num("seconds_per_sample", hi=1e6) if need else 0.0,
+        compute_sigma=t.num("compute_sigma", 0.0, lo_open=False, hi=5.0), train_factor=t.num("train_factor", 3.0, hi=1e3),
+        uplink_bit_per_s=t.num("uplink_mbit_per_s", lo=1e-6, lo_open=False, hi=1e7) * MBIT if need else 0.0,
+        downlink_bit_per_s=t.num("downlink_mbit_per_s", lo=1e-6, lo_open=False, hi=1e7) * MBIT if need else 0.0,
         uplink_sigma=t.num("uplink_sigma", 0.0, lo_open=False, hi=5.0),
         downlink_sigma=t.num("downlink_sigma", 0.0, lo_open=False, hi=5.0),
         device_classes=classes, availability=avail,
         availability_probability=t.num("availability_probability", 1.0, hi=1.0), availability_trace=trace,
         over_commitment=t.num("over_commitment", 1.3, lo=1.0, lo_open=False),
-        deadline_s=t.num("deadline_s") if t.has("deadline_s") else None,
+        deadline_s=t.num("deadline_s", lo=1e-3, lo_open=False, hi=1e9) if t.has("deadline_s") else None,
         min_fraction=t.num("min_fraction", 1.0, hi=1.0),
         max_staleness=t.int("max_staleness", minimum=0) if t.has("max_staleness") else None,
-        weight_bits=t.int("weight_bits", 32),
+        weight_bits=t.int("weight_bits", 32, maximum=64),
         seed=t.int("seed", 0, minimum=0))
 
 
@@ -376,14 +379,15 @@ def _model(doc: dict, t: _Table, file: str) -> tuple[int, tuple[Tensor, ...], st
                           "give exactly one model: [model] (preset or fields), federated.layer_shapes or "
                           f"federated.model_params (got {', '.join(given) or 'none'})")
     if given[0] == "model_params":
-        n = t.int("model_params")
+        n = t.int("model_params", maximum=2 ** 44)
         return n, (Tensor(rows=1, cols=n),), f"{n:,} parameters"
     if given[0] == "layer_shapes":
         shapes = t.doc["layer_shapes"]
         if (not isinstance(shapes, list) or not shapes or not all(
-                isinstance(s, list) and len(s) == 2 and all(isinstance(x, int) and not isinstance(x, bool) and x > 0
-                                                           for x in s) for s in shapes)):
-            raise t.bad("layer_shapes", "expected a list of [inputs, outputs] pairs of positive integers")
+                isinstance(s, list) and len(s) == 2 and all(isinstance(x, int) and not isinstance(x, bool)
+                                                           and 0 < x <= MAX_WIDTH for x in s) for s in shapes)):
+            raise t.bad("layer_shapes", f"expected a list of [inputs, outputs] pairs of positive integers (each at "
+                        f"most {MAX_WIDTH:,})")
         tensors = tuple(x for d_in, d_out in shapes for x in (Tensor(rows=d_in, cols=d_out), Tensor(rows=1, cols=d_out)))
         return sum(x.size for x in tensors), tensors, "dense " + "-".join(str(s[0]) for s in shapes) + f"-{shapes[-1][1]}"
     spec = model_from_table(doc["model"], file)

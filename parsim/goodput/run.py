@@ -81,6 +81,11 @@ def goodput(sc: Scenario, train_tokens: float, samples: int = 200, seed: int = 0
                           f"failure every {mtbf / HOUR:.3g} h expects {fewest:.3g} failures per run even at the best "
                           f"checkpoint interval, more than parsim simulates ({MAX_FAILURES_PER_RUN:,}): fewer tokens, "
                           "a longer MTBF, a shorter restart or checkpoint write")
+    nodes = -(-sc.gpus // sc.hardware.gpus_per_node)
+    if f.spare_nodes is not None and f.spare_nodes > nodes:
+        # the Monte Carlo keeps a free time per spare: a pool larger than the job never runs dry
+        raise ConfigError(sc.file, "faults.spare_nodes", f"{f.spare_nodes:,} spares for a job of {nodes:,} nodes: a "
+                          "pool that large never runs out (leave spare_nodes out: a replacement at once)")
     model = RunModel(useful, mtbf, write_s, f.restart_s, f.spare_nodes,
                      (f.node_repair_hours or 0.0) * HOUR)
     best, _, _ = best_interval(model, samples, seed, lo_s=step)

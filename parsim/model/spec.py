@@ -180,6 +180,8 @@ MAX_WIDTH = 2**24
 """Widest dimension a model may have (d_model, FFN and expert widths, vocabulary, heads, head and
 latent dimensions): 64x the largest published vocabulary (Gemma 3: 262,144) and 200x the widest FFN
 (PaLM 540B: 73,728); beyond it the FLOP and byte counts describe no trainable model."""
+MAX_POSITIONS = 2**27
+"""Longest position table or attention window (the 2^27-token sequence a scenario may train)."""
 _WIDTHS = ("d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size", "head_dim", "d_ff_expert", "d_ff_shared",
            "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 
@@ -224,6 +226,11 @@ def _validate(s: ModelSpec) -> None:
         v = getattr(s, key)
         if v is not None and v > MAX_WIDTH:
             raise bad(key, f"{v:,} is more than parsim models ({MAX_WIDTH:,})")
+    if s.n_shared_experts > MAX_EXPERTS:
+        raise bad("n_shared_experts", f"{s.n_shared_experts:,} is more than parsim models ({MAX_EXPERTS:,})")
+    for key in ("max_seq_len", "position_offset", "sliding_window", "attention_chunk"):
+        if getattr(s, key) > MAX_POSITIONS:
+            raise bad(key, f"{getattr(s, key):,} is more than parsim models ({MAX_POSITIONS:,} positions)")
     if s.n_layers > MAX_LAYERS:
         raise bad("n_layers", f"{s.n_layers:,} blocks is more than parsim models ({MAX_LAYERS:,}; per-layer tables)")
     for key in _BOOL:

@@ -60,7 +60,7 @@ def metrics(sc: Scenario, schedule: Schedule, tables: CostTables, tl: pd.DataFra
         "schedule": schedule.name,
         "world_size": par.world_size,
         "gpus_per_node": sc.hardware.gpus_per_node,
-        "global_batch": tr.global_batch,
+        "global_batch": sc.tokens_per_step // tr.seq_len,  # what the step simulates (schedule.n_microbatches may say)
         "seq_len": tr.seq_len,
         "tokens_per_step": sc.tokens_per_step,
         "parallel": {"dp": par.dp, "tp": par.tp, "pp": par.pp, "cp": par.cp, "ep": par.ep,
