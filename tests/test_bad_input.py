@@ -860,5 +860,6 @@ def test_sweep_round_6_runs_and_options_that_printed_nonsense(capsys, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
     refused(capsys, ["simulate", MOE, "--set", f"model.n_shared_experts={2 ** 62}"], "model.n_shared_experts")
     refused(capsys, ["simulate", TINY, "--set", f"model.max_seq_len={2 ** 62}"], "model.max_seq_len")
+    refused(capsys, ["simulate", TINY, "--set", "model.q_lora_rank=64"], "model.q_lora_rank", "kv_lora_rank")
     refused(capsys, ["collective", "all_reduce", "--size", "3", "--gpus", "8", "--hardware", "dgx-h100", "--type",
                      "double"], "--size", "one double")

@@ -246,6 +246,8 @@ def _validate(s: ModelSpec) -> None:
         raise bad("n_kv_heads", f"n_heads={s.n_heads} is not divisible by n_kv_heads={s.n_kv_heads}")
     if s.head_dim is None and not s.is_mla and s.d_model % s.n_heads:
         raise bad("n_heads", f"d_model={s.d_model} is not divisible by n_heads={s.n_heads} (give head_dim)")
+    if s.q_lora_rank and not s.is_mla:  # the query down-projection is part of MLA; alone it was silently unused
+        raise bad("q_lora_rank", f"{s.q_lora_rank} needs kv_lora_rank > 0 (multi-head latent attention)")
     if s.is_mla:
         for key in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             if getattr(s, key) <= 0:
