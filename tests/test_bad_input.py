@@ -863,3 +863,44 @@ def test_sweep_round_6_runs_and_options_that_printed_nonsense(capsys, tmp_path):
     refused(capsys, ["simulate", TINY, "--set", "model.q_lora_rank=64"], "model.q_lora_rank", "kv_lora_rank")
     refused(capsys, ["collective", "all_reduce", "--size", "3", "--gpus", "8", "--hardware", "dgx-h100", "--type",
                      "double"], "--size", "one double")
+
+
+def test_sweep_round_7(capsys, tmp_path):
+    """Round 7 (633 probes of infer, autoplan, estimate-memory, kernel, compare, calibrate options):
+    a 500-block pipeline stage crashed (RecursionError in the per-stage block sums, exit 70) and now
+    simulates; autoplan --precision FP8 crashed (KeyError) and tf32 printed "no plan fits" (exit 1);
+    autoplan --global-batch 10^12 ran for ever; calibrate --passes -3 or --precision fp4 started the
+    benchmark ranks; kernel shapes of 10^12 printed 28-digit times and --precision '' ran as bf16;
+    infer refused bf16 on a V100 naming training.precision; estimate-memory --scenario silently
+    ignored --nodes / --offload-*; a failed NIC listed twice, an empty --sweep value and a key set
+    twice in a --variant were silently dropped or overwritten. Each is now one line naming the
+    option or key (or, for the deep stage, a result)."""
+    assert main(["simulate", str(TINY), "--set", "model.n_layers=1000", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["step_time_s"] > 0
+    auto = ["autoplan", "--model", "llama3-8b", "--hardware", "dgx-h100", "--gpus", "8", "--seq-len", "2048",
+            "--no-grid"]
+    for prec in ("FP8", "tf32"):
+        refused(capsys, [*auto, "--global-batch", "8", "--precision", prec], "--precision", prec)
+    refused(capsys, [*auto, "--global-batch", str(10 ** 12)], "--global-batch", "1,048,576")
+    cal = tmp_path / "cal"
+    refused(capsys, ["calibrate", "--passes", "-3", "--quick", "--timeout", "2", "--out-dir", cal], "--passes")
+    refused(capsys, ["calibrate", "--precision", "fp4", "--quick", "--timeout", "2", "--out-dir", cal], "--precision",
+            "fp4")
+    assert not cal.exists()
+    refused(capsys, ["kernel", "gemm", str(10 ** 12), "1", "1", "--hardware", "dgx-h100"], "M", "2,147,483,648")
+    refused(capsys, ["kernel", "gemm", "64", "64", "64", "--count", str(10 ** 18), "--hardware", "dgx-h100"], "--count")
+    refused(capsys, ["kernel", "gemm", "1", "1", "1", "--hardware", "dgx-h100", "--precision", ""], "--precision")
+    refused(capsys, ["infer", ROOT / "scenarios" / "inference" / "opt-30b-zero-inference-v100.toml", "--set",
+                     "inference.precision=bf16"], "inference.precision", "bf16")
+    off = ROOT / "scenarios" / "zero-offload-10b-v100.toml"
+    for opt, v in (("--nodes", "4"), ("--gpus-per-node", "2"), ("--offload-param", "cpu"), ("--offload-optimizer", "none")):
+        refused(capsys, ["estimate-memory", "--scenario", off, opt, v], opt, "--scenario")
+    assert main(["estimate-memory", "--scenario", str(off), "--set", "offload.optimizer=none"]) == 0
+    assert "-" not in capsys.readouterr().out.split("estimator")[-1].split("per GPU")[0]
+    refused(capsys, ["simulate", ROOT / "scenarios" / "llama3-8b-mixed-stragglers.toml", "--set",
+                     "stragglers.failed_nics=[5, 5]"], "stragglers.failed_nics", "twice")
+    out = tmp_path / "cmp"
+    refused(capsys, ["compare", TINY, "--out", out, "--sweep", "parallel.pp=1,,2"], "--sweep", "empty value")
+    refused(capsys, ["compare", TINY, "--out", out, "--variant", "a:parallel.pp=2,parallel.pp=1", "--variant",
+                     "b:parallel.pp=1"], "--variant", "parallel.pp is set twice")
+    assert not out.exists()

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from parsim.cli.common import INSTALL_HINT, torch_available
 from parsim.cluster.hardware import CALIBRATED_DIR, dumps_profile, load_profile
+from parsim.cluster.precision import GEMM_PRECISIONS
 from parsim.errors import ConfigError
 
 
@@ -31,7 +32,7 @@ def register(sub) -> None:
                         "directory; parsim finds profiles there by name)")
     p.add_argument("--precision", default=None, help="GEMM precision to benchmark (fp32 on gloo, bf16 on nccl)")
     p.add_argument("--quick", action="store_true", help="fewer shapes and sizes (tests)")
-    p.add_argument("--passes", type=int, default=0,
+    p.add_argument("--passes", type=positive_int("--passes", 0, most=1000), default=0,
                    help="interleaved timing passes over the compute cases (default 7; more = a longer, "
                         "drift-averaged window)")
     p.add_argument("--nice", type=niceness("--nice"), default=0, help="niceness increment for the benchmark ranks (e.g. -10)")
@@ -65,6 +66,8 @@ def cmd_calibrate(args) -> int:
     base = load_profile(args.base or ("cpu-gloo" if args.backend == "gloo" else "dgx-h100"))
     name = args.name or base.name
     precision = args.precision or ("fp32" if args.backend == "gloo" else "bf16")
+    if precision not in GEMM_PRECISIONS:  # before any benchmark process starts
+        raise ConfigError("parsim calibrate", "--precision", f"{precision!r} is not one of {', '.join(GEMM_PRECISIONS)}")
     job = {"backend": args.backend, "quick": args.quick, "precision": precision, "threads": 1, "nice": args.nice,
            "passes": args.passes}
     load_before = os.getloadavg()[0]

@@ -35,7 +35,10 @@ def _split_values(text: str) -> tuple[str, list]:
     if "=" not in text:
         raise ConfigError("--sweep", text, "expected KEY=V1,V2,...")
     key, raw = text.split("=", 1)
-    vals = [parse_override(f"{key}={v.strip()}")[1] for v in raw.split(",") if v.strip()]
+    parts = [v.strip() for v in raw.split(",")]
+    if raw.strip() and not all(parts):  # "1,,2" was read as 1,2
+        raise ConfigError("--sweep", key, f"an empty value in {raw!r}")
+    vals = [parse_override(f"{key}={v}")[1] for v in parts if v]
     if not vals:
         raise ConfigError("--sweep", key, "no values")
     for v in vals:  # a swept value is one scalar: a table or list would replace a whole section
@@ -92,6 +95,10 @@ def _jobs(args) -> tuple[list[tuple[str, str, list[str]]], tuple[str, list] | No
                 raise ConfigError("--variant", text, "each variant needs its own label before ':'"
                                   + (f" ({label!r} is given twice)" if label else ""))
             sets = [s.strip() for s in rest.split(",") if s.strip()]
+            keys = [s.split("=", 1)[0].strip() for s in sets]
+            twice = sorted({k for k in keys if keys.count(k) > 1})
+            if twice:  # the last one silently won
+                raise ConfigError("--variant", text, f"{twice[0]} is set twice")
             jobs.append((label, args.scenarios[0], args.set + sets))
         return jobs, None
     jobs, seen = [], set()

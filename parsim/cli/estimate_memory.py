@@ -43,11 +43,12 @@ def register(sub) -> None:
     p.add_argument("--params", metavar="P", help="total model parameters (2851e6, 2851M, 2.851B)")
     p.add_argument("--largest-layer-params", metavar="L", default=None,
                    help="parameters of the largest layer (needed for --zero 3)")
-    p.add_argument("--gpus-per-node", type=positive_int("--gpus-per-node"), default=1, help="GPUs per node")
-    p.add_argument("--nodes", type=positive_int("--nodes"), default=1, help="nodes")
+    p.add_argument("--gpus-per-node", type=positive_int("--gpus-per-node"), default=None, help="GPUs per node (default 1)")
+    p.add_argument("--nodes", type=positive_int("--nodes"), default=None, help="nodes (default 1)")
     p.add_argument("--zero", type=int, choices=(2, 3), help="ZeRO stage")
-    p.add_argument("--offload-optimizer", choices=("none", "cpu"), default="none", help="optimizer offload")
-    p.add_argument("--offload-param", choices=("none", "cpu"), default="none", help="parameter offload (ZeRO-3)")
+    p.add_argument("--offload-optimizer", choices=("none", "cpu"), default=None, help="optimizer offload (default none)")
+    p.add_argument("--offload-param", choices=("none", "cpu"), default=None,
+                   help="parameter offload (ZeRO-3; default none)")
     p.add_argument("--zero-init", action="store_true", help="model built under deepspeed.zero.Init (ZeRO-3)")
     p.add_argument("--scenario", metavar="FILE",
                    help="a training scenario: DeepSpeed's estimate for its model, GPUs, ZeRO stage and [offload], "
@@ -74,6 +75,11 @@ def cmd_estimate_memory(args) -> int:
 
     if args.scenario:
         return _scenario(args)
+    # defaults here: with --scenario these come from the scenario, and a stated one is refused there
+    args.gpus_per_node = args.gpus_per_node or 1
+    args.nodes = args.nodes or 1
+    args.offload_optimizer = args.offload_optimizer or "none"
+    args.offload_param = args.offload_param or "none"
     if args.params is None or args.zero is None:
         raise ConfigError(WHERE, "--params" if args.params is None else "--zero", "required (or give --scenario)")
     params = count("--params")(args.params)
@@ -129,6 +135,12 @@ def _scenario(args) -> int:
     if args.params or args.zero or args.largest_layer_params:
         raise ConfigError(WHERE, "--scenario", "takes the model, GPUs and ZeRO stage from the scenario: "
                                                "drop --params/--zero/--largest-layer-params")
+    given = [o for o, v in (("--gpus-per-node", args.gpus_per_node), ("--nodes", args.nodes),
+                            ("--offload-optimizer", args.offload_optimizer), ("--offload-param", args.offload_param))
+             if v is not None]
+    if given:  # silently unused before: the scenario's GPUs and [offload] decide
+        raise ConfigError(WHERE, given[0], "takes its value from --scenario (its gpus, hardware and [offload]); "
+                                           "change the scenario with --set instead")
     sc = load_scenario(args.scenario, args.set)
     par, m, hw = sc.parallel, sc.model, sc.hardware
     if par.zero not in (2, 3):
@@ -183,6 +195,8 @@ def _scenario(args) -> int:
         print(f"    {label:34} {fmt_b(v)}")
     print(f"  parsim simulate: {'fits' if p['fits_in_memory'] else 'does NOT fit'} (allocated peak within "
           f"{fmt_b(p['memory_capacity_bytes'])} less the context and the profile's reserve)")
-    print(f"  left out by the estimator: {fmt_b(out['left_out_bytes'])} per GPU; parsim's host memory per node "
-          f"(steady state): {fmt_b(p['host_memory_bytes_per_node'])}")
+    left = out["left_out_bytes"]
+    gap = (f"left out by the estimator: {fmt_b(left)} per GPU" if left >= 0 else
+           f"the estimator counts {fmt_b(-left)} per GPU more than parsim's whole device footprint")
+    print(f"  {gap}; parsim's host memory per node (steady state): {fmt_b(p['host_memory_bytes_per_node'])}")
     return 0

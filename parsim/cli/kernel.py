@@ -70,13 +70,20 @@ def _common(p, default_precision: str | None) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def _positive_int(name: str, text: str) -> int:
+MAX_DIM = 2 ** 31
+"""Largest GEMM dimension, count or attention batch/heads/head dim (2^31: a matrix side past any GPU's
+memory; beyond it the command printed 28-digit times)."""
+
+
+def _positive_int(name: str, text: str, most: int = MAX_DIM) -> int:
     try:
         v = int(str(text))
     except ValueError:
         v = 0
     if v < 1 or str(v) != str(text).strip().lstrip("+"):
         raise ConfigError(WHERE, name, f"must be a positive integer, got {text!r}")
+    if v > most:
+        raise ConfigError(WHERE, name, f"at most {most:,}, got {v:,}")
     return v
 
 
@@ -88,6 +95,8 @@ def _device(args):
     if dev.kernels is None:
         raise ConfigError(hw.source_path or WHERE, "device.sm_count",
                           f"profile {hw.name} gives no kernel facts (sm_count, gemm_tiles, ...)")
+    if args.precision is not None and not args.precision.strip():
+        raise ConfigError(WHERE, "--precision", "an empty precision")
     precision = args.precision or ("bf16" if "bf16" in dev.peak_flops else "fp16")
     try:
         precision = canonical_precision(precision)
@@ -144,8 +153,8 @@ def cmd_attention(args) -> int:
     )
     from parsim.scenario import MAX_SEQ_LEN
 
-    seq = _positive_int("--seq", args.seq)
-    seq_k = _positive_int("--seq-k", args.seq_k) if args.seq_k is not None else seq
+    seq = _positive_int("--seq", args.seq, most=2 ** 62)  # the sequence bound below names MAX_SEQ_LEN
+    seq_k = _positive_int("--seq-k", args.seq_k, most=2 ** 62) if args.seq_k is not None else seq
     for name, v in (("--seq", seq), ("--seq-k", seq_k)):
         if v > MAX_SEQ_LEN:  # the kernel model walks the sequence tile by tile
             raise ConfigError(WHERE, name, f"at most {MAX_SEQ_LEN:,} tokens, got {v:,}")

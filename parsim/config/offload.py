@@ -126,9 +126,10 @@ def parse_offload(table, file: str, zero: int) -> OffloadConfig:
                          delayed_update=delayed, activation_layers=layers)
 
 
-MAX_GENERATE_TOKENS = 2 ** 17
-"""Most new tokens a request may ask for (131,072, the longest outputs models are served with):
-every decode step is simulated and kept as spans (~0.4 ms and ~72 span rows a step for BLOOM-176B)."""
+MAX_GENERATE_TOKENS = 2 ** 15
+"""Most new tokens a request may ask for (32,768: the longest outputs common serving limits allow):
+every decode step is simulated and kept as spans (~0.8 ms and ~72 span rows a step for BLOOM-176B on
+a 2-core VM: 32,768 steps take ~28 s and 800 MB; 131,072 ran past a minute)."""
 MAX_PROMPT_TOKENS = 2 ** 27
 """Longest prompt (134,217,728 tokens, as ``training.seq_len``'s bound)."""
 

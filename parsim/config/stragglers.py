@@ -91,6 +91,8 @@ def stragglers_from_table(t: dict, file: str) -> StragglerConfig:
     if not isinstance(failed, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
                                                for i in failed):
         raise ConfigError(file, "stragglers.failed_nics", f"expected a list of NIC indices, got {failed!r}")
+    if len(set(failed)) != len(failed):  # as the [index, value] lists refuse a repeated index
+        raise ConfigError(file, "stragglers.failed_nics", f"a NIC is listed twice: {failed!r}")
     balance = t.get("balance", True)
     if not isinstance(balance, bool):
         raise ConfigError(file, "stragglers.balance", f"expected true/false, got {balance!r}")

@@ -161,10 +161,12 @@ def _layer_vector(inp: LayerInputs, kind: bool | int) -> tuple:
 
 @lru_cache(maxsize=65536, typed=True)
 def _uniform_blocks(inp: LayerInputs, kind: bool | int, n: int) -> tuple:
-    """Sums over n blocks of one kind: the sums over n-1 plus one (stages of 10, 20, 40 blocks share them)."""
-    if n == 0:
-        return _NONE
-    return tuple(map(add, _uniform_blocks(inp, kind, n - 1), _layer_vector(inp, kind)))
+    """Sums over n blocks of one kind, added one block at a time in block order (the sums
+    :func:`_blocks` makes for a mixed stage; a loop, not recursion: a stage may hold thousands)."""
+    b, v = _NONE, _layer_vector(inp, kind)
+    for _ in range(n):
+        b = tuple(map(add, b, v))
+    return b
 
 
 def _blocks(inp: LayerInputs, kinds: tuple[bool, ...]) -> tuple:

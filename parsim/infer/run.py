@@ -76,7 +76,13 @@ def load_inference(path: str | Path, overrides: list[str] | None = None) -> Infe
     doc["training"] = {"global_batch": inf.batch * (dp if isinstance(dp, int) and dp > 0 else 1),
                        "microbatch_size": inf.batch, "seq_len": inf.context,
                        "precision": inf.precision if inf.precision in ("fp16", "bf16", "fp32") else "fp16"}
-    sc = scenario_from_dict(doc, file, base_dir=Path(path).parent)
+    try:
+        sc = scenario_from_dict(doc, file, base_dir=Path(path).parent)
+    except ConfigError as e:
+        if e.key != "training.precision" or e.file != file:
+            raise
+        # the synthesised training table's precision is the [inference] table's
+        raise ConfigError(file, "inference.precision", e.problem) from None
     if off.params != "none" and sc.hardware.host is None:
         raise ConfigError(file, "offload.params", f"hardware profile {sc.hardware.name} has no [host] table")
     if off.params == "nvme" and sc.hardware.host.nvme_bytes <= 0:
