@@ -153,11 +153,9 @@ def cmd_attention(args) -> int:
     )
     from parsim.scenario import MAX_SEQ_LEN
 
-    seq = _positive_int("--seq", args.seq, most=2 ** 62)  # the sequence bound below names MAX_SEQ_LEN
-    seq_k = _positive_int("--seq-k", args.seq_k, most=2 ** 62) if args.seq_k is not None else seq
-    for name, v in (("--seq", seq), ("--seq-k", seq_k)):
-        if v > MAX_SEQ_LEN:  # the kernel model walks the sequence tile by tile
-            raise ConfigError(WHERE, name, f"at most {MAX_SEQ_LEN:,} tokens, got {v:,}")
+    # the kernel model walks the sequence tile by tile: the scenarios' sequence bound
+    seq = _positive_int("--seq", args.seq, most=MAX_SEQ_LEN)
+    seq_k = _positive_int("--seq-k", args.seq_k, most=MAX_SEQ_LEN) if args.seq_k is not None else seq
     heads = _positive_int("--heads", args.heads)
     kv_heads = _positive_int("--kv-heads", args.kv_heads) if args.kv_heads is not None else heads
     head_dim = _positive_int("--head-dim", args.head_dim)
