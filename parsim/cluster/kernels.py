@@ -516,3 +516,65 @@ def grouped_gemm_time(dev: Any, problems: tuple[tuple[int, int, int], ...], prec
     if any(min(p) < 0 for p in problems):
         raise ValueError(f"grouped gemm: negative dimension in {problems}")
     return grouped_gemm_plan(dev, tuple(problems), precision)["time_s"]
+
+
+EXPERT_GEMM_IMPLEMENTATIONS = ("grouped", "multi_stream", "loop")
+"""How a framework runs the experts' GEMMs of one MoE layer (``moe.expert_gemm``):
+
+* ``grouped``: one grouped-GEMM kernel over every local expert (:func:`grouped_gemm_time`; CUTLASS
+  grouped GEMM, ``torch._grouped_mm``: torchtitan's ``GroupedExperts``);
+* ``multi_stream``: one cuBLAS GEMM per expert, issued round-robin on four CUDA streams
+  (:func:`multi_stream_gemm_time`; Transformer Engine's ``GroupedLinear``, which Megatron-Core's
+  ``TEGroupedMLP`` runs);
+* ``loop``: one GEMM per expert on one stream, each paying its own launch and prologue
+  (a Python loop over ``nn.Linear`` experts: DeepSpeed-MoE, Megatron-Core's ``SequentialMLP``)."""
+
+MULTI_STREAM_STREAMS = 4
+"""CUDA streams Transformer Engine spreads a grouped GEMM's per-expert cuBLAS calls over
+(transformer_engine/common/util/multi_stream.cpp: ``num_compute_streams = 4``)."""
+
+
+def multi_stream_gemm_time(dev: Any, problems: tuple[tuple[int, int, int], ...], precision: str = "bf16") -> float:
+    """Seconds of Transformer Engine's grouped GEMM: one cuBLAS kernel per problem, round-robin
+    over :data:`MULTI_STREAM_STREAMS` streams (``nvte_multi_tensor_gemm`` ->
+    ``multi_stream_cublas_gemm``, the default on Hopper and the only path on Blackwell).
+
+    Each kernel runs as it would alone (:func:`gemm_plan`: its own tiles, waves and split): the
+    Hopper/Blackwell cuBLAS kernels are persistent, a kernel's CTAs hold the SMs until its tail,
+    so two experts' main loops do not share a wave. What the streams buy is the fixed cost: the
+    next kernel is launched and set up while the previous one runs, so the kernels' fixed latency
+    (``gemm_latency_us``) is paid once, as in :func:`gemm_time`'s back-to-back count. Against
+    TE PR #2045's measured ``general_grouped_gemm`` on H100 BF16 (TE 2.7, CUDA 12.9;
+    tests/test_kernels.py holds the points): (8, 4096, 768, 2048) 628 TFLOP/s, (16, 2048, 768,
+    2048) 554; this model 617 and 513 (-2%, -7%: the streams also overlap some tails). The
+    single grouped kernel (:func:`grouped_gemm_time`) gives 755 on both.
+    """
+    if any(min(p) < 0 for p in problems):
+        raise ValueError(f"multi-stream gemm: negative dimension in {problems}")
+    probs = [(int(m), int(n), int(k)) for m, n, k in problems if m > 0 and n > 0 and k > 0]
+    if not probs:
+        return 0.0
+    lat = dev.kernels.gemm_latency_s
+    return sum(gemm_plan(dev, m, n, k, precision)["time_s"] - lat for m, n, k in probs) + lat
+
+
+def loop_gemm_time(dev: Any, problems: tuple[tuple[int, int, int], ...], precision: str = "bf16") -> float:
+    """Seconds of one GEMM per problem on one stream, each launched on its own (its fixed latency
+    exposed every time): a Python loop over per-expert linear layers."""
+    if any(min(p) < 0 for p in problems):
+        raise ValueError(f"loop gemm: negative dimension in {problems}")
+    return sum(gemm_plan(dev, int(m), int(n), int(k), precision)["time_s"]
+               for m, n, k in problems if m > 0 and n > 0 and k > 0)
+
+
+def expert_gemm_time(dev: Any, problems: tuple[tuple[int, int, int], ...], precision: str,
+                     implementation: str) -> float:
+    """Seconds of one MoE layer's expert GEMMs ``problems`` run the way ``implementation``
+    (:data:`EXPERT_GEMM_IMPLEMENTATIONS`) runs them."""
+    if implementation == "multi_stream":
+        return multi_stream_gemm_time(dev, problems, precision)
+    if implementation == "loop":
+        return loop_gemm_time(dev, problems, precision)
+    if implementation == "grouped":
+        return grouped_gemm_time(dev, problems, precision)
+    raise ValueError(f"expert gemm implementation {implementation!r} not one of {', '.join(EXPERT_GEMM_IMPLEMENTATIONS)}")

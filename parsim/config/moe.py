@@ -8,6 +8,8 @@ from parsim.errors import ConfigError
 
 ROUTINGS = ("balanced", "zipf", "lognormal", "histogram")
 DISPATCHERS = ("alltoall", "deepep", "hybridep")
+EXPERT_GEMMS = ("grouped", "multi_stream", "loop")
+"""Values of ``moe.expert_gemm`` (parsim.cluster.kernels.EXPERT_GEMM_IMPLEMENTATIONS)."""
 MAX_LOGNORMAL_SIGMA = 50.0
 """Largest ``lognormal_sigma``: exp of a N(0, sigma) draw stays finite in float64 up to ~700."""
 
@@ -52,6 +54,26 @@ class MoEConfig:
     pad_to_capacity: bool = False
     """With drop_tokens, every expert computes a full capacity of rows (padded; GShard/Switch
     static shapes, Megatron-Core ``moe_pad_expert_input_to_capacity``); false: its kept rows."""
+    expert_gemm: str | None = None
+    """How the local experts' GEMMs run (``parsim.cluster.kernels.EXPERT_GEMM_IMPLEMENTATIONS``):
+    ``grouped`` (one grouped kernel: CUTLASS, ``torch._grouped_mm``), ``multi_stream`` (one
+    cuBLAS GEMM per expert over four streams: Transformer Engine's ``GroupedLinear``) or ``loop``
+    (one GEMM per expert on one stream). None: the framework's (:func:`default_expert_gemm`)."""
+
+
+EXPERT_GEMM_DEFAULTS = {"megatron": "multi_stream", "deepspeed": "loop"}
+"""``parallel.framework`` -> how it runs the experts' GEMMs when ``moe.expert_gemm`` is not given.
+Megatron-Core builds its experts from Transformer Engine (``TEGroupedMLP`` on
+``TEColumnParallelGroupedLinear``: megatron/core/extensions/transformer_engine_spec_provider.py),
+whose grouped GEMM is per-expert cuBLAS calls on four streams unless NVTE_USE_CUTLASS_GROUPED_GEMM
+is set (Hopper only; transformer_engine/common/gemm/cublaslt_gemm.cu ``nvte_multi_tensor_gemm``;
+no Megatron-Bridge recipe sets it). DeepSpeed-MoE loops over its experts (deepspeed/moe/experts.py).
+Others (FSDP2/torchtitan's ``torch._grouped_mm``, the generic ``zero``): one grouped kernel."""
+
+
+def default_expert_gemm(cfg: MoEConfig, framework: str) -> str:
+    """``cfg.expert_gemm`` if given, else the framework's default (:data:`EXPERT_GEMM_DEFAULTS`)."""
+    return cfg.expert_gemm or EXPERT_GEMM_DEFAULTS.get(framework, "grouped")
 
 
 def _counts(h) -> bool:
@@ -86,6 +108,8 @@ def moe_from_table(t: dict, file: str) -> MoEConfig:
     kw = dict(t)
     if kw.get("dispatcher", "alltoall") not in DISPATCHERS:
         raise ConfigError(file, p + "dispatcher", f"{kw['dispatcher']!r} is not one of {', '.join(DISPATCHERS)}")
+    if "expert_gemm" in kw and kw["expert_gemm"] not in EXPERT_GEMMS:
+        raise ConfigError(file, p + "expert_gemm", f"{kw['expert_gemm']!r} is not one of {', '.join(EXPERT_GEMMS)}")
     if kw.get("routing", "balanced") not in ROUTINGS:
         raise ConfigError(file, p + "routing", f"{kw['routing']!r} is not one of {', '.join(ROUTINGS)}")
     for key in ("zipf_s", "lognormal_sigma"):

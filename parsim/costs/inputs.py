@@ -14,7 +14,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from parsim.cluster.hardware import HardwareProfile
-from parsim.config.moe import MoEConfig
+from parsim.config.moe import MoEConfig, default_expert_gemm
 from parsim.config.offload import OffloadConfig
 from parsim.config.parallel import ParallelConfig
 from parsim.config.scenario import (
@@ -122,7 +122,8 @@ def cost_inputs(sc: Scenario) -> CostInputs:
     """The cost model's view of a scenario."""
     pairs = pairs_forward_with_backward(sc)
     overlap = replace(sc.overlap, ep_comm=False) if pairs else sc.overlap  # the composites hide them
-    return CostInputs(sc.model, cluster_of(sc.hardware), sc.training, sc.parallel, overlap, sc.moe, sc.schedule.name,
+    moe = replace(sc.moe, expert_gemm=default_expert_gemm(sc.moe, sc.parallel.framework))
+    return CostInputs(sc.model, cluster_of(sc.hardware), sc.training, sc.parallel, overlap, moe, sc.schedule.name,
                       sc.n_microbatches, tuple(sc.layers_per_stage), sc.dropout, sc.costs, offload=sc.offload,
                       ep_pairs=pairs)
 

@@ -32,7 +32,7 @@ import numpy as np
 from parsim.cluster.collectives import collective_time, placement
 from parsim.cluster.contention import group_sms
 from parsim.cluster.hardware import canonical_precision
-from parsim.cluster.kernels import grouped_gemm_time
+from parsim.cluster.kernels import expert_gemm_time
 from parsim.cluster.precision import PRECISION_TABLE
 from parsim.config.moe import DISPATCHER_SMS, MoEConfig, layer_histograms
 from parsim.costs.memory_ops import fp8_copy_bytes, non_tn_fp8_gemms
@@ -184,11 +184,12 @@ def _dense_gemm(dev, m: int, n: int, k: int, prec: str) -> float:
     return dev.gemm_time(m, n, k, prec)
 
 
-def _grouped(dev, problems: list[tuple[int, int, int]], prec: str) -> float:
-    """One grouped-GEMM launch over the local experts (kernel model), else the sum of
-    per-expert GEMMs (the device's shape model) for profiles without kernel facts."""
+def _grouped(dev, problems: list[tuple[int, int, int]], prec: str, implementation: str = "grouped") -> float:
+    """The local experts' GEMMs run as ``implementation`` runs them (kernel model:
+    ``parsim.cluster.kernels.expert_gemm_time``), else the sum of per-expert GEMMs (the device's
+    shape model) for profiles without kernel facts."""
     if dev.kernels is not None:
-        return grouped_gemm_time(dev, tuple(problems), canonical_precision(prec))
+        return expert_gemm_time(dev, tuple(problems), canonical_precision(prec), implementation)
     return sum(dev.gemm_time(m, n, k, prec) for m, n, k in problems if m and n and k)
 
 
@@ -386,10 +387,11 @@ def layer_kernels(dev, model, cfg: MoEConfig, precision: str, r: Routing, kept: 
     n1 = (model.ffn_matrices - 1) * f  # gate and up as one FC1 (Megatron-Core GroupedMLP)
     fc1 = [(x, n1, d) for x in m]
     fc2 = [(x, d, f) for x in m]
-    gg = (_grouped(dev, fc1, gp) + _grouped(dev, fc2, gp) + 2 * launch,
-          _grouped(dev, [(x, f, d) for x in m], gp) + _grouped(dev, [(x, d, n1) for x in m], gp)
+    impl = cfg.expert_gemm or "grouped"  # resolved from the framework by parsim.costs.inputs
+    gg = (_grouped(dev, fc1, gp, impl) + _grouped(dev, fc2, gp, impl) + 2 * launch,
+          _grouped(dev, [(x, f, d) for x in m], gp, impl) + _grouped(dev, [(x, d, n1) for x in m], gp, impl)
           + 2 * launch,
-          _grouped(dev, [(d, n1, x) for x in m], gp) + _grouped(dev, [(f, d, x) for x in m], gp)
+          _grouped(dev, [(d, n1, x) for x in m], gp, impl) + _grouped(dev, [(f, d, x) for x in m], gp, impl)
           + 2 * launch)
     padded = float(sum(m))
     af, ab = activation_bytes(padded, f, model.ffn_matrices, bpe)
