@@ -13,14 +13,11 @@ replicas fetching ``1/n`` of the block over its own PCIe link, then an all-gathe
 assembles it (``pcie``/``nvme`` and ``dp`` streams: ``FETCH``, ``ALL_GATHER``); as in DeepSpeed,
 the next block's copy waits for this block's all-gather (one side stream carries both). With
 ``prefetch`` block i+1 is fetched while block i computes (two block buffers); without it the
-fetch waits for the compute. From NVMe without GPUDirect Storage the bytes bounce through a
-pinned host buffer and the two hops add up: DeepSpeed reads a module's partitions into its swap
-buffers (blocking) before copying them (``partitioned_param_coordinator.fetch_sub_module``).
-Not modelled: with prefetch DeepSpeed also reads the next modules' partitions ahead
-(``__prefetch_nvme_param_partitions``, asynchronous, bounded by its free swap buffers) while
-this module's copy runs, a partial overlap of the two hops; the ZeRO-Inference NVMe rows with
-prefetch come out 7-35% slow for it (tests/test_infer.py). The embedding and LM head stream at
-the start and end of each pass.
+fetch waits for the compute. From NVMe without GPUDirect Storage (one stage) the bytes bounce
+through DeepSpeed's pinned swap buffers, and the pass is DeepSpeed's fetch replayed module by
+module (:mod:`parsim.infer.zero_fetch`: synchronous reads without prefetch, so the two hops add
+up; with it, reads ahead of the copies within its buffer and in-flight limits). The embedding
+and LM head stream at the start and end of each pass.
 """
 from __future__ import annotations
 
@@ -37,6 +34,7 @@ from parsim.costs.inference import act_bytes, kv_bytes_per_sequence, pass_cost, 
 from parsim.costs.offload import tiers
 from parsim.errors import ConfigError
 from parsim.files import read_input_text
+from parsim.infer import zero_fetch as zf
 from parsim.model import total_params
 from parsim.scenario import apply_overrides, scenario_from_dict
 
@@ -111,13 +109,47 @@ def _fetch_s(job: InferJob, nbytes: float) -> tuple[float, str, float]:
     elif t.gpudirect:
         s, stream = share / min(t.nvme_read, t.host_link), "nvme"
     else:
-        # through the pinned swap buffer the two hops add up: DeepSpeed's fetch_sub_module swaps
-        # a module's partitions in from NVMe (blocking) before all_gather_coalesced copies them
-        # to the GPU. Prefetch here overlaps the next block's fetch with this block's compute
-        # (below); DeepSpeed's buffer-bounded NVMe read-ahead under the copy is not modelled
+        # through the pinned swap buffer, block by block (pipelines of more than one stage; a
+        # single stage replays DeepSpeed's module-level fetch instead: _nvme_pass): the two hops add
         s, stream = share / t.nvme_read + share / t.host_link, "nvme"
     gather = select_algorithm(sc.hardware, "all_gather", nbytes, list(range(n)), concurrent=1)[1] if n > 1 else 0.0
     return s, stream, gather
+
+
+def _module_fetch(job: InferJob) -> bool:
+    """Whether a pass streams its weights through DeepSpeed's NVMe swap path, replayed module by
+    module (:mod:`parsim.infer.zero_fetch`): weights on NVMe, no GPUDirect Storage, one stage."""
+    sc = job.scenario
+    return (job.offload.params == "nvme" and sc.parallel.pp == 1
+            and not tiers(sc.hardware, min(sc.parallel.dp, sc.hardware.gpus_per_node)).gpudirect)
+
+
+def _nvme_pass(job: InferJob, pc, stage: int, token: int, op: str, start: float, spans: list) -> float:
+    """One pass of a single-stage replica whose weights stream from NVMe through the swap buffers:
+    DeepSpeed's fetch replayed module by module; returns the pass's end."""
+    sc, inf = job.scenario, job.inference
+    par, hw, m = sc.parallel, sc.hardware, sc.model
+    n = min(par.dp, hw.gpus_per_node)  # replicas on a node hold a partition each
+    t = tiers(hw, n)
+    ranks = list(range(n))
+
+    def gather(nbytes: float) -> float:
+        return select_algorithm(hw, "all_gather", nbytes, ranks, concurrent=1)[1]
+
+    per_el = inf.weight_bits / 8
+    mods: list[zf.Module] = []
+    if pc.embedding_bytes:
+        mods.append(zf.single(pc.embedding_bytes, 0.0, n, gather, pc.embedding_bytes / per_el))
+    for secs, wbytes in zip(pc.layer_s, pc.weight_bytes):
+        mods += zf.split_block(m, wbytes, secs, n, gather)
+    if pc.head_bytes:
+        mods.append(zf.single(pc.head_bytes, pc.head_s, n, gather, pc.head_bytes / per_el))
+    rules = zf.FetchRules(prefetch_bucket=zf.PREFETCH_BUCKET if inf.prefetch else 0.0)
+    end, out = zf.run_pass(mods, start, t.nvme_read, t.host_link, rules)
+    names = {"nvme": "nvme", "host": t.host_link_name, "dp": "dp", "compute": "compute"}
+    for stream, kind, _, s, e, nb in out:
+        spans.append((stage, names[stream], op if kind == "COMPUTE" else kind, stage, token, s, e, nb))
+    return end
 
 
 def _run_pass(job: InferJob, clocks: list[_Clock], spans: list, op: str, token: int, new: int, context: int,
@@ -144,6 +176,9 @@ def _run_pass(job: InferJob, clocks: list[_Clock], spans: list, op: str, token: 
         blocks = ([(0.0, pc.embedding_bytes)] if pc.embedding_bytes else []) + list(zip(pc.layer_s, pc.weight_bytes))
         if stage == par.pp - 1:
             blocks.append((pc.head_s, pc.head_bytes))
+        if streamed and _module_fetch(job):
+            c.compute = c.fetch = t = _nvme_pass(job, pc, stage, token, op, c.compute, spans)
+            continue
         ready_prev2 = c.compute  # when the buffer two blocks back is free (prefetch depth 1)
         prev_end = c.compute
         for i, (secs, wbytes) in enumerate(blocks):

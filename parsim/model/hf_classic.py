@@ -34,7 +34,8 @@ def _gpt2(c: HFKeys, tied: bool) -> dict:
     d = c.first_int("n_embd", "hidden_size")
     f = _gpt_style(d, c.first_int("n_layer", "num_hidden_layers"), c.first_int("n_head", "num_attention_heads"),
                    c.int("n_inner", default=4 * d), c.int("vocab_size"), tied)
-    f.update(position="learned", max_seq_len=c.first_int("n_positions", "max_position_embeddings"))
+    f.update(position="learned", max_seq_len=c.first_int("n_positions", "max_position_embeddings"),
+             fused_qkv=True)  # GPT2Attention.c_attn
     return f
 
 
@@ -44,7 +45,7 @@ def _gpt_neox(c: HFKeys, tied: bool) -> dict:
     f = _gpt_style(c.int("hidden_size"), c.int("num_hidden_layers"), c.int("num_attention_heads"),
                    c.int("intermediate_size"), c.int("vocab_size"), tied)
     f.update(position="rope", max_seq_len=c.int("max_position_embeddings", 2048),
-             parallel_residual=c.bool("use_parallel_residual", True))
+             parallel_residual=c.bool("use_parallel_residual", True), fused_qkv=True)  # query_key_value
     return f
 
 
@@ -68,7 +69,7 @@ def _bloom(c: HFKeys, tied: bool) -> dict:
     d = c.first_int("n_embed", "hidden_size")
     f = _gpt_style(d, c.first_int("n_layer", "num_hidden_layers"), c.first_int("n_head", "num_attention_heads"),
                    4 * d, c.int("vocab_size"), tied)
-    f.update(position="alibi", embedding_norm=True)
+    f.update(position="alibi", embedding_norm=True, fused_qkv=True)  # query_key_value
     return f
 
 

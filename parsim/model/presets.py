@@ -167,12 +167,13 @@ _LIST: list[ModelSpec] = [
 _LIST += [
     # GPT-2 small: openai-community/gpt2 config.json (shipped): 12 layers, d 768, 12 heads,
     # 1024 positions, vocabulary 50257; 124M parameters.
-    _gpt("gpt2", 12, 768, 12, vocab_size=50257, max_seq_len=1024),
+    dataclasses.replace(_gpt("gpt2", 12, 768, 12, vocab_size=50257, max_seq_len=1024),
+                        fused_qkv=True),  # GPT2Attention.c_attn
     # GPT-NeoX-20B: EleutherAI/gpt-neox-20b config.json (shipped) and Black et al. 2022
     # (arXiv:2204.06745): 44 layers, d 6144, 64 heads, FFN 24576, rotary on 25% of each head,
     # parallel attention + MLP, untied, vocabulary padded to 50432. Model card: 20,554,567,680.
     ModelSpec("gpt-neox-20b", 44, 6144, 64, 64, 24576, 50432, ffn="gelu", max_seq_len=2048,
-              norm="layernorm", bias=True, parallel_residual=True),
+              norm="layernorm", bias=True, parallel_residual=True, fused_qkv=True),  # query_key_value
     # OPT: Zhang et al. 2022 Table 1; facebook/opt-66b config.json shipped (OPT-175B's weights
     # and config are not on the Hub: its row is the paper's).
     _opt("opt-30b", 48, 7168, 56),
@@ -182,7 +183,8 @@ _LIST += [
     # 70 layers, d 14336, 112 heads, vocabulary 250880 (padded), ALiBi, LayerNorm after the
     # embedding, tied head, 2048-token training sequences; 176,247,271,424 parameters.
     ModelSpec("bloom-176b", 70, 14336, 112, 112, 4 * 14336, 250880, ffn="gelu", tied_embeddings=True,
-              position="alibi", max_seq_len=2048, norm="layernorm", bias=True, embedding_norm=True),
+              position="alibi", max_seq_len=2048, norm="layernorm", bias=True, embedding_norm=True,
+              fused_qkv=True),  # BloomAttention.query_key_value
 ]
 
 PRESETS: dict[str, ModelSpec] = {m.name: m for m in _LIST}

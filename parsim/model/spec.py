@@ -72,6 +72,11 @@ class ModelSpec:
     """Biases on q/k/v only (Qwen2 style); bias=True already implies them."""
     qk_norm: bool = False
     """RMSNorm over head_dim on q and k (Qwen3 style): 2*head_dim params per layer."""
+    fused_qkv: bool = False
+    """The reference (Hugging Face) implementation projects q, k and v with one linear layer
+    (BLOOM's and GPT-NeoX's ``query_key_value``, GPT-2's ``c_attn``) rather than three (OPT,
+    Llama): the same parameters, but one module for frameworks that fetch weights module by
+    module (DeepSpeed ZeRO-3's parameter fetch: ``parsim.infer.zero_fetch``)."""
     d_ff_shared: int | None = None
     """Hidden size of one shared expert; default d_ff_expert (Qwen2-MoE uses a separate size)."""
     q_lora_rank: int = 0
@@ -195,7 +200,7 @@ _NONNEG_INT = ("n_experts", "n_shared_experts", "first_dense_layers", "q_lora_ra
 
 
 _BOOL = ("tied_embeddings", "bias", "qkv_bias", "qk_norm", "attention_sinks", "embedding_norm",
-         "parallel_residual")
+         "parallel_residual", "fused_qkv")
 
 
 _CHOICES = {"ffn": FFN_KINDS, "position": POSITION_KINDS, "norm": NORM_KINDS}
