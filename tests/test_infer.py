@@ -95,7 +95,10 @@ def test_prefetch_parallel_fetch_and_nvme_bounce_behave():
     nvme_np = zero_inference("opt-30b", 256, "nvme", 1, False)
     nvme = zero_inference("opt-30b", 256, "nvme", 1, True)
     cpu2 = zero_inference("opt-30b", 256, "cpu", 2, True)
-    assert cpu1["generate_tokens_per_s"] >= cpu1_np["generate_tokens_per_s"]
+    # from host memory prefetch buys nothing, as published (43 = 43 tokens/s): without it the host
+    # already copies the next module while the GPU computes this one (the CPU never waits for the
+    # compute); with it DeepSpeed copies the next module before launching this one's compute
+    assert cpu1["generate_tokens_per_s"] == pytest.approx(cpu1_np["generate_tokens_per_s"], rel=0.03)
     assert nvme_np["generate_tokens_per_s"] < cpu1_np["generate_tokens_per_s"]  # two serial hops
     assert nvme["generate_tokens_per_s"] > nvme_np["generate_tokens_per_s"]  # prefetch overlaps the compute
     assert cpu2["generate_tokens_per_s_per_gpu"] > cpu1["generate_tokens_per_s_per_gpu"]  # super-linear
@@ -141,34 +144,32 @@ def test_nvme_prefetch_reads_ahead_under_the_copies():
         assert tl[tl["op"] == op]["bytes"].sum() == pytest.approx(tl0[tl0["op"] == op]["bytes"].sum())
 
 
-def test_parallel_fetch_copies_the_next_block_after_this_blocks_all_gather():
-    """DeepSpeed's ZeRO-3 fetch (all_gather_coalesced) copies a rank's partition host->device and
-    all-gathers it on one side stream: each block's copy starts when the previous block's
-    all-gather ends, so a block costs its share's copy plus its all-gather (hand-computed)."""
-    job, _, tl = infer(OPT, "gpus=2", "parallel.dp=2", "inference.batch=16")
-    hw, m = job.scenario.hardware, job.scenario.model
+def test_parallel_fetch_copies_the_next_module_after_this_modules_all_gather():
+    """DeepSpeed's ZeRO-3 fetch (all_gather_coalesced) copies a rank's partition host->device
+    (blocking) and all-gathers it on the same side stream: each copy starts when the previous
+    all-gather ends, so a pass costs every copy plus every all-gather (hand-computed)."""
+    job, mx, tl = infer(OPT, "gpus=2", "parallel.dp=2", "inference.batch=16")
+    hw = job.scenario.hardware
     p0 = tl[(tl["microbatch"] == 1) & tl["op"].isin(["FETCH", "ALL_GATHER"])].sort_values("start_s")
     fetches, gathers = p0[p0["op"] == "FETCH"], p0[p0["op"] == "ALL_GATHER"]
-    assert len(fetches) == len(gathers) > 3
+    assert len(fetches) == len(gathers) > 3 * job.scenario.model.n_layers
     for (_, g), (_, f) in zip(gathers.iloc[:-1].iterrows(), fetches.iloc[1:].iterrows()):
         assert f["start_s"] == pytest.approx(g["end_s"], abs=1e-12)
     for (_, f), (_, g) in zip(fetches.iterrows(), gathers.iterrows()):  # each all-gather follows its own copy
         assert g["start_s"] == pytest.approx(f["end_s"], abs=1e-12) and g["end_s"] > g["start_s"]
-    block = total_params(m) * 2 / m.n_layers  # fp16 weights of one decoder block (embeddings aside)
-    layer = fetches.iloc[2]
-    assert layer["end_s"] - layer["start_s"] == pytest.approx(block / 2 / hw.pcie.effective_bandwidth, rel=0.02)
+        assert f["end_s"] - f["start_s"] == pytest.approx(f["bytes"] / hw.pcie.effective_bandwidth, rel=1e-9)
+    # each rank copies half of every weight, the tied embedding twice (first as the embedding, last
+    # as the LM head): half of the model's fp16 bytes plus half the head's
+    m = job.scenario.model
+    assert m.tied_embeddings
+    per_pass = float(fetches["bytes"].sum())
+    assert per_pass == pytest.approx((total_params(m) + m.vocab_size * m.d_model) * 2 / 2, rel=1e-3)
+    side = float((fetches["end_s"] - fetches["start_s"]).sum() + (gathers["end_s"] - gathers["start_s"]).sum())
+    assert mx["decode_s_per_token"] == pytest.approx(side, rel=0.05)  # the side stream sets the pace
 
 
 # ---------------------------------------------------------------- published figures
-# measured when written (parsim minus published, relative): the gaps beyond the tolerance
-ZI_GAPS = {
-    ("opt-30b", "cpu", "prefetch", 4): ("+21.8%", "multi"),
-}
-WHY = {"multi": "four GPUs fetch a quarter of each block each and all-gather it over NVLink; the blog's 4-GPU OPT-30B "
-                "row (batch 256, the most compute per byte) ran ~0.4 s per pass slower than that, not identified "
-                "(the OPT-175B and BLOOM 4-GPU CPU rows are within 7%)"}
-
-
+# every ZeRO-Inference row within the blog's tolerance (ZeRO-3's fetch replayed: parsim.infer.zero_fetch)
 def _zi_cases():
     seen = set()
     for r in ZI["table3_single_gpu"]:
@@ -181,13 +182,8 @@ def _zi_cases():
                 yield r["model"], r["batch"], r["offload"], "prefetch", int(g), v
 
 
-def _marks(key):
-    gap = ZI_GAPS.get(key)
-    return [pytest.mark.xfail(strict=True, reason=f"measured {gap[0]} vs the blog: {WHY[gap[1]]}")] if gap else []
-
-
 @pytest.mark.parametrize("model, batch, offload, prefetch, gpus, published", [
-    pytest.param(*c, id=f"{c[0]}-{c[2]}-{c[3]}-{c[4]}gpu", marks=_marks((c[0], c[2], c[3], c[4]))) for c in _zi_cases()])
+    pytest.param(*c, id=f"{c[0]}-{c[2]}-{c[3]}-{c[4]}gpu") for c in _zi_cases()])
 def test_zero_inference_tokens_per_s_per_gpu(model, batch, offload, prefetch, gpus, published):
     mx = zero_inference(model, batch, offload, gpus, prefetch == "prefetch")
     err = mx["generate_tokens_per_s_per_gpu"] / published - 1

@@ -4,20 +4,22 @@
 Each model replica (``parallel.dp`` of them) generates ``batch`` sequences; its ``tp x pp``
 GPUs run every pass stage after stage (one batch in flight: decode is a chain). Per pass and
 stage the cost model (:mod:`parsim.costs.inference`) gives each block's seconds; the timeline
-has one span per block and pass on the ``compute`` stream (op ``PREFILL`` or ``DECODE``,
-microbatch = the token's index), the stage-to-stage activations on ``p2p``.
+has one span per block (per module where the fetch is replayed) and pass on the ``compute``
+stream (op ``PREFILL`` or ``DECODE``, microbatch = the token's index), the stage-to-stage
+activations on ``p2p``.
 
 Weights offloaded (``[offload] params = "cpu"|"nvme"``, ZeRO-Inference): no weights live on
-the GPU; every pass streams each block's weights in over the host link, each of the node's
-replicas fetching ``1/n`` of the block over its own PCIe link, then an all-gather over NVLink
-assembles it (``pcie``/``nvme`` and ``dp`` streams: ``FETCH``, ``ALL_GATHER``); as in DeepSpeed,
-the next block's copy waits for this block's all-gather (one side stream carries both). With
-``prefetch`` block i+1 is fetched while block i computes (two block buffers); without it the
-fetch waits for the compute. From NVMe without GPUDirect Storage (one stage) the bytes bounce
-through DeepSpeed's pinned swap buffers, and the pass is DeepSpeed's fetch replayed module by
-module (:mod:`parsim.infer.zero_fetch`: synchronous reads without prefetch, so the two hops add
-up; with it, reads ahead of the copies within its buffer and in-flight limits). The embedding
-and LM head stream at the start and end of each pass.
+the GPU; every pass streams them in. A single-stage replica replays DeepSpeed's ZeRO-3 fetch
+module by module (:mod:`parsim.infer.zero_fetch`): each of the node's replicas copies ``1/n`` of
+a module over its own PCIe link (a blocking copy), an all-gather over NVLink on the same side
+stream assembles it, the next copy waits for that all-gather, and the GPU computes the module once
+the side stream is done; from NVMe without GPUDirect Storage the partitions are first read into
+pinned swap buffers (synchronously without ``prefetch``, so the two hops add up; with it, ahead of
+the copies within DeepSpeed's buffer and in-flight limits). Pipelines of more than one stage, and
+NVMe with GPUDirect Storage, stream block by block (``pcie``/``nvme`` and ``dp`` streams:
+``FETCH``, ``ALL_GATHER``): with ``prefetch`` block i+1 is fetched while block i computes (two
+block buffers), without it the fetch waits for the compute. The embedding and LM head stream at
+the start and end of each pass.
 """
 from __future__ import annotations
 
@@ -110,23 +112,26 @@ def _fetch_s(job: InferJob, nbytes: float) -> tuple[float, str, float]:
         s, stream = share / min(t.nvme_read, t.host_link), "nvme"
     else:
         # through the pinned swap buffer, block by block (pipelines of more than one stage; a
-        # single stage replays DeepSpeed's module-level fetch instead: _nvme_pass): the two hops add
+        # single stage replays DeepSpeed's module-level fetch instead, _replayed_pass): the two
+        # hops add up
         s, stream = share / t.nvme_read + share / t.host_link, "nvme"
     gather = select_algorithm(sc.hardware, "all_gather", nbytes, list(range(n)), concurrent=1)[1] if n > 1 else 0.0
     return s, stream, gather
 
 
 def _module_fetch(job: InferJob) -> bool:
-    """Whether a pass streams its weights through DeepSpeed's NVMe swap path, replayed module by
-    module (:mod:`parsim.infer.zero_fetch`): weights on NVMe, no GPUDirect Storage, one stage."""
+    """Whether a pass streams its weights as DeepSpeed's ZeRO-3 fetch does, replayed module by
+    module (:mod:`parsim.infer.zero_fetch`): one stage, weights in host memory or on NVMe without
+    GPUDirect Storage (with it, and across pipeline stages: block by block, :func:`_fetch_s`)."""
     sc = job.scenario
-    return (job.offload.params == "nvme" and sc.parallel.pp == 1
-            and not tiers(sc.hardware, min(sc.parallel.dp, sc.hardware.gpus_per_node)).gpudirect)
+    if sc.parallel.pp != 1 or job.offload.params not in ("cpu", "nvme"):
+        return False
+    return job.offload.params == "cpu" or not tiers(sc.hardware, min(sc.parallel.dp, sc.hardware.gpus_per_node)).gpudirect
 
 
-def _nvme_pass(job: InferJob, pc, stage: int, token: int, op: str, start: float, spans: list) -> float:
-    """One pass of a single-stage replica whose weights stream from NVMe through the swap buffers:
-    DeepSpeed's fetch replayed module by module; returns the pass's end."""
+def _replayed_pass(job: InferJob, pc, stage: int, token: int, op: str, start: float, spans: list) -> float:
+    """One pass of a single-stage replica whose weights stream from host memory or from NVMe
+    through the swap buffers: DeepSpeed's fetch replayed module by module; returns its end."""
     sc, inf = job.scenario, job.inference
     par, hw, m = sc.parallel, sc.hardware, sc.model
     n = min(par.dp, hw.gpus_per_node)  # replicas on a node hold a partition each
@@ -144,8 +149,9 @@ def _nvme_pass(job: InferJob, pc, stage: int, token: int, op: str, start: float,
         mods += zf.split_block(m, wbytes, secs, n, gather)
     if pc.head_bytes:
         mods.append(zf.single(pc.head_bytes, pc.head_s, n, gather, pc.head_bytes / per_el))
-    rules = zf.FetchRules(prefetch_bucket=zf.PREFETCH_BUCKET if inf.prefetch else 0.0)
-    end, out = zf.run_pass(mods, start, t.nvme_read, t.host_link, rules)
+    nvme = job.offload.params == "nvme"
+    rules = zf.FetchRules(prefetch_bucket=zf.PREFETCH_BUCKET if inf.prefetch else 0.0, nvme=nvme)
+    end, out = zf.run_pass(mods, start, t.nvme_read if nvme else 1.0, t.host_link, rules)
     names = {"nvme": "nvme", "host": t.host_link_name, "dp": "dp", "compute": "compute"}
     for stream, kind, _, s, e, nb in out:
         spans.append((stage, names[stream], op if kind == "COMPUTE" else kind, stage, token, s, e, nb))
@@ -177,7 +183,7 @@ def _run_pass(job: InferJob, clocks: list[_Clock], spans: list, op: str, token: 
         if stage == par.pp - 1:
             blocks.append((pc.head_s, pc.head_bytes))
         if streamed and _module_fetch(job):
-            c.compute = c.fetch = t = _nvme_pass(job, pc, stage, token, op, c.compute, spans)
+            c.compute = c.fetch = t = _replayed_pass(job, pc, stage, token, op, c.compute, spans)
             continue
         ready_prev2 = c.compute  # when the buffer two blocks back is free (prefetch depth 1)
         prev_end = c.compute

@@ -1,7 +1,8 @@
-"""DeepSpeed ZeRO-3's parameter fetch from NVMe, module by module (ZeRO-Inference's weight streaming).
+"""DeepSpeed ZeRO-3's parameter fetch, module by module (ZeRO-Inference's weight streaming).
 
-With ``offload_param.device = "nvme"`` and no GPUDirect Storage, a weight reaches the GPU in two
-hops: an asynchronous NVMe read into one of a few pinned swap buffers, then a host-to-device copy
+With ``offload_param.device = "cpu"`` a weight reaches the GPU in one blocking host-to-device copy
+(then, over several GPUs, an all-gather of the ranks' partitions). With ``"nvme"`` and no
+GPUDirect Storage it takes two hops: an asynchronous NVMe read into one of a few pinned swap buffers, then a host-to-device copy
 (and, over several GPUs, an all-gather of the ranks' partitions). How much of the first hop hides
 under the second is decided by DeepSpeed's fetch logic, which this module replays at the
 granularity DeepSpeed fetches at: the leaf modules of the model (``fetch_sub_module`` runs in each
@@ -120,6 +121,9 @@ class FetchRules:
     """Pinned NVMe read buffers."""
     min_aio_bytes: float = MIN_AIO_BYTES
     """Partitions below this stay in host memory."""
+    nvme: bool = True
+    """Weights offloaded to NVMe (``offload_param.device = "nvme"``); False: all in host memory
+    (``"cpu"``), where the fetch is the same without the reads."""
 
 
 def run_pass(modules: list[Module], start: float, nvme_bps: float, host_bps: float,
@@ -133,7 +137,7 @@ def run_pass(modules: list[Module], start: float, nvme_bps: float, host_bps: flo
         first.append(len(params))
         params += [(j, b, n) for b, n in zip(mod.param_bytes, mod.param_numel)]
     n_p = len(params)
-    on_nvme = [b >= rules.min_aio_bytes for _, b, _ in params]
+    on_nvme = [rules.nvme and b >= rules.min_aio_bytes for _, b, _ in params]
     read_end: list[float | None] = [None] * n_p
     synced = [False] * n_p
     on_gpu = [False] * n_p
@@ -174,9 +178,12 @@ def run_pass(modules: list[Module], start: float, nvme_bps: float, host_bps: flo
             e = s + nb / host_bps
             spans.append(("host", "FETCH", j, s, e, nb))
             t = e                            # .to(device): the host waits for the copy
-            side = e + modules[j].gather_s   # the all-gather follows on the same stream
-            if modules[j].gather_s > 0:
-                spans.append(("dp", "ALL_GATHER", j, e, side, nb * len(modules)))
+            # the all-gather of what was copied follows on the same stream (a module's parameters
+            # may be copied in two goes when a prefetch bucket fills mid-module)
+            g = modules[j].gather_s * nb / sum(modules[j].param_bytes)
+            side = e + g
+            if g > 0:
+                spans.append(("dp", "ALL_GATHER", j, e, side, nb))
             for i in group:
                 on_gpu[i] = True
                 freed[i] = e
