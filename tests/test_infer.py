@@ -291,3 +291,15 @@ def test_the_request_cache_changes_no_cost_and_stops_growing_after_the_first_dec
         assert pass_cost(**kw, new_tokens=1, context=ctx, cache=cache) == pass_cost(**kw, new_tokens=1, context=ctx)
         sizes.append(len(cache))
     assert sizes[0] > 0 and sizes == [sizes[0]] * 4
+
+
+def test_streamed_weights_bound_the_generated_tokens():
+    """Every pass with streamed weights replays each module's fetch: the request is bounded (one
+    line naming the key), the bound itself runs."""
+    from parsim.config.offload import MAX_STREAMED_GENERATE_TOKENS
+    p = _cli(OPT, "--set", f"inference.generate_tokens={MAX_STREAMED_GENERATE_TOKENS + 1}")
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "inference.generate_tokens" in p.stderr
+    assert "Traceback" not in p.stderr
+    job = load_inference(OPT, [f"inference.generate_tokens={MAX_STREAMED_GENERATE_TOKENS}", "inference.batch=1",
+                               'model.preset="opt-66b"'])
+    assert job.inference.generate_tokens == MAX_STREAMED_GENERATE_TOKENS

@@ -97,3 +97,17 @@ def test_split_block_shares_bytes_and_compute_by_elements():
     assert sum(sum(m.param_bytes) for m in mods) * 4 == pytest.approx(1e9)
     assert sum(m.compute_s for m in mods) == pytest.approx(2.0)
     assert sum(m.gather_s for m in mods) == pytest.approx(1.0)
+
+
+def test_prefetch_stops_at_the_live_parameter_limit():
+    # host-resident parameters of 10 elements, 1 B each (1 s a copy): module 0's fetch copies its
+    # own, then prefetches while the bucket (25 elements) and the live limit allow -- the check
+    # comes before each parameter, so the last one may pass the bound. Module 0 computes once the
+    # side stream is done: after 4 copies unbounded (10, 20 < 25, then 30), after 2 with 15 live
+    # (10 on the GPU leaves 5: one more parameter)
+    mods = [zf.Module(param_bytes=(1.0,), param_numel=(10.0,), compute_s=1.0) for _ in range(6)]
+    for live, first_compute in ((1e9, 4.0), (15.0, 2.0)):
+        rules = zf.FetchRules(prefetch_bucket=25.0, nvme=False, max_live=live)
+        _, spans = zf.run_pass(mods, 0.0, 1.0, 1.0, rules)
+        comp = sorted((s, e) for st, _, j, s, e, _ in spans if st == "compute" and j == 0)
+        assert comp[0][0] == first_compute

@@ -130,6 +130,10 @@ MAX_GENERATE_TOKENS = 2 ** 15
 """Most new tokens a request may ask for (32,768: the longest outputs common serving limits allow):
 every decode step is simulated and kept as spans (~0.8 ms and ~72 span rows a step for BLOOM-176B on
 a 2-core VM: 32,768 steps take ~28 s and 800 MB; 131,072 ran past a minute)."""
+MAX_STREAMED_GENERATE_TOKENS = 2 ** 10
+"""Most new tokens when the weights stream in (``[offload] params``): every pass replays each
+module's fetch and keeps ~2,400 span rows (OPT-175B: 1,024 steps take ~8 s and ~1.1 GB on a 2-core
+VM, the span budget of MAX_GENERATE_TOKENS; ZeRO-Inference runs generate tens of tokens)."""
 MAX_PROMPT_TOKENS = 2 ** 27
 """Longest prompt (134,217,728 tokens, as ``training.seq_len``'s bound)."""
 

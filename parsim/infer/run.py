@@ -30,7 +30,8 @@ from pathlib import Path
 import pandas as pd
 
 from parsim.cluster.collectives import select_algorithm
-from parsim.config.offload import InferenceConfig, OffloadConfig, parse_inference, parse_offload_inference
+from parsim.config.offload import (MAX_STREAMED_GENERATE_TOKENS, InferenceConfig, OffloadConfig, parse_inference,
+                                   parse_offload_inference)
 from parsim.config.scenario import Scenario
 from parsim.costs.inference import act_bytes, kv_bytes_per_sequence, pass_cost, workspace_bytes
 from parsim.costs.offload import tiers
@@ -83,6 +84,10 @@ def load_inference(path: str | Path, overrides: list[str] | None = None) -> Infe
             raise
         # the synthesised training table's precision is the [inference] table's
         raise ConfigError(file, "inference.precision", e.problem) from None
+    if off.params != "none" and inf.generate_tokens > MAX_STREAMED_GENERATE_TOKENS:
+        raise ConfigError(file, "inference.generate_tokens",
+                          f"{inf.generate_tokens:,} is more than parsim simulates with streamed weights "
+                          f"({MAX_STREAMED_GENERATE_TOKENS:,}: every pass replays each module's fetch)")
     if off.params != "none" and sc.hardware.host is None:
         raise ConfigError(file, "offload.params", f"hardware profile {sc.hardware.name} has no [host] table")
     if off.params == "nvme" and sc.hardware.host.nvme_bytes <= 0:
@@ -129,7 +134,8 @@ def _module_fetch(job: InferJob) -> bool:
     return job.offload.params == "cpu" or not tiers(sc.hardware, min(sc.parallel.dp, sc.hardware.gpus_per_node)).gpudirect
 
 
-def _replayed_pass(job: InferJob, pc, stage: int, token: int, op: str, start: float, spans: list) -> float:
+def _replayed_pass(job: InferJob, pc, stage: int, token: int, op: str, start: float, spans: list,
+                   cache: dict | None = None) -> float:
     """One pass of a single-stage replica whose weights stream from host memory or from NVMe
     through the swap buffers: DeepSpeed's fetch replayed module by module; returns its end."""
     sc, inf = job.scenario, job.inference
@@ -141,17 +147,31 @@ def _replayed_pass(job: InferJob, pc, stage: int, token: int, op: str, start: fl
     def gather(nbytes: float) -> float:
         return select_algorithm(hw, "all_gather", nbytes, ranks, concurrent=1)[1]
 
-    per_el = inf.weight_bits / 8
-    mods: list[zf.Module] = []
-    if pc.embedding_bytes:
-        mods.append(zf.single(pc.embedding_bytes, 0.0, n, gather, pc.embedding_bytes / per_el))
-    for secs, wbytes in zip(pc.layer_s, pc.weight_bytes):
-        mods += zf.split_block(m, wbytes, secs, n, gather)
-    if pc.head_bytes:
-        mods.append(zf.single(pc.head_bytes, pc.head_s, n, gather, pc.head_bytes / per_el))
+    # the modules (and each one's share of its block's compute) depend on the weights only:
+    # built once per request, then every pass supplies its own compute seconds
+    shape = (pc.embedding_bytes, tuple(pc.weight_bytes), pc.head_bytes)
+    store = cache.setdefault("zero_fetch_modules", {}) if cache is not None else {}
+    if shape not in store:
+        per_el = inf.weight_bits / 8
+        mods: list[zf.Module] = []
+        owner: list[tuple[int, float]] = []  # (block: -1 the embedding, -2 the head; share)
+        if pc.embedding_bytes:
+            mods.append(zf.single(pc.embedding_bytes, 0.0, n, gather, pc.embedding_bytes / per_el))
+            owner.append((-1, 0.0))
+        for b, wbytes in enumerate(pc.weight_bytes):
+            block = zf.split_block(m, wbytes, 1.0, n, gather)
+            mods += block
+            owner += [(b, mod.compute_s) for mod in block]
+        if pc.head_bytes:
+            mods.append(zf.single(pc.head_bytes, 0.0, n, gather, pc.head_bytes / per_el))
+            owner.append((-2, 1.0))
+        store[shape] = (mods, owner)
+    mods, owner = store[shape]
+    compute = [0.0 if b == -1 else pc.head_s * f if b == -2 else pc.layer_s[b] * f for b, f in owner]
     nvme = job.offload.params == "nvme"
     rules = zf.FetchRules(prefetch_bucket=zf.PREFETCH_BUCKET if inf.prefetch else 0.0, nvme=nvme)
-    end, out = zf.run_pass(mods, start, t.nvme_read if nvme else 1.0, t.host_link, rules)
+    end, out = zf.run_pass(mods, start, t.nvme_read if nvme else 1.0, t.host_link, rules,
+                           cache.setdefault("zero_fetch", {}) if cache is not None else None, compute)
     names = {"nvme": "nvme", "host": t.host_link_name, "dp": "dp", "compute": "compute"}
     for stream, kind, _, s, e, nb in out:
         spans.append((stage, names[stream], op if kind == "COMPUTE" else kind, stage, token, s, e, nb))
@@ -183,7 +203,7 @@ def _run_pass(job: InferJob, clocks: list[_Clock], spans: list, op: str, token: 
         if stage == par.pp - 1:
             blocks.append((pc.head_s, pc.head_bytes))
         if streamed and _module_fetch(job):
-            c.compute = c.fetch = t = _replayed_pass(job, pc, stage, token, op, c.compute, spans)
+            c.compute = c.fetch = t = _replayed_pass(job, pc, stage, token, op, c.compute, spans, cache)
             continue
         ready_prev2 = c.compute  # when the buffer two blocks back is free (prefetch depth 1)
         prev_end = c.compute

@@ -17,7 +17,8 @@ blog's release):
   only theirs. The copy to the GPU is a blocking ``.to(device)`` (the host waits for it) on the
   side stream, where the all-gather follows, so the next copy also waits for that all-gather.
 * Then, with a prefetch bucket (``stage3_prefetch_bucket_size`` > 0), the coordinator copies the
-  next parameters of the trace to the GPU until the bucket is full, stopping at the first one
+  next parameters of the trace to the GPU until the bucket is full or the parameters gathered on
+  the GPU reach ``stage3_max_live_parameters`` (a module's are released after it), stopping at the first one
   still on NVMe (a read in flight is waited for as above), and issues asynchronous NVMe reads
   for the parameters after those, while the elements it has considered stay within twice the
   elements in flight to the GPU and a swap buffer is free
@@ -28,10 +29,11 @@ blog's release):
   once); the pass ends when the host and the GPU are both done (``generate`` reads each token).
 
 Not modelled: the reads of the several ranks of a node contend only through their 1/n share of
-the node's NVMe rate (``parsim.costs.offload.tiers``); ``stage3_max_live_parameters``.
+the node's NVMe rate (``parsim.costs.offload.tiers``).
 """
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -43,6 +45,9 @@ SWAP_BUFFERS = 5
 PREFETCH_BUCKET = 5e7
 """Elements the coordinator prefetches ahead: ``stage3_prefetch_bucket_size``'s default
 (deepspeed/runtime/zero/config.py)."""
+MAX_LIVE = 1e9
+"""Elements that may be gathered on the GPU at once, prefetched ones included:
+``stage3_max_live_parameters``'s default (deepspeed/runtime/zero/config.py)."""
 
 
 @dataclass(frozen=True)
@@ -119,6 +124,8 @@ class FetchRules:
     """Elements prefetched ahead; 0: no prefetch and no NVMe read-ahead."""
     swap_buffers: int = SWAP_BUFFERS
     """Pinned NVMe read buffers."""
+    max_live: float = MAX_LIVE
+    """Elements gathered on the GPU at once; the prefetch takes at most what is left of it."""
     min_aio_bytes: float = MIN_AIO_BYTES
     """Partitions below this stay in host memory."""
     nvme: bool = True
@@ -126,53 +133,109 @@ class FetchRules:
     (``"cpu"``), where the fetch is the same without the reads."""
 
 
+Span = tuple[str, str, int, float, float, float]
+"""(stream, op, module index, start, end, bytes)."""
+
+
+@dataclass(frozen=True)
+class FetchTimeline:
+    """The fetch of one pass from time 0: what does not depend on the compute (the host never
+    waits for the GPU inside a pass), so passes that stream the same modules share it."""
+
+    spans: tuple[Span, ...]
+    """``nvme``/``SWAP_IN`` reads, ``host``/``FETCH`` copies, ``dp``/``ALL_GATHER`` gathers."""
+    ready: tuple[float, ...]
+    """Per module: when the side stream the compute waits for is done."""
+    end: float
+    """When the host and the side stream are done."""
+
+
 def run_pass(modules: list[Module], start: float, nvme_bps: float, host_bps: float,
-             rules: FetchRules = FetchRules()) -> tuple[float, list[tuple[str, str, int, float, float, float]]]:
+             rules: FetchRules = FetchRules(), cache: dict | None = None,
+             compute: list[float] | None = None) -> tuple[float, list[Span]]:
     """Replay one forward pass from ``start``: its end and its spans
     (stream, op, module index, start, end, bytes): ``nvme``/``SWAP_IN`` reads, host-link ``FETCH``
-    copies, ``dp``/``ALL_GATHER`` gathers, ``compute``/``COMPUTE`` per module."""
+    copies, ``dp``/``ALL_GATHER`` gathers, ``compute``/``COMPUTE`` per module. ``cache``: a dict
+    the caller keeps for passes over the same modules (the fetch timeline is reused: the same
+    ``modules`` object, or an equal one); ``compute``: each module's seconds this pass (default
+    the modules' own ``compute_s``)."""
+    tl = None
+    if cache is not None:
+        key = (id(modules), nvme_bps, host_bps, rules)
+        hit = cache.get(key)
+        if hit is not None and hit[0] is modules:
+            tl = hit[1]
+    if tl is None:
+        tl = fetch_timeline(modules, nvme_bps, host_bps, rules)
+        if cache is not None:
+            cache[(id(modules), nvme_bps, host_bps, rules)] = (modules, tl)
+    secs = compute if compute is not None else [mod.compute_s for mod in modules]
+    spans = [(st, op, j, start + a, start + b, nb) for st, op, j, a, b, nb in tl.spans]
+    gpu = start
+    for j, c in enumerate(secs):
+        s = max(gpu, start + tl.ready[j])
+        gpu = s + c
+        if c > 0:
+            spans.append(("compute", "COMPUTE", j, s, gpu, 0.0))
+    return max(start + tl.end, gpu), spans
+
+
+def fetch_timeline(modules: list[Module], nvme_bps: float, host_bps: float, rules: FetchRules) -> FetchTimeline:
+    """DeepSpeed's fetch of one pass from time 0 (the rules in the module docstring)."""
     params: list[tuple[int, float, float]] = []  # (module, bytes, numel)
     first: list[int] = []
     for j, mod in enumerate(modules):
         first.append(len(params))
         params += [(j, b, n) for b, n in zip(mod.param_bytes, mod.param_numel)]
+    module_bytes = [sum(mod.param_bytes) for mod in modules]
     n_p = len(params)
     on_nvme = [rules.nvme and b >= rules.min_aio_bytes for _, b, _ in params]
     read_end: list[float | None] = [None] * n_p
     synced = [False] * n_p
     on_gpu = [False] * n_p
-    freed: list[float | None] = [None] * n_p
-    spans: list[tuple[str, str, int, float, float, float]] = []
-    t = start              # the host
-    nvme = start           # when the NVMe queue drains
-    side = start           # the copy + all-gather stream
-    gpu = start
+    spans: list[Span] = []
+    ready: list[float] = []
+    t = 0.0                # the host (never goes back: the buffer bookkeeping below relies on it)
+    nvme = 0.0             # when the NVMe queue drains
+    side = 0.0             # the copy + all-gather stream
     in_flight: set[int] = set()
+    in_flight_numel = 0.0
+    available = 0.0           # elements gathered on the GPU (DeepSpeed's __n_available_params)
+    pending: list[int] = []   # reads issued, not yet synchronised
+    unfreed = 0               # swap buffers holding a read partition not yet copied
+    releases: list[float] = []  # min-heap: when the copied partitions' buffers free up
 
-    def held(at: float) -> int:
-        return sum(1 for i in range(n_p) if on_nvme[i] and read_end[i] is not None
-                   and (freed[i] is None or freed[i] > at))
+    def held() -> int:  # swap buffers in use at the host's time t
+        while releases and releases[0] <= t:
+            heapq.heappop(releases)
+        return unfreed + len(releases)
 
-    def read(i: int, at: float) -> None:
-        nonlocal nvme
-        s = max(at, nvme)
+    def read(i: int) -> None:
+        nonlocal nvme, unfreed
+        s = max(t, nvme)
         nvme = s + params[i][1] / nvme_bps
         read_end[i] = nvme
+        pending.append(i)
+        unfreed += 1
         spans.append(("nvme", "SWAP_IN", params[i][0], s, nvme, params[i][1]))
 
     def wait_reads() -> None:  # synchronize_reads: every pending read
         nonlocal t
         t = max(t, nvme)
-        for i in range(n_p):
-            if read_end[i] is not None:
-                synced[i] = True
+        for i in pending:
+            synced[i] = True
+        pending.clear()
 
     def copy(ids: list[int]) -> None:
-        nonlocal t, side
-        by_module: dict[int, list[int]] = {}
+        nonlocal t, side, unfreed, in_flight_numel, available
+        groups: list[tuple[int, list[int]]] = []  # ids are in trace order: a module's are adjacent
         for i in ids:
-            by_module.setdefault(params[i][0], []).append(i)
-        for j, group in by_module.items():
+            j = params[i][0]
+            if groups and groups[-1][0] == j:
+                groups[-1][1].append(i)
+            else:
+                groups.append((j, [i]))
+        for j, group in groups:
             nb = sum(params[i][1] for i in group)
             s = max(t, side)
             e = s + nb / host_bps
@@ -180,32 +243,38 @@ def run_pass(modules: list[Module], start: float, nvme_bps: float, host_bps: flo
             t = e                            # .to(device): the host waits for the copy
             # the all-gather of what was copied follows on the same stream (a module's parameters
             # may be copied in two goes when a prefetch bucket fills mid-module)
-            g = modules[j].gather_s * nb / sum(modules[j].param_bytes)
+            g = modules[j].gather_s * nb / module_bytes[j]
             side = e + g
             if g > 0:
                 spans.append(("dp", "ALL_GATHER", j, e, side, nb))
             for i in group:
                 on_gpu[i] = True
-                freed[i] = e
                 in_flight.add(i)
+                in_flight_numel += params[i][2]
+                available += params[i][2]
+                if on_nvme[i]:  # its swap buffer is free once the copy is made
+                    unfreed -= 1
+                    heapq.heappush(releases, e)
 
     for j, mod in enumerate(modules):
-        ids = [i for i in range(first[j], first[j] + len(mod.param_bytes)) if not on_gpu[i]]
-        need = [i for i in ids if on_nvme[i]]
-        missing = [i for i in need if read_end[i] is None]
-        if missing:  # a synchronous swap-in, once enough buffers are free
-            while held(t) + len(missing) > rules.swap_buffers:
-                t = min(f for f in freed if f is not None and f > t)
-            for i in missing:
-                read(i, t)
-        if any(not synced[i] for i in need):
-            wait_reads()
-        if ids:
-            copy(ids)
         last = first[j] + len(mod.param_bytes)
+        ids = [i for i in range(first[j], last) if not on_gpu[i]]
+        if ids:
+            need = [i for i in ids if on_nvme[i]]
+            if need:
+                missing = [i for i in need if read_end[i] is None]
+                if missing:  # a synchronous swap-in, once enough buffers are free
+                    while held() + len(missing) > rules.swap_buffers and releases:
+                        t = releases[0]
+                    for i in missing:
+                        read(i)
+                if pending and not all(synced[i] for i in need):
+                    wait_reads()
+            copy(ids)
         if rules.prefetch_bucket > 0:
             q, numel, ahead = last, 0.0, []
-            while q < n_p and numel < rules.prefetch_bucket:
+            budget = min(rules.max_live - available, rules.prefetch_bucket)
+            while q < n_p and numel < budget:
                 if on_nvme[q] and read_end[q] is None:
                     break                    # still on NVMe: the read-ahead's business
                 if not on_gpu[q]:
@@ -216,9 +285,11 @@ def run_pass(modules: list[Module], start: float, nvme_bps: float, host_bps: flo
                 if any(on_nvme[i] and not synced[i] for i in ahead):
                     wait_reads()
                 copy(ahead)
-            limit = 2 * sum(params[i][2] for i in in_flight)
+            while q < n_p and on_gpu[q]:  # popped off the trace queue by earlier prefetches
+                q += 1
+            limit = 2 * in_flight_numel
             considered, picks = 0.0, []
-            free = rules.swap_buffers - held(t)
+            free = rules.swap_buffers - held()
             for r in range(q, n_p):
                 if considered > limit or len(picks) >= free:
                     break
@@ -226,13 +297,13 @@ def run_pass(modules: list[Module], start: float, nvme_bps: float, host_bps: flo
                     picks.append(r)
                 considered += params[r][2]
             for r in picks:
-                read(r, t)
+                read(r)
         # the module's parameters are waited for (they leave the in-flight set); the compute
-        # stream waits for the whole side stream (fetch_sub_module's wait_stream), then computes
+        # stream waits for the whole side stream as it stands (fetch_sub_module's wait_stream)
         for i in range(first[j], last):
-            in_flight.discard(i)
-        s = max(gpu, side)
-        gpu = s + mod.compute_s
-        if mod.compute_s > 0:
-            spans.append(("compute", "COMPUTE", j, s, gpu, 0.0))
-    return max(t, gpu, side), spans
+            if i in in_flight:
+                in_flight.remove(i)
+                in_flight_numel -= params[i][2]
+            available -= params[i][2]  # released after the module (used once per pass)
+        ready.append(side)
+    return FetchTimeline(spans=tuple(spans), ready=tuple(ready), end=max(t, side))
