@@ -9,14 +9,14 @@ stream (op ``PREFILL`` or ``DECODE``, microbatch = the token's index), the stage
 activations on ``p2p``.
 
 Weights offloaded (``[offload] params = "cpu"|"nvme"``, ZeRO-Inference): no weights live on
-the GPU; every pass streams them in. A single-stage replica replays DeepSpeed's ZeRO-3 fetch
+the GPU; every pass streams them in. Each stage replays DeepSpeed's ZeRO-3 fetch
 module by module (:mod:`parsim.infer.zero_fetch`): each of the node's replicas copies ``1/n`` of
 a module over its own PCIe link (a blocking copy), an all-gather over NVLink on the same side
 stream assembles it, the next copy waits for that all-gather, and the GPU computes the module once
 the side stream is done; from NVMe without GPUDirect Storage the partitions are first read into
 pinned swap buffers (synchronously without ``prefetch``, so the two hops add up; with it, ahead of
-the copies within DeepSpeed's buffer and in-flight limits). Pipelines of more than one stage, and
-NVMe with GPUDirect Storage, stream block by block (``pcie``/``nvme`` and ``dp`` streams:
+the copies within DeepSpeed's buffer and in-flight limits); each pipeline stage replays its own
+modules. NVMe with GPUDirect Storage streams block by block (``nvme`` and ``dp`` streams:
 ``FETCH``, ``ALL_GATHER``): with ``prefetch`` block i+1 is fetched while block i computes (two
 block buffers), without it the fetch waits for the compute. The embedding and LM head stream at
 the start and end of each pass.
@@ -105,38 +105,30 @@ class _Clock:
 
 
 def _fetch_s(job: InferJob, nbytes: float) -> tuple[float, str, float]:
-    """(seconds, stream, all-gather seconds) to bring ``nbytes`` of weights to every replica's GPU."""
-    sc, off = job.scenario, job.offload
-    par = sc.parallel
-    n = min(par.dp, sc.hardware.gpus_per_node)  # replicas on a node fetch a share each
+    """(seconds, stream, all-gather seconds) to bring ``nbytes`` of weights from NVMe straight to
+    every replica's GPU with GPUDirect Storage (block by block; every other streamed case replays
+    DeepSpeed's module-level fetch, :func:`_replayed_pass`)."""
+    sc = job.scenario
+    n = min(sc.parallel.dp, sc.hardware.gpus_per_node)  # replicas on a node fetch a share each
     t = tiers(sc.hardware, n)
-    share = nbytes / n
-    if off.params == "cpu":
-        s, stream = share / t.host_link, t.host_link_name
-    elif t.gpudirect:
-        s, stream = share / min(t.nvme_read, t.host_link), "nvme"
-    else:
-        # through the pinned swap buffer, block by block (pipelines of more than one stage; a
-        # single stage replays DeepSpeed's module-level fetch instead, _replayed_pass): the two
-        # hops add up
-        s, stream = share / t.nvme_read + share / t.host_link, "nvme"
+    s = nbytes / n / min(t.nvme_read, t.host_link)
     gather = select_algorithm(sc.hardware, "all_gather", nbytes, list(range(n)), concurrent=1)[1] if n > 1 else 0.0
-    return s, stream, gather
+    return s, "nvme", gather
 
 
 def _module_fetch(job: InferJob) -> bool:
     """Whether a pass streams its weights as DeepSpeed's ZeRO-3 fetch does, replayed module by
-    module (:mod:`parsim.infer.zero_fetch`): one stage, weights in host memory or on NVMe without
-    GPUDirect Storage (with it, and across pipeline stages: block by block, :func:`_fetch_s`)."""
+    module on each stage (:mod:`parsim.infer.zero_fetch`): weights in host memory or on NVMe
+    without GPUDirect Storage (with it: block by block, :func:`_fetch_s`)."""
     sc = job.scenario
-    if sc.parallel.pp != 1 or job.offload.params not in ("cpu", "nvme"):
+    if job.offload.params not in ("cpu", "nvme"):
         return False
     return job.offload.params == "cpu" or not tiers(sc.hardware, min(sc.parallel.dp, sc.hardware.gpus_per_node)).gpudirect
 
 
 def _replayed_pass(job: InferJob, pc, stage: int, token: int, op: str, start: float, spans: list,
                    cache: dict | None = None) -> float:
-    """One pass of a single-stage replica whose weights stream from host memory or from NVMe
+    """One pass over one pipeline stage whose weights stream from host memory or from NVMe
     through the swap buffers: DeepSpeed's fetch replayed module by module; returns its end."""
     sc, inf = job.scenario, job.inference
     par, hw, m = sc.parallel, sc.hardware, sc.model
