@@ -1,13 +1,12 @@
 """DeepSpeed ZeRO-3's parameter fetch, module by module (ZeRO-Inference's weight streaming).
 
-With ``offload_param.device = "cpu"`` a weight reaches the GPU in one blocking host-to-device copy
-(then, over several GPUs, an all-gather of the ranks' partitions). With ``"nvme"`` and no
-GPUDirect Storage it takes two hops: an asynchronous NVMe read into one of a few pinned swap buffers, then a host-to-device copy
-(and, over several GPUs, an all-gather of the ranks' partitions). How much of the first hop hides
-under the second is decided by DeepSpeed's fetch logic, which this module replays at the
-granularity DeepSpeed fetches at: the leaf modules of the model (``fetch_sub_module`` runs in each
-module's forward pre-hook). The rules, from DeepSpeed v0.7.3 (September 2022, the ZeRO-Inference
-blog's release):
+With ``offload_param.device = "cpu"`` a weight reaches the GPU in one blocking host-to-device
+copy (then, over several GPUs, an all-gather of the ranks' partitions). With ``"nvme"`` and no
+GPUDirect Storage it takes two hops: an asynchronous NVMe read into one of a few pinned swap
+buffers, then that copy. How much of the first hop hides under the second is decided by
+DeepSpeed's fetch logic, which this module replays at the granularity DeepSpeed fetches at: the
+leaf modules of the model (``fetch_sub_module`` runs in each module's forward pre-hook). The
+rules, from DeepSpeed v0.7.3 (September 2022, the ZeRO-Inference blog's release):
 
 * A parameter whose partition is smaller than the asynchronous-I/O block (1 MiB by default) never
   goes to NVMe: it stays in host memory (``partitioned_param_swapper.swappable_tensor``).
@@ -18,15 +17,16 @@ blog's release):
   side stream, where the all-gather follows, so the next copy also waits for that all-gather.
 * Then, with a prefetch bucket (``stage3_prefetch_bucket_size`` > 0), the coordinator copies the
   next parameters of the trace to the GPU until the bucket is full or the parameters gathered on
-  the GPU reach ``stage3_max_live_parameters`` (a module's are released after it), stopping at the first one
-  still on NVMe (a read in flight is waited for as above), and issues asynchronous NVMe reads
-  for the parameters after those, while the elements it has considered stay within twice the
-  elements in flight to the GPU and a swap buffer is free
+  the GPU reach ``stage3_max_live_parameters`` (a module's are released after it), stopping at
+  the first one still on NVMe (a read in flight is waited for as above), and issues asynchronous
+  NVMe reads for the parameters after those, while the elements it has considered stay within
+  twice the elements in flight to the GPU and a swap buffer is free
   (``partitioned_param_coordinator.__prefetch_nvme_param_partitions``). Without a bucket there
   is no read-ahead: every read is synchronous and the hops add up.
 * A swap buffer is free again once its parameter's copy has been made; the GPU computes a
-  module once its parameters are gathered, without holding the host (the next fetch starts at
-  once); the pass ends when the host and the GPU are both done (``generate`` reads each token).
+  module once the side stream is done (``wait_stream``), without holding the host (the next
+  fetch starts at once); the pass ends when the host, the side stream and the GPU are all done
+  (``generate`` reads each token).
 
 Not modelled: the reads of the several ranks of a node contend only through their 1/n share of
 the node's NVMe rate (``parsim.costs.offload.tiers``).
