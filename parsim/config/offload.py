@@ -10,6 +10,8 @@ from parsim.errors import ConfigError
 TIERS = ("none", "cpu", "nvme")
 WEIGHT_BITS = (16, 8, 4)
 KV_PLACES = ("gpu", "cpu")
+LM_HEADS = ("sharded", "replicated")
+"""Values of ``inference.lm_head``."""
 INFER_PRECISIONS = ("fp16", "bf16", "fp8", "fp32")
 
 
@@ -59,6 +61,12 @@ class InferenceConfig:
     """Where the KV cache lives: "gpu", or "cpu" (read back over PCIe each token)."""
     prefetch: bool = True
     """Offloaded weights: fetch layer i+1 while layer i computes (ZeRO-Inference's prefetch)."""
+    lm_head: str = "sharded"
+    """How tensor parallelism holds the embedding and LM head: "sharded" (vocabulary-parallel:
+    each rank keeps and computes 1/tp of the vocabulary, Megatron's and most serving engines')
+    or "replicated" (each rank keeps the whole table and computes every logit: DeepSpeed-Inference
+    v0.7's kernel injection, whose checkpoint loader loads the embedding whole on every rank and
+    ties ``lm_head`` to it, deepspeed/module_inject/load_checkpoint.py)."""
 
     @property
     def context(self) -> int:
@@ -154,7 +162,8 @@ def parse_inference(table, file: str) -> InferenceConfig:
         precision=_choice(table, "precision", INFER_PRECISIONS, "fp16", file, p),
         weight_bits=_choice(table, "weight_bits", WEIGHT_BITS, 16, file, p),
         kv_cache=_choice(table, "kv_cache", KV_PLACES, "gpu", file, p),
-        prefetch=_bool(table, "prefetch", True, file, p))
+        prefetch=_bool(table, "prefetch", True, file, p),
+        lm_head=_choice(table, "lm_head", LM_HEADS, "sharded", file, p))
 
 
 def parse_offload_inference(table, file: str) -> OffloadConfig:

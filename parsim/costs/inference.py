@@ -100,12 +100,15 @@ def _memo(cache: dict | None, key: tuple, compute):
 
 def pass_cost(*, hw: HardwareProfile, model: ModelSpec, layers: tuple[int, ...], last_stage: bool,
               first_stage: bool, batch: int, new_tokens: int, context: int, tp: int, precision: str,
-              weight_bits: int, kv_on_host: bool = False, cache: dict | None = None) -> PassCost:
+              weight_bits: int, kv_on_host: bool = False, cache: dict | None = None,
+              replicated_head: bool = False) -> PassCost:
     """A forward pass over ``layers`` for ``batch`` sequences of ``new_tokens`` new tokens each,
     attending to ``context`` tokens (prefill: new_tokens = context = the prompt; decode: 1 new
     token over the cache so far). ``cache``: a dict one generation request passes to every pass
     (the caller's state): the GEMMs' and all-reduces' times, which depend on the shapes only, are
-    then computed once, not again for every layer of every decode step."""
+    then computed once, not again for every layer of every decode step. ``replicated_head``: every
+    tensor-parallel rank keeps the whole embedding and LM head and computes every logit
+    (``inference.lm_head = "replicated"``)."""
     dev = hw.device
     a = act_bytes(precision)
     tokens = batch * new_tokens
@@ -131,10 +134,10 @@ def pass_cost(*, hw: HardwareProfile, model: ModelSpec, layers: tuple[int, ...],
         wb.append(_memo(cache, ("params", li), lambda li=li: layer_params(model, li)) / tp * weight_bits / 8)
     head = 0.0
     if last_stage:
-        h = head_gemm(model, batch, tp)  # the next token's logits only
+        h = head_gemm(model, batch, 1 if replicated_head else tp)  # the next token's logits only
         head = _memo(cache, ("gemms", ((h.m, h.n, h.k, h.count),), precision, weight_bits),
                      lambda: _gemm_s(hw, h.m, h.n, h.k, h.count, precision, weight_bits)) + 2 * dev.kernel_launch_s
-    wbytes = weight_bits / 8 / tp
+    wbytes = weight_bits / 8 / (1 if replicated_head else tp)
     emb = embedding_params(model) * wbytes  # token (+ position) table
     matrix = model.vocab_size * model.d_model * wbytes
     head_own = head_params(model) * wbytes  # final norm (+ the head matrix when untied)
@@ -159,11 +162,12 @@ def kv_bytes_per_sequence(model: ModelSpec, layers: int, tp: int, context: int, 
     return 2.0 * layers * kv_heads * model.head_dim_ * context * act_bytes(precision)
 
 
-def workspace_bytes(model: ModelSpec, tp: int, batch: int, prompt: int, precision: str) -> float:
+def workspace_bytes(model: ModelSpec, tp: int, batch: int, prompt: int, precision: str,
+                    replicated_head: bool = False) -> float:
     """Transient activations of the prefill on one GPU: one block's widest tensors (the FFN's
     hidden, Q/K/V and the residual stream) for the prompt's tokens, plus the next-token logits
-    (fp32)."""
+    (fp32; every logit on every rank with a replicated head)."""
     a = act_bytes(precision)
     tokens = batch * prompt
     block = tokens * (model.d_ff // tp + 3 * model.n_heads * model.head_dim_ // tp + 2 * model.d_model) * a
-    return block + batch * model.vocab_size / tp * 4
+    return block + batch * model.vocab_size / (1 if replicated_head else tp) * 4

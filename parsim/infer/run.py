@@ -182,7 +182,8 @@ def _run_pass(job: InferJob, clocks: list[_Clock], spans: list, op: str, token: 
         layers = tuple(range(sum(sc.layers_per_stage[:stage]), sum(sc.layers_per_stage[:stage + 1])))
         pc = pass_cost(hw=hw, model=sc.model, layers=layers, first_stage=stage == 0, last_stage=stage == par.pp - 1,
                        batch=inf.batch, new_tokens=new, context=context, tp=par.tp, precision=inf.precision,
-                       weight_bits=inf.weight_bits, kv_on_host=inf.kv_cache == "cpu", cache=cache)
+                       weight_bits=inf.weight_bits, kv_on_host=inf.kv_cache == "cpu", cache=cache,
+                       replicated_head=inf.lm_head == "replicated")
         c = clocks[stage]
         if stage > 0:  # the activations arrive from the previous stage
             nb = inf.batch * new * sc.model.d_model * act_bytes(inf.precision)
@@ -270,13 +271,14 @@ def memory(job: InferJob) -> dict:
         layers = tuple(range(sum(sc.layers_per_stage[:stage]), sum(sc.layers_per_stage[:stage + 1])))
         pc = pass_cost(hw=hw, model=m, layers=layers[:1] or (0,), first_stage=stage == 0,
                        last_stage=stage == par.pp - 1, batch=1, new_tokens=1, context=1, tp=par.tp,
-                       precision=inf.precision, weight_bits=inf.weight_bits)
+                       precision=inf.precision, weight_bits=inf.weight_bits,
+                       replicated_head=inf.lm_head == "replicated")
         per_layer = pc.weight_bytes[0] if pc.weight_bytes else 0.0
         weights = per_layer * len(layers) + pc.resident_head_bytes
         if off.params != "none":  # the block computing and the one prefetched, gathered whole
             weights = 2 * max(per_layer, pc.head_bytes, pc.embedding_bytes)
         kv_seq = kv_bytes_per_sequence(m, len(layers), par.tp, inf.context, inf.precision)
-        ws_seq = workspace_bytes(m, par.tp, 1, inf.prompt_tokens, inf.precision)
+        ws_seq = workspace_bytes(m, par.tp, 1, inf.prompt_tokens, inf.precision, inf.lm_head == "replicated")
         kv_gpu = kv_seq if inf.kv_cache == "gpu" else 0.0
         per_seq = kv_gpu + ws_seq
         max_batch = max(0, int((cap - weights) // per_seq)) if per_seq > 0 else 0
