@@ -352,6 +352,20 @@ def test_cli_gemm_json(capsys):
     assert rel(res["tflops"], 267.9) < 0.05
 
 
+def test_cli_experts_json(capsys):
+    # Transformer Engine PR #2045's measured multi-stream grouped GEMM, H100 BF16 (TE 2.7): 554 TFLOP/s
+    rc, out, _ = _run(capsys, "kernel", "experts", "16", "2048", "768", "2048", "--hardware", "dgx-h100", "--json")
+    res = json.loads(out)
+    assert rc == 0 and {"time_s", "tflops", "efficiency"} <= set(res) and res["implementation"] == "multi_stream"
+    assert res["tflops"] == pytest.approx(2 * 16 * 2048 * 768 * 2048 / res["time_s"] / 1e12)
+    assert rel(res["tflops"], 554) < 0.10
+    by = res["time_s_by_implementation"]
+    assert by["grouped"] < by["multi_stream"] < by["loop"]
+    rc, _, err = _run(capsys, "kernel", "experts", "4", "64", "64", "64", "--hardware", "dgx-h100",
+                      "--implementation", "cutlass")
+    assert rc == 2 and err.count("\n") == 1 and "--implementation" in err
+
+
 def test_cli_attention_json(capsys):
     rc, out, _ = _run(capsys, "kernel", "attention", "--seq", "4096", "--heads", "16", "--head-dim", "128",
                       "--batch", "4", "--causal", "--hardware", "dgx-h100", "--json")

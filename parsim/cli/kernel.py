@@ -1,10 +1,12 @@
-"""`parsim kernel gemm|attention`: one kernel's predicted time, TFLOP/s and efficiency on a profile.
+"""`parsim kernel gemm|attention|experts`: one kernel's predicted time, TFLOP/s and efficiency on a profile.
 
 ``parsim kernel gemm M N K --hardware H [--precision P] [--json]`` uses the GEMM kernel model
 (:mod:`parsim.cluster.kernels`: tiles, waves, Stream-K, MAMF-calibrated main loop, HBM floor);
 ``parsim kernel attention --seq S --heads N --kv-heads K --head-dim D [--causal] [--backward]
 [--batch B] --hardware H [--json]`` the profile's fused-attention kernel
-(:mod:`parsim.cluster.attention_kernels`). ``--json`` prints one object with ``time_s``,
+(:mod:`parsim.cluster.attention_kernels`); ``parsim kernel experts E M N K [--implementation I]
+--hardware H [--json]`` one MoE layer's E expert GEMMs as ``moe.expert_gemm`` runs them
+(:func:`parsim.cluster.kernels.expert_gemm_time`). ``--json`` prints one object with ``time_s``,
 ``tflops`` and ``efficiency`` (achieved / dense peak) plus what the model chose. Bad input is one
 line on stderr and exit code 2.
 
@@ -59,7 +61,19 @@ def register(sub) -> None:
                         "default the GPU's own)")
     _common(a, default_precision=None)
     a.set_defaults(func=cmd_attention)
-    for q in (g, a):
+
+    e = ks.add_parser("experts", help="one MoE layer's expert GEMMs (E problems of M x N x K) as a framework "
+                                      "runs them: time, TFLOP/s, efficiency")
+    e.add_argument("E", help="local experts (GEMMs)")
+    for dim in ("M", "N", "K"):
+        e.add_argument(dim, help=f"each expert's GEMM dimension {dim} (M: its tokens)")
+    e.add_argument("--implementation", default="multi_stream",
+                   help="grouped (one grouped kernel) | multi_stream (one cuBLAS GEMM per expert over four streams: "
+                        "Transformer Engine's GroupedLinear, the default) | loop (one per expert on one stream); "
+                        "moe.expert_gemm")
+    _common(e, default_precision=None)
+    e.set_defaults(func=cmd_experts)
+    for q in (g, a, e):
         _one_line_errors(q)
 
 
@@ -196,5 +210,34 @@ def cmd_attention(args) -> int:
     text = (f"attention {pass_name} b={batch} s={seq}{'' if seq_k == seq else f'/{seq_k}'} h={heads}/{kv_heads} "
             f"d={head_dim}{' causal' if args.causal else ''} {precision} on {hw.name} ({kernel.name}): "
             f"{t * 1e6:.1f} us, {out['tflops']:.1f} TFLOP/s, {out['efficiency']:.1%} of {peak / 1e12:.0f} peak"
+            + _sustained_text(out))
+    return _emit(args, out, text)
+
+
+def cmd_experts(args) -> int:
+    from parsim.cluster.kernels import EXPERT_GEMM_IMPLEMENTATIONS, expert_gemm_time
+    from parsim.model.spec import MAX_EXPERTS
+
+    experts = _positive_int("E", args.E, most=MAX_EXPERTS)
+    m, n, k = (_positive_int(d, getattr(args, d)) for d in ("M", "N", "K"))
+    impl = args.implementation
+    if impl not in EXPERT_GEMM_IMPLEMENTATIONS:
+        raise ConfigError(WHERE, "--implementation",
+                          f"must be one of {', '.join(EXPERT_GEMM_IMPLEMENTATIONS)}, got {impl!r}")
+    hw, dev, precision = _device(args)
+    problems = ((m, n, k),) * experts
+    times = {i: expert_gemm_time(dev, problems, precision, i) for i in EXPERT_GEMM_IMPLEMENTATIONS}
+    t = times[impl]
+    sustained = expert_gemm_time(hw.device, problems, precision, impl)
+    flops = 2.0 * m * n * k * experts
+    peak = dev.peak(precision)
+    out = {"time_s": t, "tflops": flops / t / 1e12, "efficiency": flops / t / peak,
+           "sustained_time_s": sustained, "sustained_tflops": flops / sustained / 1e12,
+           "hardware": hw.name, "device": dev.name, "precision": precision, "implementation": impl,
+           "experts": experts, "m": m, "n": n, "k": k, "flops": flops, "peak_tflops": peak / 1e12,
+           "time_s_by_implementation": times}
+    others = ", ".join(f"{i} {flops / v / 1e12:.0f}" for i, v in times.items() if i != impl)
+    text = (f"experts {experts} x {m}x{n}x{k} {precision} on {hw.name} ({dev.name}), {impl}: {t * 1e6:.1f} us, "
+            f"{out['tflops']:.1f} TFLOP/s, {out['efficiency']:.1%} of {peak / 1e12:.0f} peak (TFLOP/s as {others})"
             + _sustained_text(out))
     return _emit(args, out, text)
