@@ -511,10 +511,16 @@ def grouped_gemm_plan(dev: Any, problems: tuple[tuple[int, int, int], ...], prec
             "memory_bound": floor > best[0], "mainloop_flops": rate}
 
 
+def _problems(problems: tuple[tuple[int, int, int], ...], what: str) -> list[tuple[int, int, int]]:
+    """The non-empty problems of a group of GEMMs (ValueError naming ``what`` on a negative dimension)."""
+    if any(min(p) < 0 for p in problems):
+        raise ValueError(f"{what}: negative dimension in {problems}")
+    return [(int(m), int(n), int(k)) for m, n, k in problems if m > 0 and n > 0 and k > 0]
+
+
 def grouped_gemm_time(dev: Any, problems: tuple[tuple[int, int, int], ...], precision: str = "bf16") -> float:
     """Seconds of one grouped GEMM launch over ``problems`` ((m, n, k), ragged m or k allowed)."""
-    if any(min(p) < 0 for p in problems):
-        raise ValueError(f"grouped gemm: negative dimension in {problems}")
+    _problems(problems, "grouped gemm")  # refuses a negative dimension; the plan drops empty problems
     return grouped_gemm_plan(dev, tuple(problems), precision)["time_s"]
 
 
@@ -529,15 +535,11 @@ EXPERT_GEMM_IMPLEMENTATIONS = ("grouped", "multi_stream", "loop")
 * ``loop``: one GEMM per expert on one stream, each paying its own launch and prologue
   (a Python loop over ``nn.Linear`` experts: DeepSpeed-MoE, Megatron-Core's ``SequentialMLP``)."""
 
-MULTI_STREAM_STREAMS = 4
-"""CUDA streams Transformer Engine spreads a grouped GEMM's per-expert cuBLAS calls over
-(transformer_engine/common/util/multi_stream.cpp: ``num_compute_streams = 4``)."""
-
-
 def multi_stream_gemm_time(dev: Any, problems: tuple[tuple[int, int, int], ...], precision: str = "bf16") -> float:
     """Seconds of Transformer Engine's grouped GEMM: one cuBLAS kernel per problem, round-robin
-    over :data:`MULTI_STREAM_STREAMS` streams (``nvte_multi_tensor_gemm`` ->
-    ``multi_stream_cublas_gemm``, the default on Hopper and the only path on Blackwell).
+    over four streams (``nvte_multi_tensor_gemm`` -> ``multi_stream_cublas_gemm``, the default on
+    Hopper and the only path on Blackwell; transformer_engine/common/util/multi_stream.cpp:
+    ``num_compute_streams = 4``).
 
     Each kernel runs as it would alone (:func:`gemm_plan`: its own tiles, waves and split): the
     Hopper/Blackwell cuBLAS kernels are persistent, a kernel's CTAs hold the SMs until its tail,
@@ -549,9 +551,7 @@ def multi_stream_gemm_time(dev: Any, problems: tuple[tuple[int, int, int], ...],
     2048) 554; this model 617 and 513 (-2%, -7%: the streams also overlap some tails). The
     single grouped kernel (:func:`grouped_gemm_time`) gives 755 on both.
     """
-    if any(min(p) < 0 for p in problems):
-        raise ValueError(f"multi-stream gemm: negative dimension in {problems}")
-    probs = [(int(m), int(n), int(k)) for m, n, k in problems if m > 0 and n > 0 and k > 0]
+    probs = _problems(problems, "multi-stream gemm")
     if not probs:
         return 0.0
     lat = dev.kernels.gemm_latency_s
@@ -561,10 +561,7 @@ def multi_stream_gemm_time(dev: Any, problems: tuple[tuple[int, int, int], ...],
 def loop_gemm_time(dev: Any, problems: tuple[tuple[int, int, int], ...], precision: str = "bf16") -> float:
     """Seconds of one GEMM per problem on one stream, each launched on its own (its fixed latency
     exposed every time): a Python loop over per-expert linear layers."""
-    if any(min(p) < 0 for p in problems):
-        raise ValueError(f"loop gemm: negative dimension in {problems}")
-    return sum(gemm_plan(dev, int(m), int(n), int(k), precision)["time_s"]
-               for m, n, k in problems if m > 0 and n > 0 and k > 0)
+    return sum(gemm_plan(dev, m, n, k, precision)["time_s"] for m, n, k in _problems(problems, "loop gemm"))
 
 
 def expert_gemm_time(dev: Any, problems: tuple[tuple[int, int, int], ...], precision: str,

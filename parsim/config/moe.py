@@ -4,12 +4,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields, replace
 
+from parsim.cluster.kernels import EXPERT_GEMM_IMPLEMENTATIONS
 from parsim.errors import ConfigError
 
 ROUTINGS = ("balanced", "zipf", "lognormal", "histogram")
 DISPATCHERS = ("alltoall", "deepep", "hybridep")
-EXPERT_GEMMS = ("grouped", "multi_stream", "loop")
-"""Values of ``moe.expert_gemm`` (parsim.cluster.kernels.EXPERT_GEMM_IMPLEMENTATIONS)."""
 MAX_LOGNORMAL_SIGMA = 50.0
 """Largest ``lognormal_sigma``: exp of a N(0, sigma) draw stays finite in float64 up to ~700."""
 
@@ -108,8 +107,9 @@ def moe_from_table(t: dict, file: str) -> MoEConfig:
     kw = dict(t)
     if kw.get("dispatcher", "alltoall") not in DISPATCHERS:
         raise ConfigError(file, p + "dispatcher", f"{kw['dispatcher']!r} is not one of {', '.join(DISPATCHERS)}")
-    if "expert_gemm" in kw and kw["expert_gemm"] not in EXPERT_GEMMS:
-        raise ConfigError(file, p + "expert_gemm", f"{kw['expert_gemm']!r} is not one of {', '.join(EXPERT_GEMMS)}")
+    if "expert_gemm" in kw and kw["expert_gemm"] not in EXPERT_GEMM_IMPLEMENTATIONS:
+        raise ConfigError(file, p + "expert_gemm",
+                          f"{kw['expert_gemm']!r} is not one of {', '.join(EXPERT_GEMM_IMPLEMENTATIONS)}")
     if kw.get("routing", "balanced") not in ROUTINGS:
         raise ConfigError(file, p + "routing", f"{kw['routing']!r} is not one of {', '.join(ROUTINGS)}")
     for key in ("zipf_s", "lognormal_sigma"):
