@@ -34,7 +34,7 @@ from parsim.config.offload import (MAX_STREAMED_GENERATE_TOKENS, InferenceConfig
                                    parse_offload_inference)
 from parsim.config.scenario import Scenario
 from parsim.costs.inference import act_bytes, kv_bytes_per_sequence, pass_cost, workspace_bytes
-from parsim.costs.offload import tiers
+from parsim.costs.offload import Tiers, tiers
 from parsim.errors import ConfigError
 from parsim.files import read_input_text
 from parsim.infer import zero_fetch as zf
@@ -104,46 +104,50 @@ class _Clock:
     gather: float = 0.0
 
 
+def _node(job: InferJob) -> tuple[int, Tiers]:
+    """The replicas on a node (each fetches a share of every weight) and what one GPU gets of the
+    node's host link and NVMe while they all fetch."""
+    sc = job.scenario
+    n = min(sc.parallel.dp, sc.hardware.gpus_per_node)
+    return n, tiers(sc.hardware, n)
+
+
+def _gather_s(job: InferJob, nbytes: float, n: int) -> float:
+    """The all-gather assembling ``nbytes`` of weights from the partitions of ``n`` replicas."""
+    return select_algorithm(job.scenario.hardware, "all_gather", nbytes, list(range(n)), concurrent=1)[1] if n > 1 else 0.0
+
+
 def _fetch_s(job: InferJob, nbytes: float) -> tuple[float, str, float]:
     """(seconds, stream, all-gather seconds) to bring ``nbytes`` of weights from NVMe straight to
     every replica's GPU with GPUDirect Storage (block by block; every other streamed case replays
     DeepSpeed's module-level fetch, :func:`_replayed_pass`)."""
-    sc = job.scenario
-    n = min(sc.parallel.dp, sc.hardware.gpus_per_node)  # replicas on a node fetch a share each
-    t = tiers(sc.hardware, n)
-    s = nbytes / n / min(t.nvme_read, t.host_link)
-    gather = select_algorithm(sc.hardware, "all_gather", nbytes, list(range(n)), concurrent=1)[1] if n > 1 else 0.0
-    return s, "nvme", gather
+    n, t = _node(job)
+    return nbytes / n / min(t.nvme_read, t.host_link), "nvme", _gather_s(job, nbytes, n)
 
 
 def _module_fetch(job: InferJob) -> bool:
-    """Whether a pass streams its weights as DeepSpeed's ZeRO-3 fetch does, replayed module by
-    module on each stage (:mod:`parsim.infer.zero_fetch`): weights in host memory or on NVMe
-    without GPUDirect Storage (with it: block by block, :func:`_fetch_s`)."""
-    sc = job.scenario
-    if job.offload.params not in ("cpu", "nvme"):
-        return False
-    return job.offload.params == "cpu" or not tiers(sc.hardware, min(sc.parallel.dp, sc.hardware.gpus_per_node)).gpudirect
+    """Whether streamed weights go as DeepSpeed's ZeRO-3 fetch sends them, replayed module by
+    module on each stage (:mod:`parsim.infer.zero_fetch`): from host memory, or from NVMe without
+    GPUDirect Storage (with it: block by block, :func:`_fetch_s`)."""
+    return job.offload.params == "cpu" or not _node(job)[1].gpudirect
 
 
 def _replayed_pass(job: InferJob, pc, stage: int, token: int, op: str, start: float, spans: list,
                    cache: dict | None = None) -> float:
     """One pass over one pipeline stage whose weights stream from host memory or from NVMe
     through the swap buffers: DeepSpeed's fetch replayed module by module; returns its end."""
-    sc, inf = job.scenario, job.inference
-    par, hw, m = sc.parallel, sc.hardware, sc.model
-    n = min(par.dp, hw.gpus_per_node)  # replicas on a node hold a partition each
-    t = tiers(hw, n)
-    ranks = list(range(n))
-
-    def gather(nbytes: float) -> float:
-        return select_algorithm(hw, "all_gather", nbytes, ranks, concurrent=1)[1]
-
-    # the modules (and each one's share of its block's compute) depend on the weights only:
-    # built once per request, then every pass supplies its own compute seconds
+    inf = job.inference
+    n, t = _node(job)
+    nvme = job.offload.params == "nvme"
+    # the modules, each one's share of its block's compute and the fetch itself depend on the
+    # weights only (the host never waits for the GPU inside a pass): built once per request,
+    # then every pass lays its own compute seconds over them
     shape = (pc.embedding_bytes, tuple(pc.weight_bytes), pc.head_bytes)
-    store = cache.setdefault("zero_fetch_modules", {}) if cache is not None else {}
+    store = cache.setdefault("zero_fetch", {}) if cache is not None else {}
     if shape not in store:
+        def gather(nbytes: float) -> float:
+            return _gather_s(job, nbytes, n)
+
         per_el = inf.weight_bits / 8
         mods: list[zf.Module] = []
         owner: list[tuple[int, float]] = []  # (block: -1 the embedding, -2 the head; share)
@@ -151,19 +155,17 @@ def _replayed_pass(job: InferJob, pc, stage: int, token: int, op: str, start: fl
             mods.append(zf.single(pc.embedding_bytes, 0.0, n, gather, pc.embedding_bytes / per_el))
             owner.append((-1, 0.0))
         for b, wbytes in enumerate(pc.weight_bytes):
-            block = zf.split_block(m, wbytes, 1.0, n, gather)
+            block = zf.split_block(job.scenario.model, wbytes, 1.0, n, gather)
             mods += block
             owner += [(b, mod.compute_s) for mod in block]
         if pc.head_bytes:
             mods.append(zf.single(pc.head_bytes, 0.0, n, gather, pc.head_bytes / per_el))
             owner.append((-2, 1.0))
-        store[shape] = (mods, owner)
-    mods, owner = store[shape]
+        rules = zf.FetchRules(prefetch_bucket=zf.PREFETCH_BUCKET if inf.prefetch else 0.0, nvme=nvme)
+        store[shape] = (owner, zf.fetch_timeline(mods, t.nvme_read if nvme else 1.0, t.host_link, rules))
+    owner, timeline = store[shape]
     compute = [0.0 if b == -1 else pc.head_s * f if b == -2 else pc.layer_s[b] * f for b, f in owner]
-    nvme = job.offload.params == "nvme"
-    rules = zf.FetchRules(prefetch_bucket=zf.PREFETCH_BUCKET if inf.prefetch else 0.0, nvme=nvme)
-    end, out = zf.run_pass(mods, start, t.nvme_read if nvme else 1.0, t.host_link, rules,
-                           cache.setdefault("zero_fetch", {}) if cache is not None else None, compute)
+    end, out = zf.lay_compute(timeline, start, compute)
     names = {"nvme": "nvme", "host": t.host_link_name, "dp": "dp", "compute": "compute"}
     for stream, kind, _, s, e, nb in out:
         spans.append((stage, names[stream], op if kind == "COMPUTE" else kind, stage, token, s, e, nb))
@@ -192,12 +194,12 @@ def _run_pass(job: InferJob, clocks: list[_Clock], spans: list, op: str, token: 
             spans.append((stage - 1, "p2p", "SEND_F", stage - 1, token, t, arrive, nb))
             t = arrive
         c.compute = max(c.compute, t)
-        blocks = ([(0.0, pc.embedding_bytes)] if pc.embedding_bytes else []) + list(zip(pc.layer_s, pc.weight_bytes))
-        if stage == par.pp - 1:
-            blocks.append((pc.head_s, pc.head_bytes))
         if streamed and _module_fetch(job):
             c.compute = c.fetch = t = _replayed_pass(job, pc, stage, token, op, c.compute, spans, cache)
             continue
+        blocks = ([(0.0, pc.embedding_bytes)] if pc.embedding_bytes else []) + list(zip(pc.layer_s, pc.weight_bytes))
+        if stage == par.pp - 1:
+            blocks.append((pc.head_s, pc.head_bytes))
         ready_prev2 = c.compute  # when the buffer two blocks back is free (prefetch depth 1)
         prev_end = c.compute
         for i, (secs, wbytes) in enumerate(blocks):

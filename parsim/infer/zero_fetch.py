@@ -151,28 +151,19 @@ class FetchTimeline:
 
 
 def run_pass(modules: list[Module], start: float, nvme_bps: float, host_bps: float,
-             rules: FetchRules = FetchRules(), cache: dict | None = None,
-             compute: list[float] | None = None) -> tuple[float, list[Span]]:
+             rules: FetchRules = FetchRules()) -> tuple[float, list[Span]]:
     """Replay one forward pass from ``start``: its end and its spans
     (stream, op, module index, start, end, bytes): ``nvme``/``SWAP_IN`` reads, host-link ``FETCH``
-    copies, ``dp``/``ALL_GATHER`` gathers, ``compute``/``COMPUTE`` per module. ``cache``: a dict
-    the caller keeps for passes over the same modules (the fetch timeline is reused: the same
-    ``modules`` object, or an equal one); ``compute``: each module's seconds this pass (default
-    the modules' own ``compute_s``)."""
-    tl = None
-    if cache is not None:
-        key = (id(modules), nvme_bps, host_bps, rules)
-        hit = cache.get(key)
-        if hit is not None and hit[0] is modules:
-            tl = hit[1]
-    if tl is None:
-        tl = fetch_timeline(modules, nvme_bps, host_bps, rules)
-        if cache is not None:
-            cache[(id(modules), nvme_bps, host_bps, rules)] = (modules, tl)
-    secs = compute if compute is not None else [mod.compute_s for mod in modules]
+    copies, ``dp``/``ALL_GATHER`` gathers, ``compute``/``COMPUTE`` per module (their ``compute_s``)."""
+    return lay_compute(fetch_timeline(modules, nvme_bps, host_bps, rules), start, [m.compute_s for m in modules])
+
+
+def lay_compute(tl: FetchTimeline, start: float, compute: list[float]) -> tuple[float, list[Span]]:
+    """A pass from ``start`` over the fetch ``tl`` with each module's ``compute`` seconds: its end
+    and its spans. Passes over the same modules share one :func:`fetch_timeline`."""
     spans = [(st, op, j, start + a, start + b, nb) for st, op, j, a, b, nb in tl.spans]
     gpu = start
-    for j, c in enumerate(secs):
+    for j, c in enumerate(compute):
         s = max(gpu, start + tl.ready[j])
         gpu = s + c
         if c > 0:
