@@ -132,12 +132,13 @@ def pass_cost(*, hw: HardwareProfile, model: ModelSpec, layers: tuple[int, ...],
         tp_total += comm
         out.append(g + att + comm + KERNELS_PER_LAYER * dev.kernel_launch_s)
         wb.append(_memo(cache, ("params", li), lambda li=li: layer_params(model, li)) / tp * weight_bits / 8)
+    head_tp = 1 if replicated_head else tp  # ranks sharing the vocabulary
     head = 0.0
     if last_stage:
-        h = head_gemm(model, batch, 1 if replicated_head else tp)  # the next token's logits only
+        h = head_gemm(model, batch, head_tp)  # the next token's logits only
         head = _memo(cache, ("gemms", ((h.m, h.n, h.k, h.count),), precision, weight_bits),
                      lambda: _gemm_s(hw, h.m, h.n, h.k, h.count, precision, weight_bits)) + 2 * dev.kernel_launch_s
-    wbytes = weight_bits / 8 / (1 if replicated_head else tp)
+    wbytes = weight_bits / 8 / head_tp
     emb = embedding_params(model) * wbytes  # token (+ position) table
     matrix = model.vocab_size * model.d_model * wbytes
     head_own = head_params(model) * wbytes  # final norm (+ the head matrix when untied)
