@@ -12,6 +12,8 @@ WEIGHT_BITS = (16, 8, 4)
 KV_PLACES = ("gpu", "cpu")
 LM_HEADS = ("sharded", "replicated")
 """Values of ``inference.lm_head``."""
+ENGINES = ("fused", "deepspeed-0.7")
+"""Values of ``inference.engine``."""
 INFER_PRECISIONS = ("fp16", "bf16", "fp8", "fp32")
 
 
@@ -66,7 +68,16 @@ class InferenceConfig:
     each rank keeps and computes 1/tp of the vocabulary, Megatron's and most serving engines')
     or "replicated" (each rank keeps the whole table and computes every logit: DeepSpeed-Inference
     v0.7's kernel injection, whose checkpoint loader loads the embedding whole on every rank and
-    ties ``lm_head`` to it, deepspeed/module_inject/load_checkpoint.py)."""
+    ties ``lm_head`` to it, deepspeed/module_inject/load_checkpoint.py). Not given: the engine's
+    ("replicated" under "deepspeed-0.7", "sharded" otherwise)."""
+    engine: str = "fused"
+    """Whose kernels and memory the request runs (:mod:`parsim.costs.inference`): "fused" (a
+    serving engine: the KV cache preallocated and written in place, attention fused, the prefill's
+    activations transient) or "deepspeed-0.7" (DeepSpeed-Inference v0.7 kernel injection under
+    Hugging Face ``generate``, as the 2022 BLOOM benchmarks ran it: one workspace allocated for the
+    first request's batch and 128 tokens; BLOOM's attention in PyTorch with the Hugging Face cache,
+    grown by concatenation every step; the other models' KV cache inside the workspace, 128 tokens
+    at most). Tensor parallelism only, weights resident, 16- or 8-bit weights, KV cache on the GPU."""
 
     @property
     def context(self) -> int:
@@ -156,6 +167,12 @@ def parse_inference(table, file: str) -> InferenceConfig:
             raise ConfigError(file, p + key, f"{v:,} is more than parsim simulates ({most:,}: every decode step "
                               "is simulated)" if key == "generate_tokens" else f"{v:,} is more than parsim models "
                               f"({most:,} tokens)")
+    engine = _choice(table, "engine", ENGINES, "fused", file, p)
+    if engine == "deepspeed-0.7":
+        for key, bad, why in (("weight_bits", 4, "has no 4-bit weights (int8 only)"),
+                              ("kv_cache", "cpu", "keeps the KV cache on the GPU")):
+            if table.get(key) == bad:
+                raise ConfigError(file, p + key, f"DeepSpeed-Inference v0.7 {why}; got {bad!r}")
     return InferenceConfig(
         batch=_int(table, "batch", file, p), prompt_tokens=_int(table, "prompt_tokens", file, p),
         generate_tokens=_int(table, "generate_tokens", file, p),
@@ -163,7 +180,9 @@ def parse_inference(table, file: str) -> InferenceConfig:
         weight_bits=_choice(table, "weight_bits", WEIGHT_BITS, 16, file, p),
         kv_cache=_choice(table, "kv_cache", KV_PLACES, "gpu", file, p),
         prefetch=_bool(table, "prefetch", True, file, p),
-        lm_head=_choice(table, "lm_head", LM_HEADS, "sharded", file, p))
+        lm_head=_choice(table, "lm_head", LM_HEADS, "replicated" if engine == "deepspeed-0.7" else "sharded",
+                        file, p),
+        engine=engine)
 
 
 def parse_offload_inference(table, file: str) -> OffloadConfig:

@@ -16,6 +16,21 @@ Per transformer block on one tensor-parallel rank:
 * kernel launches: the device's launch overhead per kernel (decode at small batch is
   launch- and latency-bound).
 
+Engines (``inference.engine``): "fused" is the above. "deepspeed-0.7" is DeepSpeed-Inference v0.7
+kernel injection under Hugging Face ``generate`` (v0.7.3, the 2022 BLOOM benchmarks' release):
+
+* BLOOM (ALiBi; ``config.bigscience_bloom``) runs its attention in PyTorch
+  (``backup_attention`` in deepspeed/ops/transformer/inference/transformer_inference.py) with the
+  Hugging Face cache: every decode step ``torch.cat`` copies each block's past K and V into a new
+  tensor one token longer (a read of the past and a write of the new cache, besides the read by
+  the attention), and ``generate`` holds the previous step's cache until the forward returns, so
+  two caches are alive at the step's end. Other models' KV cache lives in the workspace;
+* one workspace (``allocate_workspace`` in csrc/transformer/inference/csrc/pt_binding.cpp) of
+  ``16 · d_model · batch · 128 + n · batch · 128 · d_model · 2`` elements (128: ``MAX_OUT_TOKES``;
+  ``n`` = 1 for BLOOM, whose QKV GEMM passes ``num_layers`` 1, else every block: the KV cache),
+  allocated at the first call with that call's batch and the full hidden size;
+* kernels per block from the source (:data:`DS07_KERNELS`).
+
 The embedding lookup is free; the LM head runs for one position per sequence (the next
 token's logits), on the last stage. KV cache per GPU: ``2 · layers_on_stage · kv_heads/tp ·
 head_dim · context · batch`` elements.
@@ -39,6 +54,41 @@ from parsim.model.shapes import (
 KERNELS_PER_LAYER = 12
 """Kernels one block launches at inference: norms, QKV, attention, out-projection, residual
 adds, two or three FFN GEMMs, activation (documented estimate for fused inference engines)."""
+
+
+DS07_MAX_TOKENS = 128
+"""DeepSpeed-Inference v0.7's ``MAX_OUT_TOKES``: the tokens its workspace is sized for
+(csrc/transformer/inference/includes/inference_cuda_layers.h, v0.7.3)."""
+
+DS07_KERNELS = {"alibi": 21, "fused": 14}
+"""Kernels one block launches per pass under DeepSpeed-Inference v0.7 (all-reduces apart), counted
+in v0.7.3's transformer_inference.py and pt_binding.cpp. Both: QKV (layer norm, cuBLAS GEMM, bias:
+3), attention output GEMM (1), MLP (residual layer norm, GEMM, bias-GELU: 3), down GEMM (1),
+residual add (1). BLOOM's PyTorch attention: three ``contiguous`` chunks of the QKV split, three
+transpose-reshape copies, two ``torch.cat`` of the cache, QK^T, DeepSpeed's ALiBi softmax, PV and
+the context transpose (12). The fused ``softmax_context``: bias-add transform, QK^T, softmax, PV,
+transform (5)."""
+
+
+def engine_kernels(engine: str, model: ModelSpec) -> int:
+    """Kernels one block launches per pass under ``engine``."""
+    if engine == "deepspeed-0.7":
+        return DS07_KERNELS["alibi" if model.position == "alibi" else "fused"]
+    return KERNELS_PER_LAYER
+
+
+def kv_concat(engine: str, model: ModelSpec) -> bool:
+    """Whether the KV cache grows by concatenation (a new cache each step, the old one alive until
+    the step ends): BLOOM under DeepSpeed-Inference v0.7."""
+    return engine == "deepspeed-0.7" and model.position == "alibi"
+
+
+def ds07_workspace_bytes(model: ModelSpec, batch: int, precision: str) -> float:
+    """DeepSpeed-Inference v0.7's workspace on one GPU for ``batch`` sequences (``allocate_workspace``,
+    v0.7.3): 16 activation buffers and the KV cache area (one block's for BLOOM, every block's
+    otherwise), each for :data:`DS07_MAX_TOKENS` tokens at the full hidden size."""
+    blocks = 1 if model.position == "alibi" else model.n_layers
+    return (16 + 2 * blocks) * model.d_model * batch * DS07_MAX_TOKENS * act_bytes(precision)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,11 +120,18 @@ def act_bytes(precision: str) -> int:
     return 4 if precision == "fp32" else (1 if precision == "fp8" else 2)
 
 
-def _gemm_s(hw: HardwareProfile, m: int, n: int, k: int, count: int, precision: str, weight_bits: int) -> float:
+def _gemm_s(hw: HardwareProfile, m: int, n: int, k: int, count: int, precision: str, weight_bits: int,
+            dequantize: bool = False) -> float:
+    """One GEMM of ``m`` rows over a ``k x n`` weight. ``dequantize``: DeepSpeed-Inference v0.7's
+    int8 (``quantized_gemm``, pt_binding.cpp v0.7.3): a kernel writes a 16-bit copy of the weight
+    (reading the int8, writing the copy), then the 16-bit GEMM reads that copy."""
     dev = hw.device
     gp = "fp16" if precision in ("fp8", "fp32") and "fp16" in dev.peak_flops else precision
     if "bf16" not in dev.peak_flops and gp == "bf16":
         gp = "fp16"
+    if dequantize and weight_bits < 16:
+        copy = count * k * n * (weight_bits / 8 + 2) / dev.effective_memory_bandwidth + dev.kernel_launch_s
+        return copy + dev.gemm_time(m, n, k, gp, count)
     if weight_bits == 16:
         return dev.gemm_time(m, n, k, gp, count)
     flops = 2.0 * m * n * k * count
@@ -101,15 +158,19 @@ def _memo(cache: dict | None, key: tuple, compute):
 def pass_cost(*, hw: HardwareProfile, model: ModelSpec, layers: tuple[int, ...], last_stage: bool,
               first_stage: bool, batch: int, new_tokens: int, context: int, tp: int, precision: str,
               weight_bits: int, kv_on_host: bool = False, cache: dict | None = None,
-              replicated_head: bool = False) -> PassCost:
+              replicated_head: bool = False, engine: str = "fused") -> PassCost:
     """A forward pass over ``layers`` for ``batch`` sequences of ``new_tokens`` new tokens each,
     attending to ``context`` tokens (prefill: new_tokens = context = the prompt; decode: 1 new
     token over the cache so far). ``cache``: a dict one generation request passes to every pass
     (the caller's state): the GEMMs' and all-reduces' times, which depend on the shapes only, are
     then computed once, not again for every layer of every decode step. ``replicated_head``: every
     tensor-parallel rank keeps the whole embedding and LM head and computes every logit
-    (``inference.lm_head = "replicated"``)."""
+    (``inference.lm_head = "replicated"``). ``engine``: ``inference.engine`` (its kernel count and
+    how its KV cache grows)."""
     dev = hw.device
+    kernels = engine_kernels(engine, model)
+    concat = kv_concat(engine, model)
+    dequant = engine == "deepspeed-0.7"  # its int8 GEMMs dequantise the weight first
     a = act_bytes(precision)
     tokens = batch * new_tokens
     out, wb = [], []
@@ -118,8 +179,9 @@ def pass_cost(*, hw: HardwareProfile, model: ModelSpec, layers: tuple[int, ...],
     for li in layers:
         shapes = _memo(cache, ("shapes", li, tokens, tp),
                        lambda li=li: tuple((x.m, x.n, x.k, x.count) for x in layer_gemms(model, tokens, tp, li)))
-        g = _memo(cache, ("gemms", shapes, precision, weight_bits),
-                  lambda shapes=shapes: sum(_gemm_s(hw, m, n, k, c, precision, weight_bits) for m, n, k, c in shapes))
+        g = _memo(cache, ("gemms", shapes, precision, weight_bits, dequant),
+                  lambda shapes=shapes: sum(_gemm_s(hw, m, n, k, c, precision, weight_bits, dequant)
+                                            for m, n, k, c in shapes))
         if new_tokens > 1:  # prefill: fused causal attention over the prompt (half the s x s pairs)
             att = dev.attention_time(attention_core_flops(model, batch, new_tokens, tp, li) / 2, _fp(hw, precision))
         else:  # decode: read every cached K and V once
@@ -127,18 +189,22 @@ def pass_cost(*, hw: HardwareProfile, model: ModelSpec, layers: tuple[int, ...],
             att = kv / (hw.pcie.effective_bandwidth if kv_on_host else dev.effective_memory_bandwidth)
             flops = 4.0 * batch * context * (model.n_heads / tp) * model.head_dim_  # QK^T and PV
             att += flops / (dev.peak(_fp(hw, precision)) * dev.attention_efficiency)
+            if concat:  # torch.cat reads the past (context - 1 tokens) and writes the new cache
+                att += batch * (2 * context - 1) * kv_elems * a / dev.effective_memory_bandwidth
         comm = 2 * _memo(cache, ("all_reduce", tokens * model.d_model * a, tp),
                          lambda: tp_allreduce_s(hw, tokens * model.d_model * a, tp))
         tp_total += comm
-        out.append(g + att + comm + KERNELS_PER_LAYER * dev.kernel_launch_s)
+        out.append(g + att + comm + kernels * dev.kernel_launch_s)
         wb.append(_memo(cache, ("params", li), lambda li=li: layer_params(model, li)) / tp * weight_bits / 8)
     head_tp = 1 if replicated_head else tp  # ranks sharing the vocabulary
+    # DeepSpeed-Inference v0.7 quantises the blocks it injects; the embedding and head stay 16-bit
+    head_bits = 16 if dequant else weight_bits
     head = 0.0
     if last_stage:
         h = head_gemm(model, batch, head_tp)  # the next token's logits only
-        head = _memo(cache, ("gemms", ((h.m, h.n, h.k, h.count),), precision, weight_bits),
-                     lambda: _gemm_s(hw, h.m, h.n, h.k, h.count, precision, weight_bits)) + 2 * dev.kernel_launch_s
-    wbytes = weight_bits / 8 / head_tp
+        head = _memo(cache, ("gemms", ((h.m, h.n, h.k, h.count),), precision, head_bits),
+                     lambda: _gemm_s(hw, h.m, h.n, h.k, h.count, precision, head_bits)) + 2 * dev.kernel_launch_s
+    wbytes = head_bits / 8 / head_tp
     emb = embedding_params(model) * wbytes  # token (+ position) table
     matrix = model.vocab_size * model.d_model * wbytes
     head_own = head_params(model) * wbytes  # final norm (+ the head matrix when untied)

@@ -30,15 +30,29 @@ from pathlib import Path
 import pandas as pd
 
 from parsim.cluster.collectives import select_algorithm
-from parsim.config.offload import (MAX_STREAMED_GENERATE_TOKENS, InferenceConfig, OffloadConfig, parse_inference,
-                                   parse_offload_inference)
+from parsim.config.offload import (
+    MAX_STREAMED_GENERATE_TOKENS,
+    InferenceConfig,
+    OffloadConfig,
+    parse_inference,
+    parse_offload_inference,
+)
 from parsim.config.scenario import Scenario
-from parsim.costs.inference import act_bytes, kv_bytes_per_sequence, pass_cost, workspace_bytes
+from parsim.costs.inference import (
+    DS07_MAX_TOKENS,
+    act_bytes,
+    ds07_workspace_bytes,
+    kv_bytes_per_sequence,
+    kv_concat,
+    pass_cost,
+    workspace_bytes,
+)
 from parsim.costs.offload import Tiers, tiers
 from parsim.errors import ConfigError
 from parsim.files import read_input_text
 from parsim.infer import zero_fetch as zf
 from parsim.model import total_params
+from parsim.model.shapes import layer_gemms
 from parsim.scenario import apply_overrides, scenario_from_dict
 
 SPAN_COLUMNS = ("rank", "stream", "op", "stage", "microbatch", "start_s", "end_s", "bytes")
@@ -92,9 +106,30 @@ def load_inference(path: str | Path, overrides: list[str] | None = None) -> Infe
         raise ConfigError(file, "offload.params", f"hardware profile {sc.hardware.name} has no [host] table")
     if off.params == "nvme" and sc.hardware.host.nvme_bytes <= 0:
         raise ConfigError(file, "offload.params", f"hardware profile {sc.hardware.name} has no NVMe")
+    if inf.engine == "deepspeed-0.7":
+        _check_ds07(job_file=file, sc=sc, inf=inf, off=off)
     if inf.kv_cache == "cpu" and sc.hardware.host is None:
         raise ConfigError(file, "inference.kv_cache", f"hardware profile {sc.hardware.name} has no [host] table")
     return InferJob(scenario=sc, inference=inf, offload=off)
+
+
+def _check_ds07(*, job_file: str, sc: Scenario, inf: InferenceConfig, off: OffloadConfig) -> None:
+    """What DeepSpeed-Inference v0.7 kernel injection can run (v0.7.3): tensor parallelism over
+    resident weights, a prompt within its workspace's 128 tokens, and for models whose KV cache
+    lives in that workspace (all but BLOOM) the whole context within them."""
+    ds = "DeepSpeed-Inference v0.7 (inference.engine)"
+    if sc.parallel.pp > 1:
+        raise ConfigError(job_file, "parallel.pp", f"{ds} splits models by tensor parallelism only; got pp = "
+                          f"{sc.parallel.pp}")
+    if off.params != "none":
+        raise ConfigError(job_file, "offload.params", f"{ds} keeps the weights on the GPU (streaming them is "
+                          "ZeRO-Inference: engine = \"fused\")")
+    if inf.prompt_tokens > DS07_MAX_TOKENS:
+        raise ConfigError(job_file, "inference.prompt_tokens", f"{ds} sizes its workspace for {DS07_MAX_TOKENS} "
+                          f"tokens; got a prompt of {inf.prompt_tokens}")
+    if sc.model.position != "alibi" and inf.context > DS07_MAX_TOKENS:
+        raise ConfigError(job_file, "inference.generate_tokens", f"{ds} caches at most {DS07_MAX_TOKENS} tokens "
+                          f"(its workspace's KV area); prompt + generated = {inf.context}")
 
 
 @dataclass
@@ -185,7 +220,7 @@ def _run_pass(job: InferJob, clocks: list[_Clock], spans: list, op: str, token: 
         pc = pass_cost(hw=hw, model=sc.model, layers=layers, first_stage=stage == 0, last_stage=stage == par.pp - 1,
                        batch=inf.batch, new_tokens=new, context=context, tp=par.tp, precision=inf.precision,
                        weight_bits=inf.weight_bits, kv_on_host=inf.kv_cache == "cpu", cache=cache,
-                       replicated_head=inf.lm_head == "replicated")
+                       replicated_head=inf.lm_head == "replicated", engine=inf.engine)
         c = clocks[stage]
         if stage > 0:  # the activations arrive from the previous stage
             nb = inf.batch * new * sc.model.d_model * act_bytes(inf.precision)
@@ -253,6 +288,7 @@ def run_inference(job: InferJob) -> tuple[dict, pd.DataFrame]:
         "batch": inf.batch, "prompt_tokens": inf.prompt_tokens, "generate_tokens": inf.generate_tokens,
         "precision": inf.precision, "weight_bits": inf.weight_bits, "kv_cache": inf.kv_cache,
         "weights": off.params if off.params != "none" else "gpu", "prefetch": inf.prefetch,
+        "engine": inf.engine,
         "prefill_s": prefill_end, "decode_s_per_token": decode, "total_s": total,
         "generate_tokens_per_s": tokens / total if total > 0 else 0.0,
         "generate_tokens_per_s_per_gpu": tokens / total / par.world_size if total > 0 else 0.0,
@@ -261,6 +297,33 @@ def run_inference(job: InferJob) -> tuple[dict, pd.DataFrame]:
         "stream_busy_s": busy,
     }
     return out, tl
+
+
+def _ds07_bytes_per_sequence(job: InferJob, layers: int) -> float:
+    """Peak bytes per sequence on one GPU under DeepSpeed-Inference v0.7 (weights apart): its
+    workspace, and the larger of the prefill's moment (Hugging Face's logits for every prompt
+    position, fp16, and BLOOM's first cache) and the last decode step's (BLOOM: the previous
+    step's cache and the new one, which ``generate`` holds together until the forward returns;
+    the other models' cache is in the workspace; the next-token logits)."""
+    sc, inf = job.scenario, job.inference
+    m, tp, prec = sc.model, sc.parallel.tp, inf.precision
+    vocab = m.vocab_size / (1 if inf.lm_head == "replicated" else tp) * act_bytes(prec)
+    concat = kv_concat(inf.engine, m)
+
+    def kv(tokens: int) -> float:
+        return kv_bytes_per_sequence(m, layers, tp, tokens, prec) if concat else 0.0
+    prefill = inf.prompt_tokens * vocab + kv(inf.prompt_tokens)
+    last = kv(inf.context - 1) + kv(inf.context) + vocab
+    return ds07_workspace_bytes(m, 1, prec) + max(prefill, last)
+
+
+def _ds07_dequantized_bytes(job: InferJob) -> float:
+    """The 16-bit copy DeepSpeed-Inference v0.7's int8 GEMM makes of its weight (``quantized_gemm``:
+    ``at::empty`` of the weight's shape, freed after the GEMM): the largest one, on one GPU."""
+    sc, inf = job.scenario, job.inference
+    if inf.engine != "deepspeed-0.7" or inf.weight_bits == 16:
+        return 0.0
+    return max(g.n * g.k * g.count for g in layer_gemms(sc.model, 1, sc.parallel.tp, 0)) * act_bytes(inf.precision)
 
 
 def memory(job: InferJob) -> dict:
@@ -274,15 +337,17 @@ def memory(job: InferJob) -> dict:
         pc = pass_cost(hw=hw, model=m, layers=layers[:1] or (0,), first_stage=stage == 0,
                        last_stage=stage == par.pp - 1, batch=1, new_tokens=1, context=1, tp=par.tp,
                        precision=inf.precision, weight_bits=inf.weight_bits,
-                       replicated_head=inf.lm_head == "replicated")
+                       replicated_head=inf.lm_head == "replicated", engine=inf.engine)
         per_layer = pc.weight_bytes[0] if pc.weight_bytes else 0.0
-        weights = per_layer * len(layers) + pc.resident_head_bytes
+        weights = per_layer * len(layers) + pc.resident_head_bytes + _ds07_dequantized_bytes(job)
         if off.params != "none":  # the block computing and the one prefetched, gathered whole
             weights = 2 * max(per_layer, pc.head_bytes, pc.embedding_bytes)
         kv_seq = kv_bytes_per_sequence(m, len(layers), par.tp, inf.context, inf.precision)
-        ws_seq = workspace_bytes(m, par.tp, 1, inf.prompt_tokens, inf.precision, inf.lm_head == "replicated")
-        kv_gpu = kv_seq if inf.kv_cache == "gpu" else 0.0
-        per_seq = kv_gpu + ws_seq
+        if inf.engine == "deepspeed-0.7":
+            per_seq = _ds07_bytes_per_sequence(job, len(layers))
+        else:
+            ws_seq = workspace_bytes(m, par.tp, 1, inf.prompt_tokens, inf.precision, inf.lm_head == "replicated")
+            per_seq = (kv_seq if inf.kv_cache == "gpu" else 0.0) + ws_seq
         max_batch = max(0, int((cap - weights) // per_seq)) if per_seq > 0 else 0
         used = weights + inf.batch * per_seq
         row = (used, weights, kv_seq * inf.batch, max_batch)
