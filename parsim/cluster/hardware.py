@@ -149,6 +149,14 @@ class Device:
     eager_op_backward_s: float | None = None
     """The same for the block's backward, run by autograd's engine (the tiny GPT's 84 ops took
     ~290 us here, 2.5-3.4 us an op by flavour). Optional key ``device.eager_op_backward_us``."""
+    ds07_decode_gemm_flops: float | None = None
+    """FLOP/s at which DeepSpeed-Inference v0.7's decode GEMMs (cuBLAS 11 ``cublasGemmEx`` calls of a
+    few to a few hundred token rows against a weight streamed from HBM) add their math *after*
+    the weight stream: such a GEMM takes the weight read at streaming bandwidth plus its FLOPs
+    at this rate, not the larger of the two (``inference.engine = "deepspeed-0.7"``,
+    :mod:`parsim.costs.inference`). A documented fit of that one quantity on published decode
+    times (``benchmarks/fit_ds07_gemm.py``: fitted on one family of rows, the error on the others
+    reported). Optional key ``device.ds07_decode_gemm_tflops``; ``None``: the device's GEMM model."""
     kernels: KernelFacts | None = field(default=None, hash=False)
     """Facts the kernel models need (SM count, per-clock rates, GEMM tiles, MAMF, attention
     kernel); ``None`` when the profile gives none (``kernel_*`` methods then refuse)."""
@@ -460,7 +468,7 @@ _SCHEMA: dict[str, dict[str, tuple[str, bool]]] = {
         "attention_backward_efficiency": ("frac", _OPT), "unfused_attention_backward_efficiency": ("frac", _OPT),
         "optimizer_efficiency": ("frac", _OPT), "transport_core_share": ("frac", _OPT),
         "eager_op_forward_us": ("pos", _OPT), "eager_op_backward_us": ("pos", _OPT),
-        "mxfp8_tflops": ("pos", _OPT),
+        "mxfp8_tflops": ("pos", _OPT), "ds07_decode_gemm_tflops": ("pos", _OPT),
         # kernel-model facts (parsim.cluster.kernels, attention_kernels): all or none
         "sm_count": ("int", _OPT), "tensor_flop_per_clock_per_sm": ("pos", _OPT),
         "sfu_op_per_clock_per_sm": ("pos", _OPT), "smem_byte_per_clock_per_sm": ("pos", _OPT),
@@ -617,6 +625,8 @@ def parse_profile(data: Mapping[str, Any], file: str = "<profile>") -> HardwareP
         eager_op_forward_s=None if "eager_op_forward_us" not in d else to_si("eager_op_forward_us", d["eager_op_forward_us"]),
         eager_op_backward_s=None if "eager_op_backward_us" not in d else to_si("eager_op_backward_us", d["eager_op_backward_us"]),
         kernels=kernels.facts_from_table(d, peaks, PRECISIONS, file), gemm_model=d.get("gemm_model", "kernel"),
+        ds07_decode_gemm_flops=(None if "ds07_decode_gemm_tflops" not in d
+                                else to_si("ds07_decode_gemm_tflops", d["ds07_decode_gemm_tflops"])),
     )
 
     def tier(name: str, table: dict[str, Any], bw_key: str) -> LinkTier:
@@ -746,6 +756,8 @@ def profile_to_tables(profile: HardwareProfile) -> dict[str, dict[str, Any]]:
     for key in ("eager_op_forward", "eager_op_backward"):
         if getattr(d, f"{key}_s") is not None:
             dev[f"{key}_us"] = getattr(d, f"{key}_s") / US
+    if d.ds07_decode_gemm_flops is not None:
+        dev["ds07_decode_gemm_tflops"] = d.ds07_decode_gemm_flops / TFLOP
     dev.update(kernels.facts_to_table(d.kernels))
     if d.gemm_model != "kernel":
         dev["gemm_model"] = d.gemm_model

@@ -29,7 +29,11 @@ kernel injection under Hugging Face ``generate`` (v0.7.3, the 2022 BLOOM benchma
   ``16 · d_model · batch · 128 + n · batch · 128 · d_model · 2`` elements (128: ``MAX_OUT_TOKES``;
   ``n`` = 1 for BLOOM, whose QKV GEMM passes ``num_layers`` 1, else every block: the KV cache),
   allocated at the first call with that call's batch and the full hidden size;
-* kernels per block from the source (:data:`DS07_KERNELS`).
+* kernels per block from the source (:data:`DS07_KERNELS`);
+* its int8 GEMMs first write a 16-bit copy of the weight (``quantized_gemm``); its decode GEMMs
+  stream the weight and then add their math at the device's ``ds07_decode_gemm_flops`` (a
+  documented fit on published decode times, ``benchmarks/fit_ds07_gemm.py``; the device's GEMM
+  model where a profile does not give it).
 
 The embedding lookup is free; the LM head runs for one position per sequence (the next
 token's logits), on the last stage. KV cache per GPU: ``2 · layers_on_stage · kv_heads/tp ·
@@ -121,16 +125,22 @@ def act_bytes(precision: str) -> int:
 
 
 def _gemm_s(hw: HardwareProfile, m: int, n: int, k: int, count: int, precision: str, weight_bits: int,
-            dequantize: bool = False) -> float:
-    """One GEMM of ``m`` rows over a ``k x n`` weight. ``dequantize``: DeepSpeed-Inference v0.7's
-    int8 (``quantized_gemm``, pt_binding.cpp v0.7.3): a kernel writes a 16-bit copy of the weight
-    (reading the int8, writing the copy), then the 16-bit GEMM reads that copy."""
+            ds07: bool = False, decode: bool = False) -> float:
+    """One GEMM of ``m`` rows over a ``k x n`` weight. ``ds07``: as DeepSpeed-Inference v0.7 runs
+    it (pt_binding.cpp, v0.7.3): its int8 (``quantized_gemm``) first has a kernel write a 16-bit
+    copy of the weight (reading the int8, writing the copy) for the 16-bit GEMM to read; and, for
+    a ``decode`` step on a device that gives ``ds07_decode_gemm_flops``, the GEMM streams the
+    weight, then adds its math at that rate (:attr:`~parsim.cluster.hardware.Device.ds07_decode_gemm_flops`)."""
     dev = hw.device
     gp = "fp16" if precision in ("fp8", "fp32") and "fp16" in dev.peak_flops else precision
     if "bf16" not in dev.peak_flops and gp == "bf16":
         gp = "fp16"
-    if dequantize and weight_bits < 16:
-        copy = count * k * n * (weight_bits / 8 + 2) / dev.effective_memory_bandwidth + dev.kernel_launch_s
+    if ds07:
+        bw = dev.effective_memory_bandwidth
+        copy = count * k * n * (weight_bits / 8 + 2) / bw + dev.kernel_launch_s if weight_bits < 16 else 0.0
+        if decode and dev.ds07_decode_gemm_flops:
+            stream = count * (k * n + m * k + m * n) * 2 / bw  # the 16-bit weight, input and output
+            return copy + stream + 2.0 * m * n * k * count / dev.ds07_decode_gemm_flops + dev.kernel_launch_s
         return copy + dev.gemm_time(m, n, k, gp, count)
     if weight_bits == 16:
         return dev.gemm_time(m, n, k, gp, count)
@@ -170,7 +180,8 @@ def pass_cost(*, hw: HardwareProfile, model: ModelSpec, layers: tuple[int, ...],
     dev = hw.device
     kernels = engine_kernels(engine, model)
     concat = kv_concat(engine, model)
-    dequant = engine == "deepspeed-0.7"  # its int8 GEMMs dequantise the weight first
+    ds07 = engine == "deepspeed-0.7"  # its GEMMs: int8 dequantised first; decode GEMMs' own law
+    decode = new_tokens == 1
     a = act_bytes(precision)
     tokens = batch * new_tokens
     out, wb = [], []
@@ -179,8 +190,8 @@ def pass_cost(*, hw: HardwareProfile, model: ModelSpec, layers: tuple[int, ...],
     for li in layers:
         shapes = _memo(cache, ("shapes", li, tokens, tp),
                        lambda li=li: tuple((x.m, x.n, x.k, x.count) for x in layer_gemms(model, tokens, tp, li)))
-        g = _memo(cache, ("gemms", shapes, precision, weight_bits, dequant),
-                  lambda shapes=shapes: sum(_gemm_s(hw, m, n, k, c, precision, weight_bits, dequant)
+        g = _memo(cache, ("gemms", shapes, precision, weight_bits, ds07, decode),
+                  lambda shapes=shapes: sum(_gemm_s(hw, m, n, k, c, precision, weight_bits, ds07, decode)
                                             for m, n, k, c in shapes))
         if new_tokens > 1:  # prefill: fused causal attention over the prompt (half the s x s pairs)
             att = dev.attention_time(attention_core_flops(model, batch, new_tokens, tp, li) / 2, _fp(hw, precision))
@@ -198,7 +209,7 @@ def pass_cost(*, hw: HardwareProfile, model: ModelSpec, layers: tuple[int, ...],
         wb.append(_memo(cache, ("params", li), lambda li=li: layer_params(model, li)) / tp * weight_bits / 8)
     head_tp = 1 if replicated_head else tp  # ranks sharing the vocabulary
     # DeepSpeed-Inference v0.7 quantises the blocks it injects; the embedding and head stay 16-bit
-    head_bits = 16 if dequant else weight_bits
+    head_bits = 16 if ds07 else weight_bits
     head = 0.0
     if last_stage:
         h = head_gemm(model, batch, head_tp)  # the next token's logits only
