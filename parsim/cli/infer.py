@@ -67,7 +67,8 @@ def summary(mx: dict) -> str:
              f"{'s' * (mx['world_size'] > 1)} of {mx['hardware']}",
              f"  dp={par['dp']} tp={par['tp']} pp={par['pp']}; batch {mx['batch']} per replica, prompt "
              f"{mx['prompt_tokens']} + {mx['generate_tokens']} new tokens, {mx['precision']}, "
-             f"{mx['weight_bits']}-bit weights on {mx['weights']}, KV cache on {mx['kv_cache']}",
+             f"{mx['weight_bits']}-bit weights on {mx['weights']}, KV cache on {mx['kv_cache']}"
+             + (f"; engine {mx['engine']}" if mx.get("engine", "fused") != "fused" else ""),
              f"  prefill           {fmt_s(mx['prefill_s'])}",
              f"  decode            {fmt_s(mx['decode_s_per_token'])} per token (step of the whole batch)",
              f"  generation        {sig3(mx['generate_tokens_per_s'])} tokens/s "
