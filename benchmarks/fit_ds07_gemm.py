@@ -32,6 +32,7 @@ import json
 import math
 from pathlib import Path
 
+from parsim.calibrate.search import golden_section_min
 from parsim.infer import load_inference, run_inference
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,20 +72,7 @@ def loss(tflops: float, fit_rows: list[dict]) -> float:
 
 def fit(fit_rows: list[dict], lo: float = 50.0, hi: float = 312.0, tol: float = 0.05) -> float:
     """Golden-section search for the rate (TFLOP/s) minimising :func:`loss` (unimodal in it)."""
-    g = (math.sqrt(5) - 1) / 2
-    a, b = lo, hi
-    c, d = b - g * (b - a), a + g * (b - a)
-    fc, fd = loss(c, fit_rows), loss(d, fit_rows)
-    while b - a > tol:
-        if fc < fd:
-            b, d, fd = d, c, fc
-            c = b - g * (b - a)
-            fc = loss(c, fit_rows)
-        else:
-            a, c, fc = c, d, fd
-            d = a + g * (b - a)
-            fd = loss(d, fit_rows)
-    return (a + b) / 2
+    return golden_section_min(lambda x: loss(x, fit_rows), lo, hi, tol)
 
 
 def table(all_rows: list[dict], after: float) -> tuple[str, dict]:
