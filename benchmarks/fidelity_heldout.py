@@ -61,6 +61,9 @@ Rules
   (every Megatron-Bridge MoE recipe sets expert_tensor_parallel_size = 1): the published EP
   is the whole expert-parallel group, carved out of tp x dp x cp, which parsim writes as
   ``ep = EP / tp`` with ``[moe] expert_tp = 1`` (the same group; tp = 1 rows are unchanged).
+  Token dispatch: the row's Megatron-Bridge perf recipe where its layout matches (below); a row
+  whose stated kernels name DeepEP (AutoModel's "TE + DeepEP") -> ``[moe] dispatcher = "deepep"``;
+  else NCCL all-to-all (Megatron-Core's default).
 * Rank order (which groups share a node): the row's stated order (Llama 3: TP, CP, PP, DP
   innermost to outermost); else Megatron's default tp-cp-ep-dp-pp, innermost first, which
   torchtitan's and AutoModel's device meshes share (pipeline outermost; in parsim's
@@ -680,6 +683,7 @@ def convert(row: dict) -> tuple[dict | Skip, list[str]]:
     }
     if moe is not None:
         notes += _moe_recipe(row, moe, doc["overlap"], doc["training"], notes)
+        notes += _stated_dispatcher(row, moe)
     notes += _dense_recipe(row, doc, notes)
     framework, grad_dtype, n = framework_states_for(row, fam, zero, precision)
     notes += n
@@ -769,6 +773,16 @@ def _moe_recipe(row: dict, moe: dict, overlap: dict, training: dict, notes: list
     if names and _recipe_recompute(row, training, notes, {"recompute": "selective", "recompute_modules": names}):
         note += f", recompute selective {'+'.join(names)}"
     return [note]
+
+
+def _stated_dispatcher(row: dict, moe: dict) -> list[str]:
+    """A row whose stated kernel stack names DeepEP (NeMo AutoModel's "TE + DeepEP" column) routes its
+    tokens with DeepEP's normal kernels (``[moe] dispatcher = "deepep"``: a token crosses the network
+    once per destination node, then fans out over NVLink), unless a perf recipe already set it."""
+    if "dispatcher" in moe or "deepep" not in row["framework"]["name"].lower():
+        return []
+    moe["dispatcher"] = "deepep"
+    return ["dispatcher: DeepEP (the row's stated kernels)"]
 
 
 def framework_states_for(row: dict, fam: str, zero: int, precision: str) -> tuple[str, str | None, list[str]]:
