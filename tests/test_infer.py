@@ -280,6 +280,7 @@ def test_deepspeed_07_memory_closed_form():
     (("parallel.pp=2", "parallel.tp=4"), "parallel.pp"), (('offload.params="cpu"',), "offload.params"),
     (("inference.prompt_tokens=129",), "inference.prompt_tokens"),
     (("inference.weight_bits=4",), "inference.weight_bits"), (('inference.kv_cache="cpu"',), "inference.kv_cache"),
+    (('inference.precision="bf16"',), "inference.precision"),
     (('model.preset="opt-30b"', "inference.generate_tokens=121"), "inference.generate_tokens")])
 def test_deepspeed_07_refuses_what_it_cannot_run(overrides, key):
     with pytest.raises(ConfigError) as e:

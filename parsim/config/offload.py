@@ -77,7 +77,8 @@ class InferenceConfig:
     Hugging Face ``generate``, as the 2022 BLOOM benchmarks ran it: one workspace allocated for the
     first request's batch and 128 tokens; BLOOM's attention in PyTorch with the Hugging Face cache,
     grown by concatenation every step; the other models' KV cache inside the workspace, 128 tokens
-    at most). Tensor parallelism only, weights resident, 16- or 8-bit weights, KV cache on the GPU."""
+    at most). Tensor parallelism only, weights resident, 16- or 8-bit weights, fp16 or fp32
+    activations, KV cache on the GPU."""
 
     @property
     def context(self) -> int:
@@ -169,8 +170,11 @@ def parse_inference(table, file: str) -> InferenceConfig:
                               f"({most:,} tokens)")
     engine = _choice(table, "engine", ENGINES, "fused", file, p)
     if engine == "deepspeed-0.7":
+        # v0.7.3 deepspeed/inference/engine.py: supported_dtypes = [None, torch.half, torch.int8, torch.float]
         for key, bad, why in (("weight_bits", 4, "has no 4-bit weights (int8 only)"),
-                              ("kv_cache", "cpu", "keeps the KV cache on the GPU")):
+                              ("kv_cache", "cpu", "keeps the KV cache on the GPU"),
+                              ("precision", "bf16", "runs fp16 or fp32 (its dtypes: half, int8, float)"),
+                              ("precision", "fp8", "runs fp16 or fp32 (its dtypes: half, int8, float)")):
             if table.get(key) == bad:
                 raise ConfigError(file, p + key, f"DeepSpeed-Inference v0.7 {why}; got {bad!r}")
     return InferenceConfig(
