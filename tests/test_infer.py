@@ -411,3 +411,12 @@ def test_replicated_lm_head_keeps_and_reads_the_whole_table_on_every_rank():
     assert rep["decode_s_per_token"] - sh["decode_s_per_token"] >= 0.95 * extra / dev.effective_memory_bandwidth
     with pytest.raises(ConfigError, match="inference.lm_head"):
         load_inference(BLOOM_TOML, ['inference.lm_head="vocab"'])
+
+
+def test_readme_quotes_what_the_bloom_scenario_prints():
+    """The README's memory-tiers section quotes `parsim infer` on the BLOOM scenario at batch 128: keep it true."""
+    from parsim.cli.infer import summary
+    _, mx, _ = infer(BLOOM_TOML, "inference.batch=128")
+    readme = (ROOT / "README.md").read_text()
+    for line in summary(mx).splitlines():
+        assert line in readme, line
