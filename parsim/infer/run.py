@@ -40,6 +40,7 @@ from parsim.config.offload import (
 from parsim.config.scenario import Scenario
 from parsim.costs.inference import (
     DS07_MAX_TOKENS,
+    PassCost,
     act_bytes,
     ds07_workspace_bytes,
     kv_bytes_per_sequence,
@@ -207,6 +208,24 @@ def _replayed_pass(job: InferJob, pc, stage: int, token: int, op: str, start: fl
     return end
 
 
+def _stage_layers(sc: Scenario, stage: int) -> tuple[int, ...]:
+    """The blocks pipeline stage ``stage`` holds."""
+    first = sum(sc.layers_per_stage[:stage])
+    return tuple(range(first, first + sc.layers_per_stage[stage]))
+
+
+def _stage_pass(job: InferJob, stage: int, layers: tuple[int, ...], batch: int, new: int, context: int,
+                cache: dict | None = None) -> PassCost:
+    """:func:`parsim.costs.inference.pass_cost` of ``layers`` on pipeline stage ``stage`` with the
+    request's tensor parallelism, precision, weights, KV-cache place, head and engine."""
+    sc, inf = job.scenario, job.inference
+    return pass_cost(hw=sc.hardware, model=sc.model, layers=layers, first_stage=stage == 0,
+                     last_stage=stage == sc.parallel.pp - 1, batch=batch, new_tokens=new, context=context,
+                     tp=sc.parallel.tp, precision=inf.precision, weight_bits=inf.weight_bits,
+                     kv_on_host=inf.kv_cache == "cpu", cache=cache, replicated_head=inf.lm_head == "replicated",
+                     engine=inf.engine)
+
+
 def _run_pass(job: InferJob, clocks: list[_Clock], spans: list, op: str, token: int, new: int, context: int,
               start: float, cache: dict | None = None) -> float:
     """One forward pass through every stage from ``start``; returns its end (``cache``: the
@@ -216,11 +235,7 @@ def _run_pass(job: InferJob, clocks: list[_Clock], spans: list, op: str, token: 
     streamed = job.offload.params != "none"
     t = start
     for stage in range(par.pp):
-        layers = tuple(range(sum(sc.layers_per_stage[:stage]), sum(sc.layers_per_stage[:stage + 1])))
-        pc = pass_cost(hw=hw, model=sc.model, layers=layers, first_stage=stage == 0, last_stage=stage == par.pp - 1,
-                       batch=inf.batch, new_tokens=new, context=context, tp=par.tp, precision=inf.precision,
-                       weight_bits=inf.weight_bits, kv_on_host=inf.kv_cache == "cpu", cache=cache,
-                       replicated_head=inf.lm_head == "replicated", engine=inf.engine)
+        pc = _stage_pass(job, stage, _stage_layers(sc, stage), inf.batch, new, context, cache)
         c = clocks[stage]
         if stage > 0:  # the activations arrive from the previous stage
             nb = inf.batch * new * sc.model.d_model * act_bytes(inf.precision)
@@ -333,11 +348,8 @@ def memory(job: InferJob) -> dict:
     cap = hw.device.usable_memory_bytes
     worst = None
     for stage in range(par.pp):
-        layers = tuple(range(sum(sc.layers_per_stage[:stage]), sum(sc.layers_per_stage[:stage + 1])))
-        pc = pass_cost(hw=hw, model=m, layers=layers[:1] or (0,), first_stage=stage == 0,
-                       last_stage=stage == par.pp - 1, batch=1, new_tokens=1, context=1, tp=par.tp,
-                       precision=inf.precision, weight_bits=inf.weight_bits,
-                       replicated_head=inf.lm_head == "replicated", engine=inf.engine)
+        layers = _stage_layers(sc, stage)
+        pc = _stage_pass(job, stage, layers[:1] or (0,), 1, 1, 1)  # weight bytes only
         per_layer = pc.weight_bytes[0] if pc.weight_bytes else 0.0
         weights = per_layer * len(layers) + pc.resident_head_bytes + _ds07_dequantized_bytes(job)
         if off.params != "none":  # the block computing and the one prefetched, gathered whole
