@@ -139,7 +139,7 @@ def _gemm_s(hw: HardwareProfile, m: int, n: int, k: int, count: int, precision: 
         bw = dev.effective_memory_bandwidth
         copy = count * k * n * (weight_bits / 8 + 2) / bw + dev.kernel_launch_s if weight_bits < 16 else 0.0
         if decode and dev.ds07_decode_gemm_flops:
-            stream = count * (k * n + m * k + m * n) * 2 / bw  # the 16-bit weight, input and output
+            stream = count * (2 * k * n + act_bytes(precision) * (m * k + m * n)) / bw  # 16-bit weight, input, output
             return copy + stream + 2.0 * m * n * k * count / dev.ds07_decode_gemm_flops + dev.kernel_launch_s
         return copy + dev.gemm_time(m, n, k, gp, count)
     if weight_bits == 16:
