@@ -39,7 +39,10 @@ Rules
   gelu FFN 4h, LayerNorm, biases, learned positions, tied embeddings (Megatron GPT
   defaults); Llama/Mixtral -> SwiGLU, RMSNorm, RoPE, untied (Mixtral adds its experts);
   other architectures (MLA, unnamed models) -> not expressible.
-  DeepSeek-V3's multi-token-prediction module is not modelled (noted on the row).
+  DeepSeek-V3's multi-token-prediction modules (``model.mtp_layers``, on the last pipeline
+  stage) when the run trains them: its table or id says so, or Megatron-Bridge's recipes (which
+  set ``mtp_num_layers = 1``) or DeepSeek's own report ran it (``mtp_trained``); a run that does
+  not say (NeMo AutoModel, Megatron-LM's guide) trains none, noted on the row.
 * Precision: fp8 whenever the row trains in FP8 of any recipe (current/delayed scaling,
   tensorwise/rowwise, blockwise) -- including partial FP8 (torchtitan's Float8 linears,
   MXFP8 on routed experts only), with the scaling recipe the row states as
@@ -540,6 +543,24 @@ def published_metric(row: dict) -> tuple[str, float, str] | None:
     return None
 
 
+def mtp_trained(row: dict) -> str | bool | None:
+    """Whether a row whose model has multi-token prediction modules (``mtp_depth``) trains them:
+    why it does (a string), False when its source says not, None when it does not say.
+    ``mtp_depth`` is the architecture's (DeepSeek-V3: 1), not the run's."""
+    table = str(row["model"].get("table_name") or "").lower()
+    if "w/o mtp" in table or "nomtp" in row["id"]:
+        return False
+    if "w/ mtp" in table or "mtp1" in row["id"]:
+        return "the run says so"
+    if "megatron bridge" in row["framework"]["name"].lower():
+        # Megatron-Bridge's DeepSeek-V3 recipes set it (recipes/deepseek/h100/deepseek_v3.py:
+        # cfg.model.mtp_num_layers = 1), and their pipeline layouts place it with the loss
+        return "Megatron-Bridge's DeepSeek-V3 recipes: mtp_num_layers = 1"
+    if "hai-llm" in row["framework"]["name"].lower():
+        return "the DeepSeek-V3 report: MTP depth 1 in training"
+    return None
+
+
 def scenario_for(row: dict) -> dict | Skip:
     """The scenario document (the TOML tables as a dict) for one published row, or ``Skip``
     with the reason. The assumptions each row needed come from :func:`convert`."""
@@ -608,8 +629,14 @@ def convert(row: dict) -> tuple[dict | Skip, list[str]]:
         return Skip("no global batch", "global batch not stated"), notes
     if gbs is None:
         return Skip("global batch not one number", f"global batch {gb_raw!r} (a ramp, not one step's batch)"), notes
-    if _int(row["model"].get("mtp_depth")) and "w/o mtp" not in str(row["model"].get("table_name", "")).lower():
-        notes.append("multi-token prediction module not modelled")
+    mtp = _int(row["model"].get("mtp_depth"))
+    if mtp:
+        trains = mtp_trained(row)
+        if trains:
+            model = {**model, "mtp_layers": mtp}  # Megatron-Core's default placement: the last stage
+            notes.append(f"multi-token prediction: {mtp} depth(s) on the last pipeline stage ({trains})")
+        elif trains is None:
+            notes.append("multi-token prediction: the run does not say it trains the model's MTP module; none")
     titan_pp = pp > 1 and "torchtitan" in row["framework"]["name"].lower()
     if titan_pp and vpp == 1 and _looped(p.get("pp_schedule")):
         vpp = TITAN_STAGES_PER_RANK

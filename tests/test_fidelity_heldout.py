@@ -175,3 +175,18 @@ def test_torchtitan_pipeline_rows_take_torchtitans_defaults(tmp_path, row_id, sc
     imp = scenario_from_dict(import_torchtitan(job, "grand-teton-h100", 512).doc, "imported.toml")
     assert (imp.n_microbatches, imp.training.microbatch_size, imp.parallel.vpp) == (8, 4, vpp)
     assert tuple(imp.layers_per_stage) == tuple(sc.layers_per_stage)  # 1F1B: 15, 16 x 6, 15; interleaved: 7, 8 x 14, 7
+
+
+@pytest.mark.parametrize("rid, mtp", [
+    ("mb-25.11-b200-deepseekv3wmtp-fp8mx", 1),      # "DeepSeekV3 (w/ MTP)"
+    ("mb-25.11-gb200-deepseekv3womtp-bf16", 0),     # "DeepSeekV3 (w/o MTP)"
+    ("mb-26.04.01-gb200-deepseekv3-mxfp8", 1),      # Megatron-Bridge's recipes set mtp_num_layers = 1
+    ("tt-dsv3-gb300-256-pp2vpp8-mtp1", 1),
+    ("tt-dsv3-gb300-256-pp2vpp8-nomtp", 0),
+    ("automodel-h100-bf16-deepseekv3-256gpu", 0),   # the run does not say: none, noted
+])
+def test_deepseek_v3_rows_train_mtp_only_where_the_run_does(rid, mtp):
+    doc = fh.scenario_for(ROWS[rid])
+    assert doc["model"].get("mtp_layers", 0) == mtp
+    said = fh.mtp_trained(ROWS[rid])
+    assert bool(said) == bool(mtp) and (said is None) == rid.startswith("automodel")

@@ -182,6 +182,14 @@ def test_megatron_moe():
     assert sc.model.n_moe_layers == 11
 
 
+def test_megatron_mtp_num_layers_is_the_models_mtp_depth():
+    doc = import_megatron(SMALL + ["--mtp-num-layers", "1", "--pipeline-model-parallel-size", "2"], gpus=2).doc
+    assert doc["model"]["mtp_layers"] == 1
+    sc = check(import_megatron(SMALL + ["--mtp-num-layers", "1", "--pipeline-model-parallel-size", "2"], gpus=2))
+    assert sc.model.mtp_layers == 1
+    assert "mtp_layers" not in import_megatron(SMALL, gpus=1).doc["model"]
+
+
 def test_megatron_flex_dispatcher_and_ep_overlap():
     moe = SMALL + ["--num-experts", "8", "--expert-model-parallel-size", "4"]
     imp = import_megatron(moe + ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "hybridep",

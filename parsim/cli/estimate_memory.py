@@ -126,7 +126,7 @@ def cmd_estimate_memory(args) -> int:
 def _scenario(args) -> int:
     """DeepSpeed's estimate for a scenario next to parsim's full per-GPU memory."""
     from parsim.costs.zero_estimate import estimate_zero2, estimate_zero3
-    from parsim.model import total_params
+    from parsim.model import trained_params
     from parsim.model.shapes import layer_gemms
     from parsim.results.summary import fmt_b
     from parsim.scenario import load_scenario
@@ -147,7 +147,7 @@ def _scenario(args) -> int:
         raise ConfigError(sc.file, "parallel.zero", f"DeepSpeed's estimators cover ZeRO 2 and 3, got {par.zero}")
     if par.tp * par.pp * par.cp > 1:
         raise ConfigError(sc.file, "parallel", "DeepSpeed's estimators assume data parallelism only (tp = pp = cp = 1)")
-    params = total_params(m)
+    params = trained_params(m)
     layer = max([m.vocab_size * m.d_model] + [g.n * g.k for g in layer_gemms(m, 1, 1)])  # largest module's own
     gpn = min(sc.gpus, hw.gpus_per_node)
     nodes = -(-sc.gpus // gpn)

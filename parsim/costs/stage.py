@@ -16,6 +16,7 @@ from parsim.cluster.collectives import bytes_sent_per_rank
 from parsim.cluster.contention import async_beside
 from parsim.cluster.precision import PRECISION_TABLE
 from parsim.config.moe import for_moe_layer
+from parsim.costs.compute import linear_precision
 from parsim.costs.inputs import LayerInputs
 from parsim.costs.layer import (
     activation_options,
@@ -33,6 +34,9 @@ from parsim.model import (
     head_gemm,
     head_params,
     is_moe_layer,
+    layer_params,
+    mtp_block_is_moe,
+    mtp_params,
 )
 from parsim.schedule.ir import Op
 from parsim.sim.engine import OpCost
@@ -53,6 +57,9 @@ class StageShape:
     """Holds the final norm, LM head and loss (last stage of a model copy)."""
     head_copy: bool
     """Tied embeddings split over stages: the last stage keeps its own copy of the matrix."""
+    mtp: int = 0
+    """Multi-token prediction depths on this stage (``model.mtp_layers`` on the last stage of a
+    model copy: Megatron-Core's default placement, beside the loss)."""
 
 
 @dataclass(frozen=True)
@@ -119,7 +126,7 @@ def stage_layout(model: ModelSpec, layers_per_stage: tuple[int, ...], chain_len:
         kinds = tuple((moe_index[li] + 1 if li in moe_index else False) if per_layer_routing
                       else is_moe_layer(model, li) for li in layers)
         last = s % chain_len == chain_len - 1
-        shape = StageShape(kinds, s % chain_len == 0, last, tied and last)
+        shape = StageShape(kinds, s % chain_len == 0, last, tied and last, model.mtp_layers if last else 0)
         shape_of.append(shapes.setdefault(shape, len(shapes)))
         all_layers.append(layers)
     return StageLayout(tuple(shapes), tuple(shape_of), tuple(all_layers))
@@ -180,7 +187,13 @@ def _blocks(inp: LayerInputs, kinds: tuple[bool, ...]) -> tuple:
 
 @lru_cache(maxsize=16384)
 def stage_cost(inp: LayerInputs, shape: StageShape) -> StageCost:
-    """Cost of a stage of this shape under these inputs (modelled times)."""
+    """Cost of a stage of this shape under these inputs (modelled times). A multi-token
+    prediction depth's block counts as one more block of the stage (its compute, recompute,
+    stash, parameters); its projection, norms, embedding lookup and LM head pass are ends
+    (:func:`mtp_cost`)."""
+    n_blocks, moe_blocks = len(shape.kinds), sum(1 for k in shape.kinds if k)
+    if shape.mtp:
+        shape = replace(shape, kinds=shape.kinds + (mtp_block_is_moe(inp.model),) * shape.mtp)
     bl = _blocks(inp, shape.kinds)
     params = _position_params(inp, shape, bl[_PARAMS])
     layers_f, layers_fb = Parts(*bl[_F:_I]), AxisBytes(*bl[_FB:_IB])
@@ -230,7 +243,7 @@ def stage_cost(inp: LayerInputs, shape: StageShape) -> StageCost:
         transient = max(transient, head_cost(inp).transient_bytes)
     parts = {Op.F: f, Op.I: i, Op.W: w, Op.B: i + w}
     wstash = min(act, bl[_WSTASH])
-    return StageCost(len(shape.kinds), sum(1 for k in shape.kinds if k), params, bl[_EXPERT], parts,
+    return StageCost(n_blocks, moe_blocks, params, bl[_EXPERT], parts,
                      {Op.F: ff, Op.I: fi, Op.W: fw, Op.B: fi + fw}, {Op.F: fb, Op.I: ib, Op.W: AxisBytes(), Op.B: ib},
                      p2p, act, wstash, transient, pipeline_ops(inp, parts, act, wstash, transient, p2p),
                      ends_activation_bytes=ends_act)
@@ -251,6 +264,14 @@ def _position_params(inp: LayerInputs, shape: StageShape, params: float) -> floa
         if shape.head_copy:
             head += m.vocab_size * m.d_model  # the last stage keeps its own copy of the tied matrix
         params += head / tp
+    if shape.mtp:
+        # the depths' projections and norms (their blocks are among the stage's blocks); away from
+        # the first stage the MTP embedding lookups need the word embeddings there too, a copy
+        # whose gradient joins the first stage's (Megatron-Core's embedding group), unless the
+        # tied head's copy already is that matrix
+        params += (mtp_params(m) - shape.mtp * layer_params(m, m.n_layers - 1)) / tp
+        if not shape.first and not shape.head_copy:
+            params += m.vocab_size * m.d_model / tp
     return params
 
 
@@ -370,9 +391,58 @@ def head_cost(inp: LayerInputs) -> EndCost:
                    sent_b)
 
 
+@lru_cache(maxsize=4096)
+def mtp_cost(inp: LayerInputs) -> EndCost:
+    """What one multi-token prediction depth adds beside its block, as Megatron-Core's
+    ``MultiTokenPredictionLayer`` runs it: the embedding of the shifted tokens (the model's
+    own vocabulary-parallel lookup, again), two norms (``enorm`` on it, ``hnorm`` on the
+    hidden state) and their concatenation, ``eh_proj`` (column-parallel, 2d -> d/tp; under
+    sequence parallelism its input gathered along the sequence) with its output gathered over
+    tp and scattered back along the sequence, the depth's final norm, and one more pass
+    through the shared LM head and loss (:func:`head_cost`)."""
+    m, sh, dev = inp.model, inp.shard, inp.hardware.device
+    prec = inp.options.precision
+    gemm_prec = linear_precision(inp)  # a TEColumnParallelLinear in Megatron-Core's MTP spec: as the blocks' linears
+    tokens, d, tp = sh.tokens, m.d_model, sh.tp
+    a = PRECISION_TABLE[prec].activation_bytes
+    local = tokens / tp if sh.sequence_parallel else tokens  # the tokens a rank's norms see
+    # enorm, hnorm (read d, write d each), the concatenation (read 2d, write 2d), the final
+    # norm (read d, write d); the backward about twice the bytes
+    norms = dev.memory_time(local * d * a * (2 + 2 + 4 + 2))
+    n = -(-d // tp)
+    f_gemm = dev.gemm_time(tokens, n, 2 * d, gemm_prec)
+    i_gemm = dev.gemm_time(tokens, 2 * d, n, gemm_prec)
+    w_gemm = dev.gemm_time(2 * d, n, tokens, gemm_prec)
+    wire = PRECISION_TABLE[prec].wire_bytes
+    out_gather, out_sent = _tp_collective(inp, "all_gather", tokens * d * wire)
+    if sh.sequence_parallel:
+        in_gather, in_sent = _tp_collective(inp, "all_gather", tokens * 2 * d * wire)
+        in_grad, in_grad_sent = _tp_collective(inp, "reduce_scatter", tokens * 2 * d * wire)
+        out_grad, out_grad_sent = _tp_collective(inp, "all_gather", tokens * d * wire)  # the scatter's conjugate
+    else:
+        in_gather, in_sent = 0.0, 0.0
+        in_grad, in_grad_sent = _tp_collective(inp, "all_reduce", tokens * 2 * d * wire)
+        out_grad, out_grad_sent = 0.0, 0.0  # the gather's conjugate is a split
+    proj = EndCost(Parts(compute=f_gemm + norms, tp_comm=in_gather + out_gather),
+                   Parts(compute=i_gemm + 2 * norms, tp_comm=in_grad + out_grad),
+                   Parts(compute=w_gemm), 2.0 * tokens * n * 2 * d,
+                   AxisBytes(tp=in_sent + out_sent),
+                   local * d * a * 4,  # the norms' inputs and the projection's input, kept for the backward
+                   backward_bytes=AxisBytes(tp=in_grad_sent + out_grad_sent))
+    total = proj
+    for end in (embedding_cost(inp), head_cost(inp)):
+        total = EndCost(total.forward + end.forward, total.backward_input + end.backward_input,
+                        total.backward_weight + end.backward_weight, total.flops + end.flops,
+                        total.forward_bytes + end.forward_bytes, total.activation_bytes + end.activation_bytes,
+                        max(total.transient_bytes, end.transient_bytes), total.backward_bytes + end.backward_bytes)
+    return total
+
+
 def _ends(inp: LayerInputs, shape: StageShape, f, i, w, ff, fi, fw, fb, ib, act):
-    """The embedding on the first stage, the LM head and loss on the last (DESIGN §4: real work)."""
-    for end in ((embedding_cost(inp),) if shape.first else ()) + ((head_cost(inp),) if shape.last else ()):
+    """The embedding on the first stage, the LM head and loss on the last, and the multi-token
+    prediction depths' ends where they sit (DESIGN §4: real work)."""
+    ends = ((embedding_cost(inp),) if shape.first else ()) + ((head_cost(inp),) if shape.last else ())
+    for end in ends + (mtp_cost(inp),) * shape.mtp:
         f, i, w = f + end.forward, i + end.backward_input, w + end.backward_weight
         ff, fi, fw = ff + end.flops, fi + end.flops, fw + end.flops
         fb, ib = fb + end.forward_bytes, ib + end.backward_bytes
@@ -420,5 +490,5 @@ def with_measured_times(inp: LayerInputs, st: StageCost, forward_s: float, backw
 
 def clear_caches() -> None:
     """Empty this module's caches (a cold start)."""
-    for fn in (stage_layout, _layer_vector, _uniform_blocks, embedding_cost, head_cost, stage_cost):
+    for fn in (stage_layout, _layer_vector, _uniform_blocks, embedding_cost, head_cost, mtp_cost, stage_cost):
         fn.cache_clear()

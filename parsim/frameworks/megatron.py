@@ -206,6 +206,8 @@ def _model(v: dict, tp: int, notes: list[str]) -> dict:
         m["qkv_bias"] = True
     if "num_experts" in v:
         m.update(_moe_model(v, ffn))
+    if v.get("mtp_num_layers"):  # Megatron-Core's default placement: the last pipeline stage
+        m["mtp_layers"] = v["mtp_num_layers"]
     return m
 
 
@@ -330,6 +332,7 @@ def _key_source(given: dict) -> dict:
         "model.n_layers": "--num-layers", "model.d_model": "--hidden-size", "model.n_heads": "--num-attention-heads",
         "model.n_kv_heads": "--num-query-groups", "model.head_dim": "--kv-channels",
         "model.d_ff": "--ffn-hidden-size", "model.top_k": "--moe-router-topk", "model.n_experts": "--num-experts",
+        "model.mtp_layers": "--mtp-num-layers",
         "moe.expert_tp": "--expert-tensor-parallel-size",
         "moe.dispatcher_sms": flag("moe_hybridep_sms", "--moe-deepep-num-sms"),
         "overlap.ep_comm": "--overlap-moe-expert-parallel-comm",

@@ -57,6 +57,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     "--moe-ffn-hidden-size": ("moe_ffn_hidden_size", "int"),
     "--moe-shared-expert-intermediate-size": ("moe_shared_size", "int"),
     "--moe-layer-freq": ("moe_layer_freq", "str"),
+    "--mtp-num-layers": ("mtp_num_layers", "int"),
     "--moe-expert-capacity-factor": ("moe_capacity_factor", "float"),
     "--overlap-grad-reduce": ("overlap_grad_reduce", "true"),
     "--overlap-param-gather": ("overlap_param_gather", "true"),

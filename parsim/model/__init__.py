@@ -19,7 +19,10 @@ from parsim.model.shapes import (
                                  layer_params,
                                  megatron_flops_per_step,
                                  model_flops_per_step,
+                                 mtp_block_is_moe,
+                                 mtp_params,
                                  total_params,
+                                 trained_params,
 )
 from parsim.model.spec import (
                                  ATTENTION_KINDS,
@@ -36,7 +39,8 @@ __all__ = [
     "ModelSpec", "FFN_KINDS", "FIELD_NAMES", "NORM_KINDS", "POSITION_KINDS", "ATTENTION_KINDS", "is_moe_layer",
     "attention_kind", "causal_pairs",
     "Gemm", "PassFlops", "PRESETS", "get_preset", "model_from_table", "model_from_hf_config", "HF_MODEL_TYPES",
-    "layer_params", "embedding_params", "head_params", "total_params", "active_params", "layer_gemms",
+    "layer_params", "embedding_params", "head_params", "total_params", "mtp_params", "mtp_block_is_moe", "trained_params",
+    "active_params", "layer_gemms",
     "attention_core_flops", "layer_elementwise_bytes", "head_gemm", "layer_flops", "head_flops",
     "model_flops_per_step", "megatron_flops_per_step",
 ]

@@ -23,8 +23,9 @@ DeepSeek-V3):
 ``layer_types`` (full_attention / sliding_attention / chunked_attention) is honoured for every
 family; any other kind (e.g. Qwen3.5's linear_attention) is refused. Ignored, and said so in
 ``not_modelled``: a Mistral/Qwen-style ``sliding_window`` given without ``layer_types``.
-Ignored silently (no weights, or not parsim's concern): rope scaling, quantization, DeepSeek's
-multi-token-prediction layers (``num_nextn_predict_layers``), Qwen2-MoE's shared-expert gate
+DeepSeek's multi-token-prediction modules (``num_nextn_predict_layers``) become
+``mtp_layers``. Ignored silently (no weights, or not parsim's concern): rope scaling,
+quantization, Qwen2-MoE's shared-expert gate
 (d_model weights per layer), router bias buffers, activation clamps.
 
 Errors name the file and the HF key: ``.../config.json: num_hidden_layers: missing ...``;
@@ -216,7 +217,10 @@ def _decoder_fields(c: HFKeys, tied: bool) -> dict:
         f.update(head_dim=None, q_lora_rank=c.int("q_lora_rank", 0),
                  kv_lora_rank=c.int("kv_lora_rank"), qk_nope_head_dim=c.int("qk_nope_head_dim"),
                  qk_rope_head_dim=c.int("qk_rope_head_dim"), v_head_dim=c.int("v_head_dim"),
-                 bias=False, qkv_bias=False)
+                 bias=False, qkv_bias=False,
+                 # the checkpoint's multi-token-prediction modules (DeepSeek-V3: 1), trained
+                 # beside the model; ``mtp_layers = 0`` in the scenario's [model] leaves them out
+                 mtp_layers=c.int("num_nextn_predict_layers", 0))
     if mt == "gpt_oss":  # GptOssExperts and the router always carry biases; attention_bias adds q/k/v/o ones
         c.expect("attention_bias", True, True, "GPT-OSS experts and router always have biases; "
                                                "attention without them cannot be expressed")

@@ -3,8 +3,9 @@
 Conventions
 -----------
 - Parameter counts are exact integers of the weights a framework would allocate
-  (matrices, biases, norm scales/shifts, GPT-OSS attention sinks). Not counted: RoPE/ALiBi
-  (no weights), the DeepSeek-V3 multi-token-prediction module, router bias buffers,
+  (matrices, biases, norm scales/shifts, GPT-OSS attention sinks). Not counted in
+  ``total_params``: the multi-token-prediction modules (``mtp_params`` counts them), RoPE/ALiBi
+  (no weights), router bias buffers,
   Qwen2-MoE's one-column shared-expert gate, and whatever a spec lists in not_modelled.
 - GEMM shapes are per microbatch on ONE tensor-parallel rank with Megatron sharding:
   column-parallel layers (qkv, fc1, gate, up, MLA up-projections) shard their output
@@ -120,6 +121,28 @@ def total_params(spec: ModelSpec) -> int:
     if spec.n_layers - n_moe:
         blocks += (spec.n_layers - n_moe) * layer_params(spec, _first(spec, False))
     return embedding_params(spec) + blocks + head_params(spec)
+
+
+def mtp_block_is_moe(spec: ModelSpec) -> bool:
+    """An MTP depth's block is of the last block's kind (Megatron-Core builds it from the
+    decoder's layer spec; DeepSeek-V3's is an MoE block)."""
+    return is_moe_layer(spec, spec.n_layers - 1)
+
+
+def mtp_params(spec: ModelSpec) -> int:
+    """Weights of the multi-token-prediction modules (``spec.mtp_layers`` depths): per depth
+    one block of the last block's kind, the 2d -> d projection ``eh_proj`` and three norms
+    (the embedding's, the hidden state's, the depth's final one). The embedding and the output
+    head are the model's own (shared), so they are not counted again."""
+    if not spec.mtp_layers:
+        return 0
+    block = layer_params(spec, spec.n_layers - 1)
+    return spec.mtp_layers * (block + 2 * spec.d_model * spec.d_model + 3 * _norm_params(spec))
+
+
+def trained_params(spec: ModelSpec) -> int:
+    """Every weight training updates: the model and its multi-token-prediction modules."""
+    return total_params(spec) + mtp_params(spec)
 
 
 def active_params(spec: ModelSpec) -> int:
@@ -327,14 +350,21 @@ def model_flops_per_step(spec: ModelSpec, tokens: int, seq_len: int) -> float:
     full s^2 attention (sliding-window and chunked blocks: their own count, see
     attention_core_flops); MoE layers count top_k routed + shared experts. Exact (no
     rounding of expert rows). Equals the Megatron formula without recompute for GPT models.
+    Each multi-token-prediction depth adds a block of the last block's kind, its 2d x d
+    projection and another pass through the LM head (Megatron-Core's count, training.py
+    ``num_floating_point_operations``; it also counts the norms, which are not matmuls here).
     """
+    last = spec.n_layers - 1
     weights = sum(_layer_matmul_weights(spec, i) for i in range(spec.n_layers))
     weights += spec.vocab_size * spec.d_model  # LM head
+    weights += spec.mtp_layers * (_layer_matmul_weights(spec, last) + 2 * spec.d_model * spec.d_model
+                                  + spec.vocab_size * spec.d_model)
     b = tokens / seq_len
     if spec.layer_types is None:  # every block full: the product every existing number came from
-        attn = spec.n_layers * attention_core_flops(spec, b, seq_len)
+        attn = (spec.n_layers + spec.mtp_layers) * attention_core_flops(spec, b, seq_len)
     else:
         attn = sum(attention_core_flops(spec, b, seq_len, layer_index=i) for i in range(spec.n_layers))
+        attn += spec.mtp_layers * attention_core_flops(spec, b, seq_len, layer_index=last)
     return 3.0 * (2.0 * tokens * weights + attn)
 
 

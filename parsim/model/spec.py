@@ -108,6 +108,14 @@ class ModelSpec:
     parallel_residual: bool = False
     """Attention and MLP read the same block input and add into one residual (GPT-NeoX, GPT-J).
     Weights, GEMM shapes and FLOPs are those of the sequential block; recorded for the cost model."""
+    mtp_layers: int = 0
+    """Multi-token prediction depths trained beside the model (DeepSeek-V3's MTP modules,
+    Megatron-Core's ``--mtp-num-layers``, HF ``num_nextn_predict_layers``). Depth k joins the
+    normed hidden state of depth k-1 with the normed embedding of the token k places ahead
+    (``eh_proj``: 2 d_model -> d_model), runs one block of the last block's kind and predicts
+    through the shared output head: per depth one more block, a projection, three norms, an
+    embedding lookup and an LM head and loss pass. The embedding and head are shared, so
+    ``total_params`` leaves MTP out (DeepSeek's 671B) and ``mtp_params`` counts it."""
     not_modelled: tuple[str, ...] = ()
     """Parts of the source architecture that the counts and FLOPs leave out, one line each
     (e.g. DeepSeek-V3.2's lightning indexer), so that reports can say so."""
@@ -181,6 +189,10 @@ the per-layer cost tables and stage partitions are sized by it."""
 _OPT_POS_INT = ("head_dim", "d_ff_expert", "d_ff_shared")
 
 
+MAX_MTP_LAYERS = 64
+"""Most multi-token prediction depths a model may have (each is a whole block on the last stage)."""
+
+
 MAX_WIDTH = 2**24
 """Widest dimension a model may have (d_model, FFN and expert widths, vocabulary, heads, head and
 latent dimensions): 64x the largest published vocabulary (Gemma 3: 262,144) and 200x the widest FFN
@@ -196,7 +208,7 @@ MAX_EXPERTS = 4096
 cost model walks every expert's rows (4,096: ~3 s a scenario; 65,536 took 43 s)."""
 _NONNEG_INT = ("n_experts", "n_shared_experts", "first_dense_layers", "q_lora_rank",
                "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
-               "sliding_window", "attention_chunk", "position_offset")
+               "sliding_window", "attention_chunk", "position_offset", "mtp_layers")
 
 
 _BOOL = ("tied_embeddings", "bias", "qkv_bias", "qk_norm", "attention_sinks", "embedding_norm",
@@ -236,6 +248,9 @@ def _validate(s: ModelSpec) -> None:
     for key in ("max_seq_len", "position_offset", "sliding_window", "attention_chunk"):
         if getattr(s, key) > MAX_POSITIONS:
             raise bad(key, f"{getattr(s, key):,} is more than parsim models ({MAX_POSITIONS:,} positions)")
+    if s.mtp_layers > MAX_MTP_LAYERS:
+        raise bad("mtp_layers", f"{s.mtp_layers} is more than parsim models ({MAX_MTP_LAYERS}; "
+                  "DeepSeek-V3 trains 1, its paper's ablations up to 4)")
     if s.n_layers > MAX_LAYERS:
         raise bad("n_layers", f"{s.n_layers:,} blocks is more than parsim models ({MAX_LAYERS:,}; per-layer tables)")
     for key in _BOOL:

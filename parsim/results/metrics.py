@@ -27,7 +27,7 @@ from parsim.config.scenario import Scenario
 from parsim.costs.memory import ALLOCATOR_FRAGMENTATION
 from parsim.costs.parts import PART_NAMES
 from parsim.costs.tables import CostTables
-from parsim.model import active_params, total_params
+from parsim.model import active_params, trained_params
 from parsim.results.comm import bytes_by_axis, collective_algorithms
 from parsim.results.frames import parts_frame, sent_frame
 from parsim.results.memory import MEMORY_KINDS, rank_memory, reserved_bytes
@@ -69,7 +69,7 @@ def metrics(sc: Scenario, schedule: Schedule, tables: CostTables, tl: pd.DataFra
         "microbatch_size": tr.microbatch_size,
         "recompute": tr.recompute,
         **recompute_detail(tr),
-        "params": total_params(m),
+        "params": trained_params(m),  # the multi-token prediction modules are trained too
         "step_time_s": T,
         **throughput(sc, T, hw_flops, pp, tables.moe.dropped_fraction if tables.moe is not None else 0.0),
         "bubble_fraction": float(np.mean([s["bubble_fraction"] for s in stages_out])) if stages_out else 0.0,

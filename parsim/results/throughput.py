@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 from parsim.config.scenario import Scenario
-from parsim.model import megatron_flops_per_step, model_flops_per_step
+from parsim.model import megatron_flops_per_step, model_flops_per_step, mtp_block_is_moe
 from parsim.model.spec import ModelSpec
 
 
@@ -20,7 +20,8 @@ def dropped_expert_flops(m: ModelSpec, tokens: float, dropped_fraction: float) -
     if not m.is_moe or dropped_fraction <= 0:
         return 0.0
     per_assignment = 2.0 * m.ffn_matrices * m.d_model * m.d_ff_expert_
-    return 3.0 * dropped_fraction * tokens * m.top_k * m.n_moe_layers * per_assignment
+    moe_blocks = m.n_moe_layers + (m.mtp_layers if mtp_block_is_moe(m) else 0)
+    return 3.0 * dropped_fraction * tokens * m.top_k * moe_blocks * per_assignment
 
 
 def throughput(sc: Scenario, T: float, hw_flops_per_gpu: float, pp: int,
