@@ -250,7 +250,7 @@ def _validate(s: ModelSpec) -> None:
             raise bad(key, f"{getattr(s, key):,} is more than parsim models ({MAX_POSITIONS:,} positions)")
     if s.mtp_layers > MAX_MTP_LAYERS:
         raise bad("mtp_layers", f"{s.mtp_layers} is more than parsim models ({MAX_MTP_LAYERS}; "
-                  "DeepSeek-V3 trains 1, its paper's ablations up to 4)")
+                  "DeepSeek-V3 trains 1)")
     if s.n_layers > MAX_LAYERS:
         raise bad("n_layers", f"{s.n_layers:,} blocks is more than parsim models ({MAX_LAYERS:,}; per-layer tables)")
     for key in _BOOL:
