@@ -83,7 +83,9 @@ Rules
   as one layer (Megatron's --account-for-embedding/loss-in-pipeline-split, which the 405B
   recipes set; it also gives Llama 3's 7, 8 x 14, 7 on pp 16); else the loss alone; else, interleaved only, every middle stage takes ceil(layers / stages) blocks and
   the first and last chunks share the rest (Megatron's custom ``pp_layout`` for DeepSeek-V3:
-  1, 2 x 30, 0); vpp = 1 falls back to parsim's as-even-as-possible split.
+  1, 2 x 30, 0); vpp = 1 falls back to parsim's as-even-as-possible split. Megatron-Bridge's
+  DeepSeek-V3 rows first take the recipes' own layout where it has the row's (pp, vpp)
+  (``MB_DSV3_LAYOUTS``: the MTP layers and the loss ride with the last stage's few blocks).
 * Recompute: as stated (full / selective / none; "activation checkpointing ON" is full,
   torchtitan's per-op SAC is ``op``: its policy, not Megatron's selective). Not stated: NeMo AutoModel rows -> ``full`` (its
   benchmark YAMLs set activation_checkpointing: true); every other row -> ``none``. For the
@@ -495,8 +497,20 @@ def order_for(row: dict) -> tuple[list[str], list[str]]:
 
 
 # --------------------------------------------------------------------------- layer split
-def split_for(layers: int, pp: int, vpp: int) -> tuple[dict, list[str]]:
-    """[schedule] keys that shape the layer split (see the Rules)."""
+MB_DSV3_LAYOUTS = {(4, 1): (16, 13), (8, 1): (8, 5), (4, 2): (8, 5), (16, 1): (4, 1), (8, 2): (4, 1), (4, 4): (4, 1)}
+"""(pp, vpp) -> decoder layers of DeepSeek-V3's first and last (virtual) stage in Megatron-Bridge's
+recipes (recipes/deepseek/h100/deepseek_v3.py ``_get_deepseek_v3_pipeline_layout``, HEAD 067f987df:
+the embedding with the first stage's blocks, the MTP layers and the loss with the last's, the
+others even), the layout every DeepSeek-V3 perf recipe sets; other (pp, vpp): not in the map."""
+
+
+def split_for(layers: int, pp: int, vpp: int, recipe: dict | None = None) -> tuple[dict, list[str]]:
+    """[schedule] keys that shape the layer split (see the Rules); ``recipe``: the framework's own
+    (pp, vpp) -> (first, last) layout for this model, used where it has one."""
+    if recipe and (pp, vpp) in recipe:
+        first, last = recipe[(pp, vpp)]
+        return {"first_stage_layers": first, "last_stage_layers": last}, \
+            [f"the recipe's layout: first {'chunk' if vpp > 1 else 'stage'} {first} blocks, last {last}"]
     stages = pp * vpp
     if stages == 1 or layers % stages == 0:
         return {}, []
@@ -674,7 +688,8 @@ def convert(row: dict) -> tuple[dict | Skip, list[str]]:
     if "lamb" in str(t.get("optimizer") or "").lower():
         notes.append("LAMB counted as Adam (same optimizer state)")
     sp = tp > 1 and (fam == "megatron" or bool(p.get("sequence_parallel")))
-    split, n = split_for(n_layers, pp, vpp)
+    dsv3_mb = "megatron bridge" in row["framework"]["name"].lower() and model.get("preset") == "deepseek-v3"
+    split, n = split_for(n_layers, pp, vpp, MB_DSV3_LAYOUTS if dsv3_mb else None)
     notes += n
     order, n = order_for(row)
     notes += n

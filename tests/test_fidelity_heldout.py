@@ -129,6 +129,15 @@ def test_layer_split_rule():
     assert fh.split_for(126, 16, 1)[0] == {"account_for_embedding": True, "account_for_loss": True}
     assert fh.split_for(61, 8, 4)[0] == {"first_stage_layers": 1, "last_stage_layers": 0}  # Et|(tt|)*30L
     assert fh.split_for(61, 16, 1)[0] == {}  # parsim's as-even-as-possible split
+    # Megatron-Bridge's DeepSeek-V3 layouts (E + 4 | 4 x 14 | 1 + MTP + loss on 16 stages)
+    assert fh.split_for(61, 16, 1, fh.MB_DSV3_LAYOUTS)[0] == {"first_stage_layers": 4, "last_stage_layers": 1}
+    assert fh.split_for(61, 4, 1, fh.MB_DSV3_LAYOUTS)[0] == {"first_stage_layers": 16, "last_stage_layers": 13}
+    assert fh.split_for(61, 8, 4, fh.MB_DSV3_LAYOUTS)[0] == {"first_stage_layers": 1, "last_stage_layers": 0}
+    for (pp, vpp), (first, last) in fh.MB_DSV3_LAYOUTS.items():  # every layout holds the 61 blocks
+        stages = pp * vpp
+        assert first + last + (stages - 2) * ((61 - first - last) // (stages - 2)) == 61
+    doc = fh.scenario_for(ROWS["mb-25.11-b200-deepseekv3wmtp-fp8mx"])  # pp 16, its recipe's layout
+    assert (doc["schedule"]["first_stage_layers"], doc["schedule"]["last_stage_layers"]) == (4, 1)
 
 
 def test_every_row_converts_into_an_accepted_scenario_or_has_a_reason():
