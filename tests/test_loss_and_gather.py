@@ -25,6 +25,19 @@ def test_loss_bytes_per_logit(fused_kernels, fusion, fwd, bwd):
     assert (f.bytes, b.bytes) == (1000.0 * fwd, 1000.0 * bwd)
 
 
+@pytest.mark.parametrize("fused_kernels, fwd, bwd, kernels", [
+    # fp32 logits: .float() is the tensor itself, no cast either way
+    (True, 28, 8, (5, 1)),    # max 4, sub 8, exp 8, sum 4, div 8 | mul 8
+    (False, 12, 16, (2, 3)),  # log_softmax 12 | nll grad 4, log_softmax_backward 12
+])
+def test_fp32_logits_are_not_cast(fused_kernels, fwd, bwd, kernels):
+    f, b = loss_work(1000.0, 4.0, fused_kernels, False)
+    assert (f.bytes, b.bytes) == (1000.0 * fwd, 1000.0 * bwd)
+    assert (f.kernels, b.kernels) == kernels
+    f16, b16 = loss_work(1000.0, 2.0, fused_kernels, False)
+    assert (f16.kernels - f.kernels, b16.kernels - b.kernels) == (1, 1)  # the cast and its backward
+
+
 def test_unfused_loss_costs_its_bytes_at_hbm_bandwidth():
     vocab, seq = 50_000, 512
     model = {"name": "t", "n_layers": 2, "d_model": 256, "n_heads": 8, "n_kv_heads": 8, "d_ff": 1024,

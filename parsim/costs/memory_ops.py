@@ -254,13 +254,18 @@ def loss_work(logits: float, activation_bytes: float, fused_kernels: bool,
     * Fused (``cross_entropy_fusion``: one kernel per pass, online softmax): forward reads the
       logits once (a); backward recomputes the softmax from the saved row max and sum and writes
       the gradient (2a).
+
+    Logits already in fp32 (``activation_bytes`` 4: fp32 training) are not cast: ``.float()``
+    returns the tensor itself, so the cast (a + 4 bytes, one kernel) and its backward (4 + a,
+    one kernel) drop out of both unfused paths.
     """
     a = activation_bytes
     if cross_entropy_fusion:
         return MemoryWork(logits * a, 1), MemoryWork(logits * 2 * a, 1)
+    cast, n = (0.0, 0) if a >= 4 else (a + 4.0, 1)  # the fp32 upcast and, backward, its gradient's cast back
     if fused_kernels:
-        return MemoryWork(logits * (a + 32), 6), MemoryWork(logits * (12 + a), 2)
-    return MemoryWork(logits * (a + 16), 3), MemoryWork(logits * (20 + a), 4)
+        return MemoryWork(logits * (cast + 28), 5 + n), MemoryWork(logits * (8 + cast), 1 + n)
+    return MemoryWork(logits * (cast + 12), 2 + n), MemoryWork(logits * (16 + cast), 3 + n)
 
 
 def loss_transient_bytes_per_logit(activation_bytes: float, fused_kernels: bool, cross_entropy_fusion: bool) -> float:
