@@ -298,6 +298,13 @@ class EndCost:
     """Bytes sent in the backward (the LM head's input-gradient all-reduce or reduce-scatter and
     its input gathered again; the embedding's output gradient gathered under sequence parallelism)."""
 
+    def __add__(self, o: EndCost) -> EndCost:
+        """Both ends' work in one pass (their transients are alive one after the other)."""
+        return EndCost(self.forward + o.forward, self.backward_input + o.backward_input,
+                       self.backward_weight + o.backward_weight, self.flops + o.flops,
+                       self.forward_bytes + o.forward_bytes, self.activation_bytes + o.activation_bytes,
+                       max(self.transient_bytes, o.transient_bytes), self.backward_bytes + o.backward_bytes)
+
 
 @lru_cache(maxsize=4096)
 def embedding_cost(inp: LayerInputs) -> EndCost:
@@ -399,7 +406,9 @@ def mtp_cost(inp: LayerInputs) -> EndCost:
     hidden state) and their concatenation, ``eh_proj`` (column-parallel, 2d -> d/tp; under
     sequence parallelism its input gathered along the sequence) with its output gathered over
     tp and scattered back along the sequence, the depth's final norm, and one more pass
-    through the shared LM head and loss (:func:`head_cost`)."""
+    through the shared LM head and loss (:func:`head_cost`). Under FP8 ``eh_proj`` runs at the
+    blocks' linear precision; its own quantization passes are not counted (one GEMM of 2d x d
+    beside a block's dozen)."""
     m, sh, dev = inp.model, inp.shard, inp.hardware.device
     prec = inp.options.precision
     gemm_prec = linear_precision(inp)  # a TEColumnParallelLinear in Megatron-Core's MTP spec: as the blocks' linears
@@ -429,13 +438,7 @@ def mtp_cost(inp: LayerInputs) -> EndCost:
                    AxisBytes(tp=in_sent + out_sent),
                    local * d * a * 4,  # the norms' inputs and the projection's input, kept for the backward
                    backward_bytes=AxisBytes(tp=in_grad_sent + out_grad_sent))
-    total = proj
-    for end in (embedding_cost(inp), head_cost(inp)):
-        total = EndCost(total.forward + end.forward, total.backward_input + end.backward_input,
-                        total.backward_weight + end.backward_weight, total.flops + end.flops,
-                        total.forward_bytes + end.forward_bytes, total.activation_bytes + end.activation_bytes,
-                        max(total.transient_bytes, end.transient_bytes), total.backward_bytes + end.backward_bytes)
-    return total
+    return proj + embedding_cost(inp) + head_cost(inp)
 
 
 def _ends(inp: LayerInputs, shape: StageShape, f, i, w, ff, fi, fw, fb, ib, act):
