@@ -42,7 +42,10 @@ Rules
   DeepSeek-V3's multi-token-prediction modules (``model.mtp_layers``, on the last pipeline
   stage) when the run trains them: its table or id says so, or Megatron-Bridge's recipes (which
   set ``mtp_num_layers = 1``) or DeepSeek's own report ran it (``mtp_trained``); a run that does
-  not say (NeMo AutoModel, Megatron-LM's guide) trains none, noted on the row.
+  not say (NeMo AutoModel, Megatron-LM's guide) trains none, noted on the row. Routing: the
+  model's own (DeepSeek-V3's group-limited routing, 4 of 8 groups, from its preset: Megatron's
+  forced load balancing draws random logits and keeps it); a run with NeMo AutoModel's fake
+  balanced gate gives each token ``top_k`` consecutive experts, i.e. one of ``E / top_k`` groups.
 * Precision: fp8 whenever the row trains in FP8 of any recipe (current/delayed scaling,
   tensorwise/rowwise, blockwise) -- including partial FP8 (torchtitan's Float8 linears,
   MXFP8 on routed experts only), with the scaling recipe the row states as
@@ -643,6 +646,15 @@ def convert(row: dict) -> tuple[dict | Skip, list[str]]:
         return Skip("no global batch", "global batch not stated"), notes
     if gbs is None:
         return Skip("global batch not one number", f"global batch {gb_raw!r} (a ramp, not one step's batch)"), notes
+    if n_experts and "fake balanced gate" in json.dumps(row).lower():
+        # NeMo AutoModel's FakeBalancedGate (noise 0) gives token i the top_k consecutive experts
+        # from i * top_k (mod E): one of E / top_k groups of consecutive experts, uniformly over
+        # the tokens -- balanced loads, and a token's experts on one GPU's or node's block
+        k = spec.top_k if spec else model.get("top_k", 1)
+        if n_experts % k == 0:
+            model = {**model, "expert_groups": n_experts // k, "expert_groups_per_token": 1}
+            notes.append(f"the run's fake balanced gate: each token's {k} experts consecutive "
+                         f"(one of {n_experts // k} groups of {k})")
     mtp = _int(row["model"].get("mtp_depth"))
     if mtp:
         trains = mtp_trained(row)

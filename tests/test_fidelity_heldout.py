@@ -199,3 +199,16 @@ def test_deepseek_v3_rows_train_mtp_only_where_the_run_does(rid, mtp):
     assert doc["model"].get("mtp_layers", 0) == mtp
     said = fh.mtp_trained(ROWS[rid])
     assert bool(said) == bool(mtp) and (said is None) == rid.startswith("automodel")
+
+
+def test_automodel_fake_balanced_gate_is_one_group_of_consecutive_experts_a_token():
+    # FakeBalancedGate: token i gets experts i*k .. i*k + k - 1 (mod E): one of E/k groups
+    doc = fh.scenario_for(ROWS["automodel-h100-bf16-deepseekv3-256gpu"])
+    assert (doc["model"]["expert_groups"], doc["model"]["expert_groups_per_token"]) == (256 // 8, 1)
+    sc = scenario_from_dict(doc, "automodel")
+    from parsim.costs.moe import distinct_nodes
+    assert distinct_nodes(256, 8, 8, 32, 1) == pytest.approx(1.0)  # a token's experts on one node
+    assert sc.model.expert_groups == 32
+    # a Megatron-Bridge row keeps the model's own group-limited routing (8 groups, 4 a token)
+    mb = fh.scenario_for(ROWS["mb-26.04.01-gb200-deepseekv3-mxfp8"])
+    assert "expert_groups" not in mb["model"] and mb["model"]["preset"] == "deepseek-v3"

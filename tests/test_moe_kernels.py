@@ -6,6 +6,7 @@ roofline written out, closed-form byte counts, monotonicity.
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -156,6 +157,57 @@ def test_deepep_crosses_each_node_once():
     assert moe.deepep_time(hw, t, k, e, row, group) == pytest.approx(max(rdma, nvl) + lat)
     # fewer bytes over the network than the NCCL all-to-all of the same dispatch
     assert moe.deepep_time(hw, t, k, e, row, group) < moe.all_to_all_time(hw, t * k * row, group)
+
+
+def _distinct_nodes_brute(e: int, k: int, nodes: int, groups: int, per_token: int) -> float:
+    """Every choice of ``per_token`` groups, equally likely; within one, the exact chance a node
+    holds one of the k experts drawn from the chosen groups' experts (counted expert by expert)."""
+    size, per = e // groups, e // nodes
+    total = count = 0.0
+    for chosen in itertools.combinations(range(groups), per_token):
+        experts = [x for g in chosen for x in range(g * size, (g + 1) * size)]
+        for node in range(nodes):
+            on = sum(1 for x in experts if x // per == node)
+            total += 1 - math.comb(len(experts) - on, k) / math.comb(len(experts), k)
+        count += 1
+    return total / count
+
+
+@pytest.mark.parametrize("e, k, nodes, groups, per_token", [
+    (256, 8, 8, 8, 4),   # DeepSeek-V3 at EP64 on 8 nodes: a group is a node
+    (256, 8, 4, 8, 4),   # EP32 on 4 nodes: two groups a node
+    (256, 8, 16, 8, 4),  # a group spans two nodes
+    (64, 6, 2, 8, 3),
+    (64, 4, 8, 4, 2),
+])
+def test_group_limited_routing_reaches_the_nodes_brute_force_counts(e, k, nodes, groups, per_token):
+    assert moe.distinct_nodes(e, k, nodes, groups, per_token) == pytest.approx(
+        _distinct_nodes_brute(e, k, nodes, groups, per_token), rel=1e-12)
+    # the limit only ever removes nodes; all groups allowed is no limit
+    assert moe.distinct_nodes(e, k, nodes, groups, per_token) <= moe.distinct_nodes(e, k, nodes) + 1e-12
+    assert moe.distinct_nodes(e, k, nodes, groups, groups) == moe.distinct_nodes(e, k, nodes)
+
+
+def test_deepseek_v3_reaches_at_most_4_nodes_and_deepep_sends_less():
+    m = get_preset("deepseek-v3")
+    assert (m.expert_groups, m.expert_groups_per_token) == (8, 4)  # config.json n_group, topk_group
+    assert moe.distinct_nodes(256, 8, 8, 8, 4) <= 4 < moe.distinct_nodes(256, 8, 8)
+    group, t, row = tuple(range(64)), 4096, 7168 * 2
+    limited = moe.deepep_time(H100, t, 8, 256, row, group, 1.0, (8, 4))
+    assert limited < moe.deepep_time(H100, t, 8, 256, row, group)
+
+
+@pytest.mark.parametrize("fields, key", [
+    ({"expert_groups": 6}, "expert_groups"),                               # 6 does not divide 256
+    ({"expert_groups": 8, "expert_groups_per_token": 0}, "expert_groups_per_token"),
+    ({"expert_groups": 8, "expert_groups_per_token": 9}, "expert_groups_per_token"),
+    ({"expert_groups": 128, "expert_groups_per_token": 2}, "expert_groups_per_token"),  # 2 x 2 experts < top-8
+])
+def test_bad_expert_groups_are_refused_naming_the_key(fields, key):
+    import dataclasses
+    with pytest.raises(ConfigError) as err:
+        dataclasses.replace(get_preset("deepseek-v3"), **fields)
+    assert err.value.key == f"model.{key}"
 
 
 def test_dispatcher_key_checked():

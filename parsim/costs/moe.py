@@ -292,21 +292,46 @@ PIECES = ("router", "permute", "grouped_gemm", "activation", "quantize")
 """The named pieces of one MoE layer's compute (:class:`MoEKernels`)."""
 
 
-def distinct_nodes(n_experts: int, top_k: int, nodes: int) -> float:
-    """Expected distinct nodes one token's top_k experts sit on, experts spread evenly over
-    ``nodes`` and chosen uniformly without replacement (balanced routing): nodes times the
-    chance that a node holds at least one of them (hypergeometric)."""
+def _miss(pool: float, on_node: float, top_k: int) -> float:
+    """P(none of ``top_k`` picks, uniform without replacement from ``pool`` experts, is one of
+    the ``on_node`` experts a node holds)."""
+    miss = 1.0
+    for i in range(top_k):
+        miss *= max(0.0, (pool - on_node - i) / (pool - i))
+    return miss
+
+
+def distinct_nodes(n_experts: int, top_k: int, nodes: int, groups: int = 0, groups_per_token: int = 0) -> float:
+    """Expected distinct nodes one token's top_k experts sit on, experts spread evenly (and in
+    order) over ``nodes`` and chosen uniformly without replacement (balanced routing): nodes
+    times the chance that a node holds at least one of them (hypergeometric).
+
+    With group-limited routing (``groups`` equal groups of consecutive experts, a token's experts
+    from ``groups_per_token`` of them: DeepSeek-V3's node-limited routing, 4 of 8) the groups are
+    chosen uniformly, then the experts among theirs. Where each node holds whole groups (groups a
+    multiple of nodes) the number of a node's groups chosen is hypergeometric; where each group
+    spans whole nodes (nodes a multiple of groups) a node is reachable only when its one group
+    is chosen. Other splits are costed without the limit (a group straddling nodes unevenly)."""
     if nodes <= 1:
         return 1.0
     per = n_experts / nodes
-    miss = 1.0
-    for i in range(top_k):  # P(none of the k picks on a given node)
-        miss *= max(0.0, (n_experts - per - i) / (n_experts - i))
+    if groups <= 1 or groups_per_token >= groups or (groups % nodes and nodes % groups):
+        return nodes * (1.0 - _miss(n_experts, per, top_k))
+    size = n_experts // groups
+    pool = groups_per_token * size  # the experts of the chosen groups
+    if groups % nodes == 0:
+        q = groups // nodes  # whole groups per node
+        total = math.comb(groups, groups_per_token)
+        miss = sum(math.comb(q, j) * math.comb(groups - q, groups_per_token - j) / total * _miss(pool, j * size, top_k)
+                   for j in range(min(q, groups_per_token) + 1))
+    else:
+        chosen = groups_per_token / groups  # P(this node's group is among the chosen)
+        miss = (1.0 - chosen) + chosen * _miss(pool, per, top_k)
     return nodes * (1.0 - miss)
 
 
 def deepep_time(hw, tokens: float, top_k: int, n_experts: int, row_bytes: float, group: tuple[int, ...],
-                imbalance: float = 1.0) -> float:
+                imbalance: float = 1.0, expert_groups: tuple[int, int] = (0, 0)) -> float:
     """One DeepEP normal-kernel dispatch (or combine) of ``tokens`` tokens per rank.
 
     DeepEP (github.com/deepseek-ai/DeepEP, the DeepSeek-V3 report Sec. 3.2.2) sends a token
@@ -314,7 +339,8 @@ def deepep_time(hw, tokens: float, top_k: int, n_experts: int, row_bytes: float,
     local index), which forwards it over NVLink to the experts' GPUs there. Per rank: RDMA
     bytes T * (remote distinct nodes) * row, NVLink bytes T * k * row * (g-1)/g (the forward
     fan-out, each destination GPU once per expert it hosts -- counted per expert as its
-    receive buffer is laid out). The README's normal-kernel table (H800, CX7 400 Gb/s)
+    receive buffer is laid out); ``expert_groups`` = (groups, per token) of group-limited routing
+    (:func:`distinct_nodes`) cuts the nodes a token reaches. The README's normal-kernel table (H800, CX7 400 Gb/s)
     reaches 43-58 GB/s RDMA and ~155 GB/s NVLink per GPU: the profile's NIC and NVLink
     bandwidths are used for them. The busiest rank's receive scales by ``imbalance``.
     """
@@ -327,7 +353,7 @@ def deepep_time(hw, tokens: float, top_k: int, n_experts: int, row_bytes: float,
     nvl = tokens * top_k * row_bytes * (g - 1) / max(1, n) * nodes * imbalance
     if nodes <= 1:
         return nvl / hw.nvlink.effective_bandwidth + (n - 1) * hw.nvlink.latency_s
-    remote = distinct_nodes(n_experts, top_k, nodes) * (nodes - 1) / nodes
+    remote = distinct_nodes(n_experts, top_k, nodes, *expert_groups) * (nodes - 1) / nodes
     nic = hw.nic.effective_bandwidth * hw.nics_per_node / hw.gpus_per_node
     hops = 1
     if pl.leaves > 1:
@@ -476,7 +502,7 @@ def moe_phase(model, hw, cfg: MoEConfig, precision: str, tokens: int, group: tup
     flex = cfg.dispatcher in ("deepep", "hybridep")  # HybridEP: the same node-deduplicated path
     if flex:
         a2a = deepep_time(hw, r.tokens_per_rank * (1.0 - r.dropped_fraction), m.top_k, m.n_experts,
-                          m.d_model * bpe, tuple(group), r.imbalance)
+                          m.d_model * bpe, tuple(group), r.imbalance, (m.expert_groups, m.expert_groups_per_token))
     else:
         buf = max(r.sent, float(r.received.max())) * m.d_model * bpe
         a2a = all_to_all_time(hw, buf, tuple(group))

@@ -221,6 +221,9 @@ def _decoder_fields(c: HFKeys, tied: bool) -> dict:
                  # the checkpoint's multi-token-prediction modules (DeepSeek-V3: 1), trained
                  # beside the model; ``mtp_layers = 0`` in the scenario's [model] leaves them out
                  mtp_layers=c.int("num_nextn_predict_layers", 0))
+        groups = c.int("n_group", 1)
+        if groups > 1:  # group-limited routing (DeepSeek-V3: 8 groups, 4 a token; Kimi-K2: 1, none)
+            f.update(expert_groups=groups, expert_groups_per_token=c.int("topk_group"))
     if mt == "gpt_oss":  # GptOssExperts and the router always carry biases; attention_bias adds q/k/v/o ones
         c.expect("attention_bias", True, True, "GPT-OSS experts and router always have biases; "
                                                "attention without them cannot be expressed")

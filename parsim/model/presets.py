@@ -64,7 +64,7 @@ def _gpt_oss(name: str, n_layers: int, n_experts: int) -> ModelSpec:
 _DEEPSEEK_V3 = ModelSpec("deepseek-v3", 61, 7168, 128, 128, 18432, 129280, ffn="swiglu", max_seq_len=163840,
                          n_experts=256, top_k=8, n_shared_experts=1, d_ff_expert=2048, first_dense_layers=3,
                          q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
-                         v_head_dim=128)
+                         v_head_dim=128, expert_groups=8, expert_groups_per_token=4)
 
 
 _LIST: list[ModelSpec] = [

@@ -67,6 +67,14 @@ class ModelSpec:
     """Leading dense layers before the first MoE layer (DeepSeek first_k_dense_replace)."""
     capacity_factor: float = 1.25
     """Expert capacity factor (token dropping); kept for the cost model, not used in counts."""
+    expert_groups: int = 0
+    """Group-limited routing (DeepSeek-V3's node-limited routing; HF ``n_group``, Megatron-Core's
+    ``--moe-router-num-groups``): the routed experts fall into this many equal groups of
+    consecutive experts, and a token's top_k experts come from ``expert_groups_per_token`` of
+    them. 0 or 1: no grouping."""
+    expert_groups_per_token: int = 0
+    """Groups a token's experts may come from (HF ``topk_group``, ``--moe-router-group-topk``;
+    DeepSeek-V3: 4 of 8, so a token reaches at most 4 nodes when a group is a node)."""
     # --- additions beyond the shared brief (all neutral by default) ---
     qkv_bias: bool = False
     """Biases on q/k/v only (Qwen2 style); bias=True already implies them."""
@@ -208,7 +216,8 @@ MAX_EXPERTS = 4096
 cost model walks every expert's rows (4,096: ~3 s a scenario; 65,536 took 43 s)."""
 _NONNEG_INT = ("n_experts", "n_shared_experts", "first_dense_layers", "q_lora_rank",
                "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
-               "sliding_window", "attention_chunk", "position_offset", "mtp_layers")
+               "sliding_window", "attention_chunk", "position_offset", "mtp_layers", "expert_groups",
+               "expert_groups_per_token")
 
 
 _BOOL = ("tied_embeddings", "bias", "qkv_bias", "qk_norm", "attention_sinks", "embedding_norm",
@@ -277,6 +286,15 @@ def _validate(s: ModelSpec) -> None:
                   "costs every expert's rows)")
     if s.is_moe and s.top_k > s.n_experts:
         raise bad("top_k", f"top_k={s.top_k} exceeds n_experts={s.n_experts}")
+    if s.expert_groups > 1:
+        if not s.is_moe or s.n_experts % s.expert_groups:
+            raise bad("expert_groups", f"{s.expert_groups} groups must divide n_experts={s.n_experts}")
+        if not 1 <= s.expert_groups_per_token <= s.expert_groups:
+            raise bad("expert_groups_per_token",
+                      f"must be 1..expert_groups={s.expert_groups}, got {s.expert_groups_per_token}")
+        if s.expert_groups_per_token * (s.n_experts // s.expert_groups) < s.top_k:
+            raise bad("expert_groups_per_token", f"{s.expert_groups_per_token} groups of "
+                      f"{s.n_experts // s.expert_groups} experts cannot hold top_k={s.top_k}")
     if s.first_dense_layers > s.n_layers:
         raise bad("first_dense_layers", f"{s.first_dense_layers} exceeds n_layers={s.n_layers}")
     _validate_attention(s, bad)
