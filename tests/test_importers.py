@@ -182,6 +182,18 @@ def test_megatron_moe():
     assert sc.model.n_moe_layers == 11
 
 
+def test_megatron_router_groups_are_the_models_group_limited_routing():
+    moe = SMALL + ["--num-experts", "16", "--moe-router-topk", "4", "--expert-model-parallel-size", "8"]
+    doc = import_megatron(moe + ["--moe-router-num-groups", "4", "--moe-router-group-topk", "2"], gpus=8).doc
+    assert (doc["model"]["expert_groups"], doc["model"]["expert_groups_per_token"]) == (4, 2)
+    assert check(import_megatron(moe + ["--moe-router-num-groups", "4", "--moe-router-group-topk", "2"],
+                                 gpus=8)).model.expert_groups_per_token == 2
+    assert "expert_groups" not in import_megatron(moe, gpus=8).doc["model"]
+    with pytest.raises(ConfigError) as err:  # 3 groups do not divide 16 experts: the flag is named
+        check(import_megatron(moe + ["--moe-router-num-groups", "3", "--moe-router-group-topk", "2"], gpus=8))
+    assert "--moe-router-num-groups" in str(err.value)
+
+
 def test_megatron_mtp_num_layers_is_the_models_mtp_depth():
     doc = import_megatron(SMALL + ["--mtp-num-layers", "1", "--pipeline-model-parallel-size", "2"], gpus=2).doc
     assert doc["model"]["mtp_layers"] == 1

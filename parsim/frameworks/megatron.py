@@ -240,6 +240,9 @@ def _moe_model(v: dict, ffn: int) -> dict:
     if "moe_layer_freq" in v:
         first, every = moe_layer_pattern(v["moe_layer_freq"], v["num_layers"])
         m["first_dense_layers"], m["moe_every"] = first, every
+    if v.get("moe_router_num_groups", 1) > 1:  # group-limited routing (DeepSeek-V3: 8 groups, 4 a token)
+        m["expert_groups"] = v["moe_router_num_groups"]
+        m["expert_groups_per_token"] = v.get("moe_router_group_topk", 0)
     return m
 
 
@@ -332,7 +335,8 @@ def _key_source(given: dict) -> dict:
         "model.n_layers": "--num-layers", "model.d_model": "--hidden-size", "model.n_heads": "--num-attention-heads",
         "model.n_kv_heads": "--num-query-groups", "model.head_dim": "--kv-channels",
         "model.d_ff": "--ffn-hidden-size", "model.top_k": "--moe-router-topk", "model.n_experts": "--num-experts",
-        "model.mtp_layers": "--mtp-num-layers",
+        "model.mtp_layers": "--mtp-num-layers", "model.expert_groups": "--moe-router-num-groups",
+        "model.expert_groups_per_token": "--moe-router-group-topk",
         "moe.expert_tp": "--expert-tensor-parallel-size",
         "moe.dispatcher_sms": flag("moe_hybridep_sms", "--moe-deepep-num-sms"),
         "overlap.ep_comm": "--overlap-moe-expert-parallel-comm",

@@ -58,6 +58,8 @@ FLAGS: dict[str, tuple[str, str]] = {
     "--moe-shared-expert-intermediate-size": ("moe_shared_size", "int"),
     "--moe-layer-freq": ("moe_layer_freq", "str"),
     "--mtp-num-layers": ("mtp_num_layers", "int"),
+    "--moe-router-num-groups": ("moe_router_num_groups", "int"),
+    "--moe-router-group-topk": ("moe_router_group_topk", "int"),
     "--moe-expert-capacity-factor": ("moe_capacity_factor", "float"),
     "--overlap-grad-reduce": ("overlap_grad_reduce", "true"),
     "--overlap-param-gather": ("overlap_param_gather", "true"),
