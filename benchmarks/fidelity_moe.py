@@ -57,7 +57,8 @@ CASES = [
                      "checkpoint overheads included) against one steady-state step; parsim runs 1F1B "
                      "on DualPipeV with all-to-all overlap stated and full recompute; DeepSeek's own "
                      "DeepEP-style dispatch (Sec. 3.2.2: one IB crossing per node, NVLink fan-out; "
-                     "moe.dispatcher=deepep) but uniform routing, not node-limited (at most 4 nodes)",
+                     "moe.dispatcher=deepep) with node-limited routing (the preset's 4 of 8 expert groups: 3.63 nodes "
+                     "a token on average), balanced within it",
     },
     {
         "scenario": "glam-64e-h100",
