@@ -29,10 +29,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 from pathlib import Path
 
-from parsim.calibrate.search import golden_section_min
+from parsim.calibrate.search import before_after, fit_log_error
 from parsim.infer import load_inference, run_inference
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,29 +65,17 @@ def predict(r: dict, tflops: float | None) -> float:
     return run_inference(job)[0]["ms_per_token_per_sequence"]
 
 
-def loss(tflops: float, fit_rows: list[dict]) -> float:
-    return sum(math.log(predict(r, tflops) / r["published"]) ** 2 for r in fit_rows)
-
-
 def fit(fit_rows: list[dict], lo: float = 50.0, hi: float = 312.0, tol: float = 0.05) -> float:
-    """Golden-section search for the rate (TFLOP/s) minimising :func:`loss` (unimodal in it)."""
-    return golden_section_min(lambda x: loss(x, fit_rows), lo, hi, tol)
+    """The rate (TFLOP/s) minimising the squared log error on ``fit_rows`` (unimodal in it)."""
+    return fit_log_error(predict, fit_rows, lo, hi, tol)
 
 
 def table(all_rows: list[dict], after: float) -> tuple[str, dict]:
-    lines = ["| GPUs | weights | batch | published ms/token | before | after | in the fit |",
-             "|---:|---|---:|---:|---:|---:|---|"]
-    errs: dict[str, tuple[list, list]] = {"fit": ([], []), "held out": ([], [])}
-    for r in all_rows:
-        p0, p1 = predict(r, None), predict(r, after)
-        e0, e1 = p0 / r["published"] - 1, p1 / r["published"] - 1
-        which = "fit" if is_fit_row(r) else "held out"
-        errs[which][0].append(abs(e0))
-        errs[which][1].append(abs(e1))
-        lines.append(f"| {r['gpus']} | {'fp16' if r['bits'] == 16 else 'int8'} | {r['batch']} | {r['published']:g} | "
-                     f"{p0:.2f} ({e0:+.1%}) | {p1:.2f} ({e1:+.1%}) | {'yes' if which == 'fit' else ''} |")
-    stats = {k: (sum(v[0]) / len(v[0]), sum(v[1]) / len(v[1]), max(v[1]), len(v[0])) for k, v in errs.items()}
-    return "\n".join(lines), stats
+    lines, stats = before_after(all_rows, predict, None, after, is_fit_row,
+                                lambda r: f"{r['gpus']} | {'fp16' if r['bits'] == 16 else 'int8'} | {r['batch']}")
+    head = ["| GPUs | weights | batch | published ms/token | before | after | in the fit |",
+            "|---:|---|---:|---:|---:|---:|---|"]
+    return "\n".join(head + lines), stats
 
 
 def main(argv=None) -> int:

@@ -22,10 +22,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 from pathlib import Path
 
-from parsim.calibrate.search import golden_section_min
+from parsim.calibrate.search import before_after, fit_log_error
 from parsim.infer import load_inference, run_inference
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,29 +67,17 @@ def predict(r: dict, efficiency: float | None) -> float:
     return run_inference(job)[0]["generate_tokens_per_s_per_gpu"]
 
 
-def loss(efficiency: float, fit_rows: list[dict]) -> float:
-    return sum(math.log(predict(r, efficiency) / r["published"]) ** 2 for r in fit_rows)
-
-
 def fit(fit_rows: list[dict], lo: float = 0.4, hi: float = 1.0, tol: float = 1e-4) -> float:
-    """Golden-section search for the efficiency minimising :func:`loss` (unimodal in it)."""
-    return golden_section_min(lambda x: loss(x, fit_rows), lo, hi, tol)
+    """The efficiency minimising the squared log error on ``fit_rows`` (unimodal in it)."""
+    return fit_log_error(predict, fit_rows, lo, hi, tol)
 
 
 def table(all_rows: list[dict], before: float, after: float) -> tuple[str, dict]:
-    lines = ["| model | weights | prefetch | GPUs | published | before | after | in the fit |",
-             "|---|---|---|---:|---:|---:|---:|---|"]
-    errs = {"fit": ([], []), "held out": ([], [])}
-    for r in all_rows:
-        p0, p1 = predict(r, before), predict(r, after)
-        e0, e1 = p0 / r["published"] - 1, p1 / r["published"] - 1
-        which = "fit" if is_fit_row(r) else "held out"
-        errs[which][0].append(abs(e0))
-        errs[which][1].append(abs(e1))
-        lines.append(f"| {r['model']} | {r['offload']} | {r['prefetch']} | {r['gpus']} | {r['published']:g} | "
-                     f"{p0:.2f} ({e0:+.1%}) | {p1:.2f} ({e1:+.1%}) | {'yes' if which == 'fit' else ''} |")
-    mape = {k: (sum(v[0]) / len(v[0]), sum(v[1]) / len(v[1]), len(v[0])) for k, v in errs.items()}
-    return "\n".join(lines), mape
+    lines, stats = before_after(all_rows, predict, before, after, is_fit_row,
+                                lambda r: f"{r['model']} | {r['offload']} | {r['prefetch']} | {r['gpus']}")
+    head = ["| model | weights | prefetch | GPUs | published | before | after | in the fit |",
+            "|---|---|---|---:|---:|---:|---:|---|"]
+    return "\n".join(head + lines), stats
 
 
 def main(argv=None) -> int:
@@ -107,9 +94,9 @@ def main(argv=None) -> int:
             f"{' --markdown ' + args.markdown if args.markdown else ''}`.\n\n"
             f"Fitted `pcie_efficiency` = **{eff:.3f}** ({eff * 16:.2f} GB/s of 16) on {len(fit_rows)} rows; "
             f"before: {args.before} ({args.before * 16:.1f} GB/s).\n\n"
-            f"MAPE on the fit rows: {mape['fit'][0]:.1%} before, {mape['fit'][1]:.1%} after ({mape['fit'][2]} rows). "
+            f"MAPE on the fit rows: {mape['fit'][0]:.1%} before, {mape['fit'][1]:.1%} after ({mape['fit'][3]} rows). "
             f"**Held out: {mape['held out'][0]:.1%} before, {mape['held out'][1]:.1%} after** "
-            f"({mape['held out'][2]} rows).\n\n" + body + "\n")
+            f"({mape['held out'][3]} rows).\n\n" + body + "\n")
     print(text)
     if args.markdown:
         Path(args.markdown).write_text(text)
