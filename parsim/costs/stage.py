@@ -34,9 +34,8 @@ from parsim.model import (
     head_gemm,
     head_params,
     is_moe_layer,
-    layer_params,
     mtp_block_is_moe,
-    mtp_params,
+    mtp_join_params,
 )
 from parsim.schedule.ir import Op
 from parsim.sim.engine import OpCost
@@ -269,7 +268,7 @@ def _position_params(inp: LayerInputs, shape: StageShape, params: float) -> floa
         # the first stage the MTP embedding lookups need the word embeddings there too, a copy
         # whose gradient joins the first stage's (Megatron-Core's embedding group), unless the
         # tied head's copy already is that matrix
-        params += (mtp_params(m) - shape.mtp * layer_params(m, m.n_layers - 1)) / tp
+        params += shape.mtp * mtp_join_params(m) / tp
         if not shape.first and not shape.head_copy:
             params += m.vocab_size * m.d_model / tp
     return params

@@ -136,8 +136,13 @@ def mtp_params(spec: ModelSpec) -> int:
     head are the model's own (shared), so they are not counted again."""
     if not spec.mtp_layers:
         return 0
-    block = layer_params(spec, spec.n_layers - 1)
-    return spec.mtp_layers * (block + 2 * spec.d_model * spec.d_model + 3 * _norm_params(spec))
+    return spec.mtp_layers * (layer_params(spec, spec.n_layers - 1) + mtp_join_params(spec))
+
+
+def mtp_join_params(spec: ModelSpec) -> int:
+    """One multi-token prediction depth's weights beside its block: ``eh_proj`` (2d x d) and the
+    three norms (the embedding's, the hidden state's, the depth's final one)."""
+    return 2 * spec.d_model * spec.d_model + 3 * _norm_params(spec)
 
 
 def trained_params(spec: ModelSpec) -> int:
