@@ -311,7 +311,8 @@ def _rank(job: _Job, rep: int, rank: int, actions):
         part the cost model found exposed -- with its bytes); ``window`` = (start, duration) of
         the backward its buckets hide under."""
         k = (stage, op_name)
-        seq[k] = seq.get(k, 0) + 1
+        seq[k] = nth = seq.get(k, 0) + 1  # this collective's number, fixed now: the next one may be
+        # queued (and the counter moved on) while this one's buckets still wait for their backward
         parts = _dp_parts(job, stage, op, nbytes) if run else []
         twin_bytes = _twin_bytes(job, stage, nbytes) if run and op is Op.REDUCE_GRAD else 0.0
         n = _n_layers(costs, stage) if window is not None else 1
@@ -336,10 +337,10 @@ def _rank(job: _Job, rep: int, rank: int, actions):
                 if share and run:  # the bucket's transfer takes the rank's core from its compute
                     dp_running(True)
                 for i, part in enumerate(parts):
-                    yield job.join((rank, stage, op_name, seq[k], b, i), rep, rank, part, 1 / n)
+                    yield job.join((rank, stage, op_name, nth, b, i), rep, rank, part, 1 / n)
                 if twin_bytes > 0:
                     chain_len = job.sched.n_stages // 2
-                    yield job.join_twin(("TWIN", stage % chain_len, seq[k], b), rep, rank,
+                    yield job.join_twin(("TWIN", stage % chain_len, nth, b), rep, rank,
                                         len(job.sched.actions) - 1 - rank, twin_bytes, 1 / n)
                 if share and run:
                     dp_running(False)
