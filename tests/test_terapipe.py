@@ -16,7 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from parsim.costs.slices import SliceCostModel, SlicedCosts, context_attention_s
+from parsim.costs.slices import (
+    SliceCostModel,
+    SlicedCosts,
+    context_attention_s,
+    slice_grid,
+)
 from parsim.errors import ConfigError, ScheduleError
 from parsim.schedule import Durations, build, dry_run, lower, validate
 from parsim.schedule.ir import Op
@@ -61,9 +66,26 @@ def test_dp_trades_slices_against_the_pipeline_depth():
     assert len(optimal_slicing(64, 32, t, grid=1).lengths) > 4       # deep pipeline: many slices
 
 
-def test_dp_refuses_a_grid_that_does_not_divide():
+@pytest.mark.parametrize("seq_len,grid", [(30, 7), (23, 3), (11, 4)])
+def test_dp_on_a_grid_that_does_not_divide_equals_brute_force(seq_len, grid):
+    """The last cell is the remainder (30 = 4 x 7 + 2): the DP and brute force over the same cells agree."""
+    for stages, micro in ((4, 1), (8, 2)):
+        t = _affine(1.0, 0.3, 0.05)
+        dp = optimal_slicing(seq_len, stages, t, grid=grid, microbatches=micro)
+        bf = brute_force_slicing(seq_len, stages, t, grid=grid, microbatches=micro)
+        assert dp.objective_s == pytest.approx(bf.objective_s, rel=1e-12)
+        assert sum(dp.lengths) == seq_len and all(x % grid == 0 for x in dp.lengths[:-1])
+
+
+def test_dp_refuses_a_grid_below_one():
     with pytest.raises(ScheduleError, match="grid"):
-        optimal_slicing(30, 4, _affine(1, 1, 0), grid=7)
+        optimal_slicing(30, 4, _affine(1, 1, 0), grid=0)
+
+
+def test_scenario_grid_has_at_most_64_cells_for_any_length():
+    for seq in (1, 63, 64, 2048, 2049, 4093, 131072):
+        g = slice_grid(seq)
+        assert -(-seq // g) <= 64 and (seq <= 64 or -(-seq // (g - 1)) > 64)  # the finest such grid
 
 
 def test_uniform_lengths():

@@ -177,15 +177,14 @@ class SlicedCosts:
 
 
 def slice_grid(seq_len: int) -> int:
-    """The DP's grid of slice lengths for a scenario: 64 grid points (32 tokens at 2048; the
-    largest divisor of ``seq_len`` not above ``seq_len // 64``). Each grid pair is one cost-model
-    evaluation (its attention GEMMs through the kernel model), so the grid bounds the cost of
-    ``"auto"``; ``parsim.schedule.terapipe.optimal_slicing`` itself takes any grid (TeraPipe's
-    own is 8 tokens: benchmarks/terapipe_dp.py)."""
-    g = max(1, seq_len // 64)
-    while seq_len % g:
-        g -= 1
-    return g
+    """The DP's grid of slice lengths for a scenario: at most 64 cells (32 tokens at 2048;
+    ``ceil(seq_len / 64)``, the last cell the remainder where that does not divide). Each pair
+    of grid points is one cost-model evaluation (its attention GEMMs through the kernel model)
+    and the DP's work grows with the square of their count, so the grid bounds the cost of
+    ``"auto"`` for every length (a divisor of ``seq_len`` was once required: 2049 = 3 x 683
+    then gave 683 cells and a five-minute run); ``parsim.schedule.terapipe.optimal_slicing``
+    itself takes any grid (TeraPipe's own is 8 tokens: benchmarks/terapipe_dp.py)."""
+    return max(1, -(-seq_len // 64))
 
 
 def slice_lengths(sc: Scenario, model: SliceCostModel | None = None):

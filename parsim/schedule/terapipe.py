@@ -101,13 +101,22 @@ def objective(times: tuple[float, ...] | list[float], stages: int, microbatches:
     return microbatches * math.fsum(times) + (stages - 1) * max(times)
 
 
+def grid_points(seq_len: int, grid: int) -> list[int]:
+    """Where a slice may start or end: every ``grid`` tokens, and the sequence's end (when
+    ``grid`` does not divide ``seq_len`` the last cell is the shorter remainder)."""
+    if grid < 1 or seq_len < 1:
+        raise ScheduleError(f"TeraPipe: the slicing grid {grid} and the sequence length {seq_len} must be positive")
+    return [min(i * grid, seq_len) for i in range(-(-seq_len // grid) + 1)]
+
+
 def time_matrix(seq_len: int, grid: int, t: SliceTime) -> np.ndarray:
     """``T[j, i]``: the time of the slice from grid point j to grid point i (> j); inf elsewhere."""
-    n = seq_len // grid
+    pts = grid_points(seq_len, grid)
+    n = len(pts) - 1
     out = np.full((n + 1, n + 1), np.inf)
     for j in range(n):
         for i in range(j + 1, n + 1):
-            out[j, i] = t((i - j) * grid, j * grid)
+            out[j, i] = t(pts[i] - pts[j], pts[j])
     return out
 
 
@@ -133,7 +142,8 @@ def _min_sum(T: np.ndarray, cap: float) -> tuple[float, list[int]]:
 
 def optimal_slicing(seq_len: int, stages: int, t: SliceTime, grid: int = 8, microbatches: int = 1,
                     T: np.ndarray | None = None) -> Slicing:
-    """TeraPipe's DP: the slicing (lengths multiples of ``grid``) minimising
+    """TeraPipe's DP: the slicing (cuts on :func:`grid_points`: lengths multiples of ``grid``
+    but the last, which ends the sequence) minimising
     ``microbatches * sum(t_i) + (stages - 1) * max(t_i)``, exactly.
 
     For a bound t_max, the least sum S(t_max) with every slice <= t_max is a shortest path over
@@ -145,8 +155,7 @@ def optimal_slicing(seq_len: int, stages: int, t: SliceTime, grid: int = 8, micr
     largest slice time below m. S only grows as the bound falls, so the walk stops once
     ``M * S(current) + (stages - 1) * (the least feasible max)`` cannot beat the best.
     """
-    if grid < 1 or seq_len < grid or seq_len % grid:
-        raise ScheduleError(f"TeraPipe: the slicing grid {grid} must divide the sequence length {seq_len}")
+    pts = grid_points(seq_len, grid)
     if T is None:
         T = time_matrix(seq_len, grid, t)
     vals = np.unique(T[np.isfinite(T)])
@@ -157,7 +166,7 @@ def optimal_slicing(seq_len: int, stages: int, t: SliceTime, grid: int = 8, micr
         s, cuts = _min_sum(T, cap)
         if s == math.inf:
             break
-        top = max(float(T[a, b]) for a, b in zip(cuts, cuts[1:]))
+        top = max(float(T[a, b]) for a, b in itertools.pairwise(cuts))
         total = microbatches * s + (stages - 1) * top
         if total < best:
             best, best_cuts = total, cuts
@@ -167,8 +176,8 @@ def optimal_slicing(seq_len: int, stages: int, t: SliceTime, grid: int = 8, micr
         if k == 0:
             break
         cap = float(vals[k - 1])
-    lengths = tuple((b - a) * grid for a, b in zip(best_cuts, best_cuts[1:]))
-    times = tuple(float(T[a, b]) for a, b in zip(best_cuts, best_cuts[1:]))
+    lengths = tuple(pts[b] - pts[a] for a, b in itertools.pairwise(best_cuts))
+    times = tuple(float(T[a, b]) for a, b in itertools.pairwise(best_cuts))
     return Slicing(lengths, times, objective(times, stages, microbatches))
 
 
@@ -183,13 +192,15 @@ def _least_max(T: np.ndarray) -> float:
 
 
 def brute_force_slicing(seq_len: int, stages: int, t: SliceTime, grid: int = 1, microbatches: int = 1) -> Slicing:
-    """Every composition of the sequence into grid-multiple slices (2^(n-1) of them): the test oracle."""
-    n = seq_len // grid
+    """Every composition of the sequence into slices cut on :func:`grid_points` (2^(n-1) of
+    them for n cells): the test oracle."""
+    pts = grid_points(seq_len, grid)
+    n = len(pts) - 1
     best = None
     for mask in itertools.product((False, True), repeat=n - 1):
         cuts = [0] + [i + 1 for i, cut in enumerate(mask) if cut] + [n]
-        lengths = tuple((b - a) * grid for a, b in zip(cuts, cuts[1:]))
-        times = tuple(t((b - a) * grid, a * grid) for a, b in zip(cuts, cuts[1:]))
+        lengths = tuple(pts[b] - pts[a] for a, b in itertools.pairwise(cuts))
+        times = tuple(t(pts[b] - pts[a], pts[a]) for a, b in itertools.pairwise(cuts))
         obj = objective(times, stages, microbatches)
         if best is None or obj < best.objective_s:
             best = Slicing(lengths, times, obj)
