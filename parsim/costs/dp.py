@@ -174,6 +174,8 @@ def _stage_dp(st: DPSetting, params: float, expert_params: float,
     # weights), reads the gradients and writes the weights; pure fp32 training keeps no master
     # copy, so it also reads the weights it updates
     step_bytes = shard * (2 * k + g + (2 * w if st.precision == "fp32" else w))
+    if par.framework == "megatron" and st.precision != "fp32":
+        step_bytes += shard * megatron_step_extra_bytes(st.precision, g)
     then, then_bytes = 0.0, 0.0
     if par.zero in (1, 2) and n_g > 1 and n_s > 1:
         # ZeRO-1/2: all-gather of the updated parameter shards (reduce-scatter + all-gather
@@ -200,6 +202,27 @@ def _stage_dp(st: DPSetting, params: float, expert_params: float,
         ops[Op.RESHARD] = OpCost(0.0, free_bytes=window, mem_kind=UNIT_KIND)
         sent["UNSHARD"] = bytes_sent_per_rank("all_gather", gathered, n_s)
     return t, params * g, DPOps(ops, sent)
+
+
+def megatron_step_extra_bytes(precision: str, grad_bytes: int) -> int:
+    """Bytes per parameter Megatron's mixed-precision optimizer moves beside the inner step's
+    (``MixedPrecisionOptimizer.step`` / ``DistributedOptimizer``, megatron/core/optimizer,
+    core_r0.8.0; the 2021-22 megatron/optimizer the same), each a pass of its own over the
+    fp32 main gradients or parameters:
+
+    * ``_copy_model_grads_to_main_grads``: ``main_grad.float()``, a copy when the gradient
+      buffer is 16-bit (read ``grad_bytes``, write 4; the step then reads 4, not ``grad_bytes``),
+      a view when it is fp32;
+    * ``_unscale_main_grads_and_check_for_nan`` (fp16 only: bf16 runs without a grad scaler):
+      read and write the fp32 gradients;
+    * ``clip_grad_norm`` (``--clip-grad`` 1.0 by default): the norm reads the fp32 gradients
+      (the rescale, only when the norm exceeds the clip, is not counted);
+    * ``_copy_main_params_to_model_params``: reads the fp32 master (its 16-bit write is in the
+      step's bytes already).
+    """
+    copy = grad_bytes + 4 + (4 - grad_bytes) if grad_bytes < 4 else 0
+    unscale = 8 if precision == "fp16" else 0
+    return copy + unscale + 4 + 4
 
 
 def param_gather_exposed(gather_s: float, nbytes: float, bucket: float, forward_s: float) -> float:
