@@ -280,7 +280,7 @@ def test_causal_skips_the_blocks_above_the_diagonal_but_computes_the_diagonal_wh
     n = 8  # 1024 tokens in 128x128 blocks
     full = ak._forward_groups(pm, 1024, 1024, 128, 128, False)
     causal = ak._forward_groups(pm, 1024, 1024, 128, 128, True)
-    steps = lambda groups: sum(st * c for st, c in groups)
+    steps = lambda groups: sum(st * c for st, c in zip(*groups))  # (steps, CTAs) arrays
     assert steps(full) == n * n
     # by hand: query block i walks i+1 key blocks, the last one cut by the mask (+0.25 each)
     assert steps(causal) == pytest.approx(n * (n + 1) / 2 + 0.25 * n)
@@ -324,6 +324,20 @@ def test_makespan_is_longest_first_over_slots():
     # by hand: 3 jobs of 4 and 2 of 3 on 2 slots -> [4,4] then 4 -> [8,4], 3 -> [8,7], 3 -> [8,10]
     assert ak.makespan([(3.0, 2), (4.0, 3)], 2) == pytest.approx(10.0)
     assert ak.makespan([(1.0, 132)], 132) == 1.0 and ak.makespan([(1.0, 133)], 132) == 2.0
+
+
+def test_makespan_bound_beyond_the_exact_placement():
+    """Past ``exact_jobs`` jobs the longest-first bound replaces the placement: never below the
+    greedy makespan, at most the shortest job above it (a causal kernel's CTAs, 1-3 units)."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        d = np.unique(rng.uniform(1.0, 3.0, 40))
+        c = rng.integers(1, 30, d.size)
+        exact = ak.makespan(list(zip(d.tolist(), c.tolist())), 13)
+        assert ak.makespan((d, c), 13) == exact  # arrays below the threshold: the same placement
+        bound = ak.makespan((d, c), 13, exact_jobs=10)
+        assert exact - 1e-9 <= bound <= exact + d.min() + 1e-9
 
 
 def test_attention_bad_input():

@@ -39,6 +39,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from parsim.cluster.kernels import BASE_PRECISIONS, INPUT_BYTES
 
 ATTENTION_PRECISIONS = ("bf16", "fp16", "fp8")
@@ -220,15 +222,31 @@ def resolve(implementation: str, mma_style: str) -> str | None:
 
 
 # ------------------------------------------------------------------ scheduling
-def makespan(groups: list[tuple[float, int]], slots: int) -> float:
+MAKESPAN_EXACT_JOBS = 2_000_000
+"""Above this many jobs :func:`makespan` takes the list-scheduling bound instead of placing each
+job (a causal pass over 10^8 tokens is ~10^8 CTAs: minutes of heap operations); the bound is
+within ``slots x`` the shortest job of the greedy placement, under 0.02% of the total there."""
+
+
+def makespan(groups, slots: int, exact_jobs: int = MAKESPAN_EXACT_JOBS) -> float:
     """Greedy longest-first makespan of ``count`` jobs of ``duration`` each over ``slots``.
 
-    ``groups`` is a list of (duration, count). Each job goes to the earliest-free slot (the
+    ``groups`` is a list of (duration, count), or a pair of arrays (durations, counts). Each job goes to the earliest-free slot (the
     hardware block scheduler gives a freed SM the next block; FA3/FA4's persistent schedulers
     hand out the longest blocks first). Identical jobs are placed a whole round at a time when
     the slots' free times lie within one job of each other (then a round is exactly one job per
-    slot), else one at a time.
+    slot), else one at a time. Beyond ``exact_jobs`` jobs: longest-first list scheduling keeps
+    every slot busy until the last job starts, at most (total - p) / slots in, and that job is
+    the shortest, p: the makespan is that bound, ``(total - p) / slots + p`` (never below the
+    greedy placement, at most ``p`` above it).
     """
+    if isinstance(groups, tuple):  # (durations, counts) arrays
+        durations, counts = groups
+        live = counts > 0
+        if int(counts[live].sum()) > exact_jobs:
+            shortest = float(durations[live].min())
+            return (float(np.dot(durations[live], counts[live])) - shortest) / slots + shortest
+        groups = [(float(d), int(c)) for d, c in zip(durations[live], counts[live])]
     free = [0.0] * slots
     heapq.heapify(free)
     for duration, count in sorted(groups, reverse=True):
@@ -262,40 +280,40 @@ def _step_clocks(pm: PassModel, bq: int, bk: int, d: int, matmuls: int, flop_clk
     return 2.0 * matmuls * bq * bk * d / (flop_clk * pm.mma_fraction) + exposed * bq * bk / sfu
 
 
-def _forward_groups(pm: PassModel, sq: int, sk: int, bq: int, bk: int, causal: bool) -> list[tuple[float, int]]:
+def _groups(steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, CTAs) per distinct positive step count, as arrays (a causal pass over 10^8
+    tokens has ~10^6 query blocks)."""
+    return np.unique(steps[steps > 0], return_counts=True)
+
+
+def _forward_groups(pm: PassModel, sq: int, sk: int, bq: int, bk: int, causal: bool) -> tuple[np.ndarray, np.ndarray]:
     """(inner-loop steps per CTA, CTAs per (batch, head)) over the query blocks."""
     n_k = math.ceil(sk / bk)
-    out: dict[float, int] = {}
-    for i in range(math.ceil(sq / bq)):
-        if causal:  # bottom-right aligned mask: query row r sees keys < r + 1 + (sk - sq)
-            last = min(sk, (i + 1) * bq + (sk - sq))
-            first_cut = max(0, i * bq + 1 + (sk - sq))
-            n = max(0, math.ceil(last / bk))
-            cut = n - min(n, first_cut // bk)
-            steps = n + pm.diag_extra * cut
-        else:
-            steps = n_k
-        if steps:
-            out[steps] = out.get(steps, 0) + 1
-    return list(out.items())
+    n_blocks = math.ceil(sq / bq)
+    if not causal:
+        return _groups(np.full(n_blocks, n_k, dtype=np.int64))
+    i = np.arange(n_blocks, dtype=np.int64)
+    # bottom-right aligned mask: query row r sees keys < r + 1 + (sk - sq)
+    last = np.minimum(sk, (i + 1) * bq + (sk - sq))
+    first_cut = np.maximum(0, i * bq + 1 + (sk - sq))
+    n = np.maximum(0, -(-last // bk))
+    cut = n - np.minimum(n, first_cut // bk)
+    return _groups(n + pm.diag_extra * cut)
 
 
-def _backward_groups(pm: PassModel, sq: int, sk: int, bq: int, bk: int, causal: bool) -> list[tuple[float, int]]:
+def _backward_groups(pm: PassModel, sq: int, sk: int, bq: int, bk: int, causal: bool) -> tuple[np.ndarray, np.ndarray]:
     """(inner-loop steps per CTA, CTAs per (batch, head)) over the key blocks (each walks the query blocks)."""
     n_q = math.ceil(sq / bq)
-    out: dict[float, int] = {}
-    for j in range(math.ceil(sk / bk)):
-        if causal:  # query rows r >= key column c - (sk - sq) see column c
-            first_row = max(0, j * bk - (sk - sq))
-            full_from = max(0, (j + 1) * bk - 1 - (sk - sq))
-            n = n_q - min(n_q, first_row // bq)
-            cut = min(n, max(0, math.ceil(full_from / bq) - first_row // bq))
-            steps = n + pm.diag_extra * cut
-        else:
-            steps = n_q
-        if steps:
-            out[steps] = out.get(steps, 0) + 1
-    return list(out.items())
+    n_blocks = math.ceil(sk / bk)
+    if not causal:
+        return _groups(np.full(n_blocks, n_q, dtype=np.int64))
+    j = np.arange(n_blocks, dtype=np.int64)
+    # query rows r >= key column c - (sk - sq) see column c
+    first_row = np.maximum(0, j * bk - (sk - sq))
+    full_from = np.maximum(0, (j + 1) * bk - 1 - (sk - sq))
+    n = n_q - np.minimum(n_q, first_row // bq)
+    cut = np.minimum(n, np.maximum(0, -(-full_from // bq) - first_row // bq))
+    return _groups(n + pm.diag_extra * cut)
 
 
 def attention_flops(batch: int, seq_q: int, seq_k: int, heads: int, head_dim: int, causal: bool,
@@ -332,7 +350,8 @@ def attention_time(dev: Any, batch: int, seq_q: int, seq_k: int, heads: int, kv_
     io = pm.cta_io * cta_bytes / (bw / sms / clock)
     groups = (_backward_groups if backward else _forward_groups)(pm, seq_q, seq_k, bq, bk, causal)
     per_head = batch * heads
-    compute = makespan([(io + steps * step, n * per_head) for steps, n in groups], sms) / clock
+    steps, n = groups
+    compute = makespan((io + steps * step, n * per_head), sms) / clock
     q_o = 2.0 * batch * heads * seq_q * head_dim * el
     k_v = 2.0 * batch * kv_heads * seq_k * head_dim * el
     if not backward:
