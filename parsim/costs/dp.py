@@ -286,12 +286,15 @@ def newton_schulz_s(st: DPSetting, n_layers: int, moe_layers: int) -> float:
     if st.optimizer != "muon" or st.model is None or n_layers <= 0:
         return 0.0
     dev, par = st.cluster.profile.device, st.parallel
+    # the iteration runs in bf16 (Muon's reference casts the update to bfloat16); a GPU without
+    # bf16 tensor cores (V100) runs those matmuls on its CUDA cores: the fp32 rate
+    prec = "bf16" if "bf16" in dev.peak_flops else "fp32"
     t = 0.0
     for moe, layers in ((False, n_layers - moe_layers), (True, moe_layers)):
         if layers <= 0:
             continue
         for a, b, count in newton_schulz_matrices(st.model, moe, par.tp, par.ep):
-            one = dev.gemm_time(a, a, b) + dev.gemm_time(a, a, a) + dev.gemm_time(a, b, a)
+            one = dev.gemm_time(a, a, b, prec) + dev.gemm_time(a, a, a, prec) + dev.gemm_time(a, b, a, prec)
             t += layers * count * NS_ITERATIONS * one
     return t
 
