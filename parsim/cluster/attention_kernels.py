@@ -223,22 +223,24 @@ def resolve(implementation: str, mma_style: str) -> str | None:
 
 # ------------------------------------------------------------------ scheduling
 MAKESPAN_EXACT_JOBS = 2_000_000
-"""Above this many jobs :func:`makespan` takes the list-scheduling bound instead of placing each
-job (a causal pass over 10^8 tokens is ~10^8 CTAs: minutes of heap operations); the bound is
-within ``slots x`` the shortest job of the greedy placement, under 0.02% of the total there."""
+"""Above this many jobs :func:`makespan` takes a list-scheduling estimate instead of placing each
+job (a causal pass over 10^8 tokens is ~10^6 CTA groups, minutes of heap operations). Both lie
+within the longest job of ``total / slots``: with a kernel's CTAs at most twice their mean (causal
+rows: n steps at most, n/2 on average) that is under ``2 x slots / jobs`` of the step, 0.02%
+here."""
 
 
 def makespan(groups, slots: int, exact_jobs: int = MAKESPAN_EXACT_JOBS) -> float:
     """Greedy longest-first makespan of ``count`` jobs of ``duration`` each over ``slots``.
 
-    ``groups`` is a list of (duration, count), or a pair of arrays (durations, counts). Each job goes to the earliest-free slot (the
-    hardware block scheduler gives a freed SM the next block; FA3/FA4's persistent schedulers
-    hand out the longest blocks first). Identical jobs are placed a whole round at a time when
-    the slots' free times lie within one job of each other (then a round is exactly one job per
-    slot), else one at a time. Beyond ``exact_jobs`` jobs: longest-first list scheduling keeps
-    every slot busy until the last job starts, at most (total - p) / slots in, and that job is
-    the shortest, p: the makespan is that bound, ``(total - p) / slots + p`` (never below the
-    greedy placement, at most ``p`` above it).
+    ``groups`` is a list of (duration, count), or a pair of arrays (durations, counts). Each
+    job goes to the earliest-free slot (the hardware block scheduler gives a freed SM the next
+    block; FA3/FA4's persistent schedulers hand out the longest blocks first). Identical jobs
+    are placed a whole round at a time when the slots' free times lie within one job of each
+    other (then a round is exactly one job per slot), else one at a time. Beyond ``exact_jobs``
+    jobs: every slot is busy until the job that ends last starts, so the makespan lies in
+    [total / slots, total / slots + longest]; longest-first, that job is usually one of the
+    shortest, p, and the estimate is ``(total - p) / slots + p``.
     """
     if isinstance(groups, tuple):  # (durations, counts) arrays
         durations, counts = groups

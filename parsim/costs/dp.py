@@ -220,7 +220,7 @@ def megatron_step_extra_bytes(precision: str, grad_bytes: int) -> int:
     * ``_copy_main_params_to_model_params``: reads the fp32 master (its 16-bit write is in the
       step's bytes already).
     """
-    copy = grad_bytes + 4 + (4 - grad_bytes) if grad_bytes < 4 else 0
+    copy = 8 if grad_bytes < 4 else 0  # read g + write 4, and the step's read of g becomes 4: +8
     unscale = 8 if precision == "fp16" else 0
     return copy + unscale + 4 + 4
 
