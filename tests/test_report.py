@@ -94,6 +94,20 @@ def test_variants_and_files(tmp_path, root, monkeypatch):
     assert not (out / "scaling.png").exists()
 
 
+def test_sweep_with_a_baseline_file(root, monkeypatch, tmp_path):
+    """--baseline FILE is simulated and listed first, outside the sweep: the scaling chart plots
+    the swept scenarios only, as % of it (three results against two swept values was an internal
+    error: 'x and y must have same first dimension')."""
+    monkeypatch.chdir(root)
+    out = tmp_path / "b"
+    tiny = "scenarios/tiny-cpu.toml"
+    rc = main(["compare", tiny, "--sweep", "training.microbatch_size=1,2", "--baseline", tiny, "--out", str(out)])
+    assert rc == 0
+    assert (out / "scaling.png").stat().st_size > 5000
+    rows = [ln for ln in (out / "report.md").read_text().splitlines() if ln.startswith("| ") and "baseline" in ln]
+    assert rows and "microbatch_size" not in rows[0].split("|")[1]  # the file, not a swept point
+
+
 def test_bad_compare_input_is_one_line(capsys, root, monkeypatch, tmp_path):
     monkeypatch.chdir(root)
     rc = main(["compare", BASE, BASE, "--sweep", "parallel.pp=2,4", "--out", str(tmp_path / "x")])

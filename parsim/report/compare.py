@@ -144,12 +144,16 @@ def scaling_figure(key: str, values: list, items: list[tuple[str, Result]], base
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     T = [r.metrics["step_time_s"] for _, r in items]
     tput = [r.metrics["tokens_per_s"] / r.metrics["world_size"] for _, r in items]
+    # a baseline given as a scenario file is listed first, outside the sweep: the swept points
+    # are the last len(values) items
+    swept = slice(len(items) - len(values), len(items))
     panels = ((ax1, T, "step time (s)", "o-", "#4C72B0"), (ax2, tput, "throughput (tokens/s per GPU)", "s-", "#DD8452"))
     for ax, ys, label, style, color in panels:
         if baseline is not None:  # the same metric as % of the baseline's: one scale for both panels
             ys = [100.0 * y / ys[baseline] for y in ys]
             label = label.split(" (")[0] + " (% of baseline)"
             ax.axhline(100.0, color="black", linestyle=":", linewidth=1, label="baseline")
+        ys = ys[swept]
         ax.plot(values, ys, style, color=color, label=label.split(" (")[0])
         ax.set_xlabel(f"{key} (swept value)")
         ax.set_ylabel(label)
