@@ -176,22 +176,15 @@ def test_muon_step_costs_newton_schulz_gemms():
 def test_muon_on_a_gpu_without_bf16_runs_newton_schulz_at_fp32():
     """V100 has no bf16 tensor cores (its profile states fp16 and fp32 only): the bf16 iteration
     runs on the CUDA cores, at the fp32 rate (it was an internal error)."""
-    from parsim.scenario import scenario_from_dict
-
-    def step(opt):
-        doc = {"name": "v", "hardware": "dgx2-v100", "gpus": 1, "model": {"preset": "gpt2"},
-               "training": {"global_batch": 1, "seq_len": 1024, "precision": "fp16", "optimizer": opt},
-               "parallel": {"dp": 1, "tp": 1, "pp": 1}}
-        sc = scenario_from_dict(doc, "v.toml")
-        tl = simulate(sc).timeline
-        st = tl[(tl.op == "STEP") & (tl["rank"] == 0)]
-        return float((st.end_s - st.start_s).sum()), sc
-    t_muon, sc = step("muon")
-    t_mom, _ = step("momentum")
+    base = ["parallel.pp=1", "parallel.dp=1", "parallel.tp=8", "gpus=8", "training.global_batch=8",
+            "hardware=dgx2-v100", "training.precision=fp16"]
+    t_muon = _step_s(base + ["training.optimizer=muon"])
+    t_mom = _step_s(base + ["training.optimizer=momentum"])
+    sc = load_scenario(LLAMA70, base)
     dev, m = sc.hardware.device, sc.model
     assert "bf16" not in dev.peak_flops
     one = sum(dev.gemm_time(a, a, b, "fp32") + dev.gemm_time(a, a, a, "fp32") + dev.gemm_time(a, b, a, "fp32")
-              for a, b, _ in newton_schulz_matrices(m, False, 1, 1))
+              for a, b, _ in newton_schulz_matrices(m, False, 8, 1))
     assert t_muon - t_mom == pytest.approx(m.n_layers * NS_ITERATIONS * one, rel=1e-9)
 
 
