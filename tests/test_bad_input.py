@@ -904,3 +904,32 @@ def test_sweep_round_7(capsys, tmp_path):
     refused(capsys, ["compare", TINY, "--out", out, "--variant", "a:parallel.pp=2,parallel.pp=1", "--variant",
                      "b:parallel.pp=1"], "--variant", "parallel.pp is set twice")
     assert not out.exists()
+
+
+def test_sweep_round_8_hf_layer_lists(capsys, tmp_path):
+    """Round 8 (a structural fuzz of the bundled config.json files): Qwen MoE's mlp_only_layers given
+    as true crashed (TypeError: 'bool' object is not iterable, exit 70), and a Llama-4 config with
+    num_hidden_layers 2^31 ran for ever (its per-layer chunked-attention list was built before the
+    spec's layer bound). Each is one line naming the key; a config at the bound still reads."""
+    from parsim.model import model_from_hf_config
+    from parsim.model.spec import MAX_LAYERS
+
+    qwen = {"model_type": "qwen3_moe", "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "intermediate_size": 512, "vocab_size": 1024, "max_position_embeddings": 256,
+            "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 128, "head_dim": 64}
+    llama4 = {"architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4",
+              "text_config": {"model_type": "llama4_text", "hidden_size": 256, "num_attention_heads": 4,
+                              "num_key_value_heads": 2, "head_dim": 64, "intermediate_size": 256,
+                              "intermediate_size_mlp": 512, "vocab_size": 1024, "max_position_embeddings": 256,
+                              "num_local_experts": 4, "num_experts_per_tok": 1, "interleave_moe_layer_step": 1,
+                              "attention_chunk_size": 64, "num_hidden_layers": 2 ** 31}}
+    tiny = ROOT / "scenarios" / "tiny-cpu.toml"
+    for name, cfg, key in (("qwen", {**qwen, "mlp_only_layers": True}, "mlp_only_layers"),
+                           ("llama4", llama4, "text_config.num_hidden_layers")):
+        f = tmp_path / f"{name}.json"
+        f.write_text(json.dumps(cfg))
+        refused(capsys, ["simulate", tiny, "--set", f'model={{hf_config="{f}"}}', "--set", "training.seq_len=128"],
+                str(f), key)
+    edge = tmp_path / "edge.json"  # the bound itself is a model the reader builds
+    edge.write_text(json.dumps({**llama4, "text_config": {**llama4["text_config"], "num_hidden_layers": MAX_LAYERS}}))
+    assert model_from_hf_config(edge).n_layers == MAX_LAYERS

@@ -40,7 +40,7 @@ from parsim.errors import ConfigError
 from parsim.files import read_input_text
 from parsim.model.hf_classic import CLASSIC, classic_fields
 from parsim.model.hf_keys import HFKeys
-from parsim.model.spec import ModelSpec
+from parsim.model.spec import MAX_LAYERS, ModelSpec
 
 _DENSE = ("llama", "mistral", "qwen2", "qwen3")
 _MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "deepseek_v32", "gpt_oss", "llama4")
@@ -163,7 +163,7 @@ def _moe_fields(c: HFKeys, n_layers: int) -> dict:
         shared = c.int("shared_expert_intermediate_size", 0)
         if shared:
             f.update(n_shared_experts=1, d_ff_shared=shared)
-        dense = sorted(c.data.get("mlp_only_layers") or [])
+        dense = sorted(c.int_list("mlp_only_layers") or [])
         if dense:
             if dense != list(range(len(dense))) or step != 1:
                 raise c.error("mlp_only_layers",
@@ -197,6 +197,8 @@ def _decoder_fields(c: HFKeys, tied: bool) -> dict:
     """ModelSpec fields (all but name) of a Llama-style family (everything but the classic ones)."""
     mt = c.model_type
     n_layers, n_heads = c.int("num_hidden_layers"), c.int("num_attention_heads")
+    if not 0 < n_layers <= MAX_LAYERS:  # bounded before the per-layer lists below walk them
+        raise c.error("num_hidden_layers", f"{n_layers:,} blocks: expected 1 to {MAX_LAYERS:,}")
     # the kind of attention first: a layer parsim cannot model is the error to report
     layout = _attention_layout(c, n_layers)
     c.expect("attn_output_gate", False, False, "a gated attention output is an extra projection parsim does not model")
