@@ -277,3 +277,33 @@ def test_fsdp_state_memory_against_torchtitan_pair():
     alloc = pred[a["id"]][0] - pred[b["id"]][0]
     reserved = pred[a["id"]][1] - pred[b["id"]][1]
     assert alloc < published < reserved, (alloc, published, reserved)
+
+
+@pytest.mark.parametrize("reshard,reduce", [(True, "microbatch"), (False, "microbatch"), (True, "step")])
+def test_fsdp2_copies_run_on_the_compute_stream(reshard, reduce):
+    """FSDP2's copies around its collectives (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py):
+    after each unshard ``split_with_sizes_copy`` reads and writes the 16-bit weights (4 bytes per
+    parameter) on the compute stream; before each per-microbatch reduce-scatter ``_chunk_cat``
+    reads the bf16 gradients and writes the fp32 reduce-scatter input (2 + 4). Hand-counted per
+    op from the stage's parameters against the same scenario under ZeRO's generic layout, which
+    runs no such copies; a single rank (nothing sharded) copies nothing either."""
+    par = {"zero": 3, "reshard_after_forward": reshard, "grad_reduce": reduce}
+    fsdp = ModelCosts.from_scenario(scenario(dp=DP, m=2, model=GPT, training={"precision": "bf16"},
+                                             parallel={**par, "framework": "fsdp"}))
+    plain = ModelCosts.from_scenario(scenario(dp=DP, m=2, model=GPT, training={"precision": "bf16"},
+                                              parallel={**par, "grad_reduce_dtype": "fp32"}))
+    P = fsdp.stage_costs[0].params
+    assert P == plain.stage_costs[0].params
+    t = fsdp.inputs.hardware.device.memory_time
+    gather, regather = 4 * P, 4 * P if reshard else 0.0
+    reduce_scatter = 6 * P if reduce == "microbatch" else 0.0
+    for op, nbytes in ((Op.F, gather), (Op.I, regather), (Op.W, reduce_scatter), (Op.B, regather + reduce_scatter)):
+        added = fsdp.op_cost(0, op).duration_s - plain.op_cost(0, op).duration_s
+        assert added == pytest.approx(t(nbytes), rel=1e-9, abs=1e-15), op
+        assert fsdp.stage_costs[0].parts[op].compute - plain.stage_costs[0].parts[op].compute == pytest.approx(
+            added, rel=1e-9, abs=1e-15)
+    one = ModelCosts.from_scenario(scenario(dp=1, m=2, model=GPT, training={"precision": "bf16"},
+                                            parallel={**par, "framework": "fsdp"}))
+    alone = ModelCosts.from_scenario(scenario(dp=1, m=2, model=GPT, training={"precision": "bf16"},
+                                              parallel={**par, "grad_reduce_dtype": "fp32"}))
+    assert one.op_cost(0, Op.B).duration_s == alone.op_cost(0, Op.B).duration_s

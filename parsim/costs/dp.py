@@ -204,6 +204,35 @@ def _stage_dp(st: DPSetting, params: float, expert_params: float,
     return t, params * g, DPOps(ops, sent)
 
 
+def fsdp2_copy_bytes(setting: DPSetting) -> dict[Op, float]:
+    """Bytes per parameter (of the stage, unsharded) FSDP2 copies on the compute stream in each
+    F, I, W and B of a microbatch (``framework = "fsdp"``, ZeRO-3, sharded over more than one
+    rank; else none). torch.distributed.fsdp._fully_shard._fsdp_collectives:
+
+    * ``foreach_all_gather_copy_out``: after each unshard the current (compute) stream waits for
+      the all-gather, then ``split_with_sizes_copy`` copies the gathered flat buffer into every
+      parameter's own unsharded tensor -- read and write the 16-bit weights (2 x ``w``). Once
+      before the forward, again before the backward when units reshard after the forward.
+    * ``foreach_reduce``: before each reduce-scatter ``_chunk_cat`` copies the unit's unsharded
+      gradients (16-bit, the parameters' compute dtype) into the reduce-scatter input in the
+      reduce dtype (``parallel.grad_reduce_dtype``; fp32 by default: a widening copy), on the
+      current stream too -- read ``w``, write ``g`` -- after every backward whose gradients are
+      reduced (per microbatch, the FSDP default), after the weight gradients (W) when the
+      backward is split.
+
+    What runs beside the compute is not counted: the all-gather input's copy-in (1/shard of the
+    weights, on its own stream), the reduced shard's accumulation (1/shard)."""
+    par = setting.parallel
+    if par.framework != "fsdp" or par.zero != 3 or par.shard_degree <= 1:
+        return {}
+    w, _, _ = state_bytes_per_param(setting.optimizer, setting.precision)
+    g = par.grad_bytes(setting.precision)
+    gather = 2.0 * w
+    regather = gather if par.reshard_after_forward else 0.0
+    reduce = (w + g) if par.grad_per_microbatch else 0.0
+    return {Op.F: gather, Op.I: regather, Op.W: reduce, Op.B: regather + reduce}
+
+
 def megatron_step_extra_bytes(precision: str, grad_bytes: int) -> int:
     """Bytes per parameter Megatron's mixed-precision optimizer moves beside the inner step's
     (``MixedPrecisionOptimizer.step`` / ``DistributedOptimizer``, megatron/core/optimizer,

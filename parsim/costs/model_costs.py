@@ -24,7 +24,7 @@ import parsim.costs.stage as _stage
 from parsim.cluster.precision import PRECISION_TABLE
 from parsim.config.moe import layer_histograms
 from parsim.config.scenario import Scenario
-from parsim.costs.dp import DPInputs, DPOps, DPSetting, dp_ops, dp_sms
+from parsim.costs.dp import DPInputs, DPOps, DPSetting, dp_ops, dp_sms, fsdp2_copy_bytes
 from parsim.costs.inputs import (
     CostInputs,
     cost_inputs,
@@ -42,6 +42,7 @@ from parsim.costs.stage import (
     StageCost,
     stage_cost,
     stage_layout,
+    with_added_compute,
     with_measured_times,
 )
 from parsim.costs.tables import CostTables, MoEFigures, OpRow, RankStatic, StageRow
@@ -96,6 +97,12 @@ class ModelCosts:
                                 inputs.model, self.traits.n_chains)
             self.dp_setting: DPSetting | None = setting
             """The job's data-parallel setting (None with measured costs)."""
+            copies = fsdp2_copy_bytes(setting)  # FSDP2's copies on the compute stream, per parameter
+            if copies:
+                dev = inputs.hardware.device
+                shared = [with_added_compute(self.layer_inputs, st, {op: dev.memory_time(b * st.params)
+                                                                     for op, b in copies.items()})
+                          for st in shared]
             dp = [self._dp_of(setting, st) for st in shared]
             costs = [shared[i] for i in layout.shape_of]
             self.dp_ops: tuple[DPOps | None, ...] = tuple(dp[i] for i in layout.shape_of)

@@ -490,6 +490,17 @@ def with_measured_times(inp: LayerInputs, st: StageCost, forward_s: float, backw
     return replace(st, parts=parts, ops=ops)
 
 
+def with_added_compute(inp: LayerInputs, st: StageCost, seconds: dict[Op, float]) -> StageCost:
+    """The stage with ``seconds`` more compute in the ops it names (work the framework runs on the
+    compute stream around the blocks: FSDP2's copies, ``parsim.costs.dp.fsdp2_copy_bytes``)."""
+    if not any(seconds.values()):
+        return st
+    parts = {op: p + Parts(compute=seconds.get(op, 0.0)) for op, p in st.parts.items()}
+    ops = pipeline_ops(inp, parts, st.activation_bytes, st.weight_grad_stash_bytes, st.recompute_transient_bytes,
+                       st.p2p_bytes)
+    return replace(st, parts=parts, ops=ops)
+
+
 def clear_caches() -> None:
     """Empty this module's caches (a cold start)."""
     for fn in (stage_layout, _layer_vector, _uniform_blocks, embedding_cost, head_cost, mtp_cost, stage_cost):
