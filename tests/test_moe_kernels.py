@@ -35,6 +35,34 @@ def test_grouped_slots_round_robin_by_hand():
     assert K._slot_loads(((384, 256, 64), (256, 256, 64)), (128, 256, 1), 64, 4) == (2, 2)
 
 
+def _slot_loads_by_walking(problems, tile, k_block, slots):
+    """Brute force: hand every tile of every problem to its slot, one by one."""
+    tm, tn, _ = tile
+    loads, tiles, j = [0] * slots, [0] * slots, 0
+    for m, n, k in problems:
+        if k == 0:
+            continue
+        for _ in range(math.ceil(m / tm) * math.ceil(n / tn)):
+            loads[j] += math.ceil(k / k_block)
+            tiles[j] += 1
+            j = (j + 1) % slots
+    busiest = max(range(slots), key=lambda s: (loads[s], tiles[s]))
+    return loads[busiest], tiles[busiest]
+
+
+def test_grouped_slots_equal_handing_out_every_tile():
+    """The per-problem slot update (a difference array, O(1) per expert) against handing out
+    every tile in turn, on random ragged problems that wrap the slots many times."""
+    rng = np.random.default_rng(7)
+    for _ in range(400):
+        slots = int(rng.choice([1, 2, 3, 7, 66, 132]))
+        probs = tuple((int(rng.integers(0, 1500)), int(rng.integers(0, 1500)), int(rng.choice([0, 1, 64, 700, 2048])))
+                      for _ in range(int(rng.integers(0, 24))))
+        tile = (int(rng.choice([64, 128, 256])), int(rng.choice([64, 128, 256])), 1)
+        k_block = int(rng.choice([32, 64]))
+        assert K._slot_loads(probs, tile, k_block, slots) == _slot_loads_by_walking(probs, tile, k_block, slots)
+
+
 def test_grouped_gemm_bytes_and_floor_by_hand():
     probs = ((100, 512, 1024),) * 4
     want = 4 * ((100 * 1024 + 1024 * 512) * 2 + 100 * 512 * 2)

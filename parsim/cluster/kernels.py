@@ -29,6 +29,7 @@ measured at (``mamf_<precision>_shape``); other shapes then follow from the tile
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -451,8 +452,12 @@ def _slot_loads(problems: tuple[tuple[int, int, int], ...], tile: tuple[int, int
     a problem's ragged M costs ``ceil(m / tm)`` tiles (tile quantization per expert).
     """
     tm, tn, _ = tile
-    loads = [0] * slots
-    tiles = [0] * slots
+    # every slot gets ``full`` tiles of a problem, the ``rest`` slots from ``j`` on (mod slots)
+    # one more: per problem an O(1) update of a difference array over the slots, one prefix sum
+    # at the end (a walk over every slot per problem took ~5 ms a call at 256 experts)
+    base_load = base_tiles = 0
+    d_load = [0] * (slots + 1)
+    d_tiles = [0] * (slots + 1)
     j = 0
     for m, n, k in problems:
         count = math.ceil(m / tm) * math.ceil(n / tn)
@@ -460,12 +465,17 @@ def _slot_loads(problems: tuple[tuple[int, int, int], ...], tile: tuple[int, int
             continue
         kb = math.ceil(k / k_block)
         full, rest = divmod(count, slots)
-        # slots j, j+1, ... (mod slots) get one more tile than the others
-        for s in range(slots):
-            extra = 1 if (s - j) % slots < rest else 0
-            loads[s] += (full + extra) * kb
-            tiles[s] += full + extra
+        base_load += full * kb
+        base_tiles += full
+        for lo, hi in ((j, min(j + rest, slots)), (0, j + rest - slots)):
+            if hi > lo:
+                d_load[lo] += kb
+                d_load[hi] -= kb
+                d_tiles[lo] += 1
+                d_tiles[hi] -= 1
         j = (j + count) % slots
+    loads = [base_load + x for x in itertools.accumulate(d_load[:slots])]
+    tiles = [base_tiles + x for x in itertools.accumulate(d_tiles[:slots])]
     busiest = max(range(slots), key=lambda s: (loads[s], tiles[s]))
     return loads[busiest], tiles[busiest]
 
