@@ -191,6 +191,8 @@ def _stage_dp(st: DPSetting, params: float, expert_params: float,
         # the step zeroes the persistent gradient buffer every backward adds into (Megatron-Core's
         # zero_grad_buffer; the torch runtime's FlatParams): a write of every local gradient, in place
         update_s += hw.profile.device.update_time(params * g)
+    if par.framework == "megatron" and n_g > 1:
+        update_s += hw.profile.device.update_time(megatron_grad_scaling_bytes(g) * params)
     ops[Op.STEP] = OpCost(update_s, then_comm_s=then, then_comm_bytes=then_bytes)
     if par.zero == 3 and n_g > 1 and n_s > 1:
         gathered = params * w
@@ -231,6 +233,18 @@ def fsdp2_copy_bytes(setting: DPSetting) -> dict[Op, float]:
     regather = gather if par.reshard_after_forward else 0.0
     reduce = (w + g) if par.grad_per_microbatch else 0.0
     return {Op.F: gather, Op.I: regather, Op.W: reduce, Op.B: regather + reduce}
+
+
+def megatron_grad_scaling_bytes(grad_bytes: int) -> int:
+    """Bytes per local parameter Megatron's data-parallel gradient sync moves before its
+    collective: the gradient buffer is scaled by 1/dp in place, so the collective sums
+    (``ParamAndGradBucket.start_grad_sync``: ``grad_data *= gradient_scaling_factor``, core_r0.8.0,
+    unless ``average_in_collective``; Megatron-LM v2.5's local DDP: ``buffer_.data /= dp``): a
+    read and a write of every gradient, once per step over the whole buffer (not the shard).
+    Counted in the step's time (it runs on the compute stream as each bucket's reduction starts).
+    Megatron-LM's NaN check of the same buffer (``check_for_nan_in_grad``, on by default only in
+    Megatron-LM's own training loop) is not counted."""
+    return 2 * grad_bytes
 
 
 def megatron_step_extra_bytes(precision: str, grad_bytes: int) -> int:
