@@ -596,6 +596,8 @@ def convert(row: dict) -> tuple[dict | Skip, list[str]]:
     gpus = _int(hw.get("count"))
     if not gpus:
         return Skip("no GPU count", "the source does not give the number of GPUs"), notes
+    if hw.get("count_note"):  # the data set corrected the source's GPU count (and says why)
+        notes.append(f"GPU count {gpus}, not the page's {hw.get('count_published')}: {hw['count_note']}")
     profile, skip, n = hardware_for(hw["gpu"])
     notes += n
     if skip:

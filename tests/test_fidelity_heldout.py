@@ -1,6 +1,7 @@
 """The held-out fidelity benchmark's rule set (benchmarks/fidelity_heldout.py): hand-computed
 scenarios for a few rows, the reasons for rows it cannot express, and full coverage of the
 data set (every row converts into a scenario parsim accepts, or says why not)."""
+import copy
 import sys
 
 import pytest
@@ -89,12 +90,35 @@ def test_mpt_fields_reproduce_the_published_parameter_counts():
     ("deepseekv3-report-h800-2048-pretrain", "global batch not one number", "ramp"),
     ("megatronlm-strongscale-h100-gpt177b-96gpu", "no per-GPU throughput published", "mfu"),
     ("megatronlm-dsv3-gb200-guide-mxfp8", "no GPU count", "number of GPUs"),
-    ("nemo-longseq-b200-llama3-8b-32k", "layout inconsistent", "stated dp 4"),
 ])
 def test_rows_that_must_be_skipped_say_why(rid, kind, words):
     skip = fh.scenario_for(ROWS[rid])
     assert isinstance(skip, fh.Skip)
     assert skip.kind == kind and words in skip.reason
+
+
+def test_a_gpu_count_the_layout_contradicts_is_skipped():
+    row = copy.deepcopy(ROWS["nemo-longseq-b200-llama3-8b-32k"])
+    row["hardware"] = {**row["hardware"], "count": row["hardware"]["count_published"]}
+    del row["hardware"]["count_note"]
+    skip = fh.scenario_for(row)
+    assert isinstance(skip, fh.Skip)
+    assert skip.kind == "layout inconsistent" and "stated dp 4" in skip.reason
+
+
+def test_nemo_b200_long_sequence_rows_run_on_their_layout():
+    # the page's GPU column is 4x TP*PP*DP*CP in every row (it repeats the sequence length in
+    # K); 4x would leave 512K's batch of 8 and 1024K's of 4 short of dp = 16, so the data set
+    # takes the layout as stated, and the row says so
+    for rid, gpus, dp in (("nemo-longseq-b200-llama3-8b-32k", 8, 4), ("nemo-longseq-b200-llama3-8b-512k", 128, 4),
+                          ("nemo-longseq-b200-llama3-8b-1024k", 256, 4)):
+        row = ROWS[rid]
+        p = row["parallel"]
+        assert row["hardware"]["count_published"] == 4 * p["tp"] * p["pp"] * p["dp"] * p["cp"]
+        doc, notes = fh.convert(row)
+        assert doc["gpus"] == gpus and doc["parallel"]["dp"] == dp
+        assert any(n.startswith(f"GPU count {gpus}, not the page's {4 * gpus}") for n in notes)
+        assert doc["training"]["global_batch"] % dp == 0
 
 
 def test_a100_40gb_rows_run_on_their_own_profile():

@@ -97,11 +97,13 @@ def test_mcore_weak_scaling_presets(row):
     assert rel(total_params(spec) / 1e9, float(row[:-1])) < 0.03
 
 
-# (name, total, active): Mixtral paper (46.7B / 12.9B); DeepSeek-V3 report (671B / 37B, MTP
+# (name, total, active): Mixtral paper (46.7B / 12.9B); Mistral AI's Mixtral 8x22B release
+# (141B / 39B); DeepSeek-V3 report (671B / 37B, MTP
 # module excluded); Qwen3 report Table 2 (30.5B / 3.3B, 235B / 22B). Active figures are
 # printed to 2-3 significant digits, hence the 2% tolerance on them.
 MOE_PUBLISHED = [
     ("mixtral-8x7b", 46.7e9, 12.9e9),
+    ("mixtral-8x22b", 141e9, 39e9),
     ("deepseek-v3", 671e9, 37e9),
     ("qwen3-30b-a3b", 30.5e9, 3.3e9),
     ("qwen3-235b-a22b", 235e9, 22e9),

@@ -106,6 +106,12 @@ _LIST: list[ModelSpec] = [
     # Mixtral 8x7B: mistralai/Mixtral-8x7B-v0.1 config.json; Jiang et al. 2024 (46.7B / 12.9B active).
     ModelSpec("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, ffn="swiglu", max_seq_len=32768,
               n_experts=8, top_k=2, d_ff_expert=14336),
+    # Mixtral 8x22B: mistralai/Mixtral-8x22B-v0.1 config.json (56 layers, d 6144, 48 heads, 8 KV
+    # heads, expert FFN 16384, 8 experts top-2, vocabulary 32768, 65536 positions); the block shapes
+    # as Megatron-Core's MoE model zoo sets them (yanring/Megatron-MoE-ModelZoo
+    # model_configs/benchmarking/Mixtral-8x22B.yaml). Mistral AI: 141B total / 39B active.
+    ModelSpec("mixtral-8x22b", 56, 6144, 48, 8, 16384, 32768, ffn="swiglu", max_seq_len=65536,
+              n_experts=8, top_k=2, d_ff_expert=16384),
     # DeepSeek-V3: deepseek-ai/DeepSeek-V3 config.json; tech report arXiv:2412.19437
     # (671B total / 37B active, excluding the 14B multi-token-prediction module).
     # MLA attention; layers 0-2 dense (d_ff 18432), 58 MoE layers of 256 routed + 1 shared expert.
