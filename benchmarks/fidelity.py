@@ -322,10 +322,9 @@ def _step(rows: list[dict], rid: str) -> str:
     return f"{r['predicted_step_s']:.2f} s predicted against {r['published_step_s']:.2f} s published"
 
 
-def _unexplained_per_param(rows: list[dict], rid: str) -> float:
-    """Seconds per 10^9 parameters a GPU holds that the published step adds to the predicted step
-    less its exposed data-parallel communication."""
-    r = _by_id(rows, rid)
+def _unexplained_per_param(r: dict) -> float:
+    """Seconds per 10^9 parameters a GPU holds that the published step of row ``r`` adds to the
+    predicted step less its exposed data-parallel communication."""
     rest = r["predicted_step_s"] - r["exposed_by_axis"]["dp"]
     return (r["published_step_s"] - rest) / (r["params_per_gpu"] / 1e9)
 
@@ -335,17 +334,20 @@ H100_NO_PP = ("1.7B", "7.1B", "16B", "32B")
 
 
 def _per_param_sentence(rows: list[dict]) -> str:
-    vals = {size: _unexplained_per_param(rows, f"megatron-core-h100-weak-{size}") for size in H100_NO_PP}
+    from parsim.costs.dp import megatron_grad_scaling_bytes
+    picked = {size: _by_id(rows, f"megatron-core-h100-weak-{size}") for size in H100_NO_PP}
+    vals = {size: _unexplained_per_param(r) for size, r in picked.items()}
     listed = ", ".join(f"{size} {v * 1e3:.0f} ms" for size, v in vals.items())
-    exp = [_by_id(rows, f"megatron-core-h100-weak-{size}")["exposed_by_axis"]["dp"] for size in H100_NO_PP]
+    exp = [r["exposed_by_axis"]["dp"] for r in picked.values()]
+    fp32_grad_bytes = 4  # the H100 rows' main gradients (module docstring: fp32 under bf16)
     return (f" Taken together, the published step less the predicted step without its exposed data-parallel "
             f"time comes to {min(vals.values()) * 1e3:.0f}-{max(vals.values()) * 1e3:.0f} ms per 10^9 "
             f"parameters a GPU holds on all four rows without pipelining ({listed}), whatever share of "
             f"the NICs their dp groups have (8, 4, 2 and 1 GPUs per node), while the modelled exposure "
             f"runs from {exp[0] * 1e3:.0f} to {exp[-1] * 1e3:.0f} ms: what the real runs add beyond "
             "the blocks follows the parameters a GPU holds (within a factor of two), not the network -- "
-            "a lead, not a model (the gradient buffer's scaling before the reduction, 8 bytes per "
-            "parameter, is already counted).")
+            "a lead, not a model (the gradient buffer's scaling before the reduction, "
+            f"{megatron_grad_scaling_bytes(fp32_grad_bytes)} bytes per parameter, is already counted).")
 
 
 def _span(rows: list[dict], family: str, which: int) -> str:
