@@ -933,3 +933,35 @@ def test_sweep_round_8_hf_layer_lists(capsys, tmp_path):
     edge = tmp_path / "edge.json"  # the bound itself is a model the reader builds
     edge.write_text(json.dumps({**llama4, "text_config": {**llama4["text_config"], "num_hidden_layers": MAX_LAYERS}}))
     assert model_from_hf_config(edge).n_layers == MAX_LAYERS
+
+
+def test_a_search_that_finds_nothing_exits_1_and_says_why(capsys):
+    """`plan` and `autoplan` with no configuration that fits: a result, exit 1 (as grep with no
+    match), not a bad-input refusal (2) nor an internal error (70): GPT-3 175B with its fp32 Adam
+    states cannot fit on 8 A100 80GB whatever the layout (16 bytes a parameter are 2.8 TB)."""
+    rc = main(["plan", "--model", "gpt3-175b", "--hardware", "dgx-a100-80g", "--gpus", "8",
+               "--global-batch", "8", "--seq-len", "2048"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "out of memory" in out and "does not fit" in out
+    rc = main(["autoplan", "--model", "gpt3-175b", "--hardware", "dgx-a100-80g", "--gpus", "8",
+               "--global-batch", "8", "--seq-len", "2048", "--no-grid", "--json"])
+    res = json.loads(capsys.readouterr().out)
+    assert rc == 1
+    assert res["step_time_s"] is None and res["stages"] == []
+
+
+def test_searches_default_to_fp16_on_a_gpu_without_bf16(capsys):
+    """`plan` used to default to bf16 and refuse it on a V100 (no BF16 tensor cores) unless the user
+    named --precision; it now defaults as `autoplan` and `kernel` do: bf16 where the GPU has it, else
+    fp16 (and says which in its header). Naming bf16 there is still refused."""
+    base = ["plan", "--model", "gpt2", "--hardware", "aws-p3.16xlarge", "--gpus", "8", "--global-batch", "64",
+            "--seq-len", "1024", "--top", "1"]
+    assert main(base) == 0
+    assert "tokens per step (fp16)" in capsys.readouterr().out
+    assert main([*base, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["step_time_s"] > 0
+    refused(capsys, [*base, "--precision", "bf16"], "--precision", "bf16")
+    assert main(["plan", "--model", "gpt2", "--hardware", "dgx-h100", "--gpus", "8", "--global-batch", "64",
+                 "--seq-len", "1024", "--top", "1"]) == 0
+    assert "tokens per step (bf16)" in capsys.readouterr().out

@@ -42,6 +42,7 @@ def register(sub) -> None:
 
 def build_spec(args):
     from parsim.autoplan.run import AutoplanSpec
+    from parsim.cli.common import default_precision
     from parsim.cluster.hardware import load_profile
     from parsim.config.scenario import (
         OPTIMIZERS,
@@ -58,11 +59,7 @@ def build_spec(args):
     if prec is not None and prec not in PRECISIONS:  # what a scenario's training.precision takes
         raise ConfigError(FILE, "--precision", f"{prec!r} is not one of {', '.join(PRECISIONS)}")
     if prec is None:
-        try:
-            hw.device.peak("bf16")
-            prec = "bf16"
-        except ValueError:
-            prec = "fp16"
+        prec = default_precision(hw.device)
     try:
         hw.device.peak(prec)
     except ValueError as e:

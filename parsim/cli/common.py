@@ -176,5 +176,11 @@ INSTALL_HINT = ("parsim: error: torch is not installed; install the validation e
                 "`pip install -e '.[validate]' -c constraints/cpu.txt`")
 
 
+def default_precision(device) -> str:
+    """The compute precision a search or kernel query takes when none is given: BF16 where the GPU
+    has BF16 tensor cores, else FP16 (V100 and older), as a user of that GPU would train."""
+    return "bf16" if "bf16" in device.peak_flops else "fp16"
+
+
 def torch_available() -> bool:
     return importlib.util.find_spec("torch") is not None

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import sys
 
-from parsim.cli.common import EXIT_BAD_INPUT
+from parsim.cli.common import EXIT_BAD_INPUT, default_precision
 from parsim.errors import ConfigError
 
 WHERE = "parsim kernel"
@@ -111,7 +111,7 @@ def _device(args):
                           f"profile {hw.name} gives no kernel facts (sm_count, gemm_tiles, ...)")
     if args.precision is not None and not args.precision.strip():
         raise ConfigError(WHERE, "--precision", "an empty precision")
-    precision = args.precision or ("bf16" if "bf16" in dev.peak_flops else "fp16")
+    precision = args.precision or default_precision(dev)
     try:
         precision = canonical_precision(precision)
         dev.peak(precision)

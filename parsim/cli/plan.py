@@ -45,7 +45,8 @@ def register(sub) -> None:
     p.add_argument("--max-tp", type=positive_int("--max-tp", 0), default=0,
                    help="largest tensor-parallel degree (default: 0 = GPUs per node)")
     p.add_argument("--max-cp", type=positive_int("--max-cp"), default=8, help="largest context-parallel degree")
-    p.add_argument("--precision", default="bf16", help="compute precision (bf16, fp16, fp8, fp32)")
+    p.add_argument("--precision", help="compute precision (bf16, fp16, fp8, fp32; default: bf16, or fp16 on a GPU "
+                                       "without BF16 such as the V100)")
     p.add_argument("--optimizer", default="adam", help="optimizer (adam, sgd, ...)")
     add_attention_flags(p)
     p.add_argument("--objective", choices=("time", "mfu", "cost"), default="time",
@@ -87,6 +88,7 @@ def _ints(text: str | None, key: str, default):
 
 
 def build_spec(args):
+    from parsim.cli.common import default_precision
     from parsim.cluster.hardware import load_profile
     from parsim.config.scenario import (
         OPTIMIZERS,
@@ -106,6 +108,7 @@ def build_spec(args):
     ref = args.model
     model = model_from_hf_config(ref) if (ref.endswith(".json") or "/" in ref or Path(ref).is_dir()) else get_preset(ref)
     hw = load_profile(args.hardware)
+    precision = args.precision if args.precision is not None else default_precision(hw.device)
     if args.gpus < 1:
         raise ConfigError(f, "--gpus", "must be positive")
     if args.seq_len < 1:
@@ -142,19 +145,19 @@ def build_spec(args):
         if modules is not None and not modules:
             raise ConfigError(f, "--recompute", f"{x!r} names no module")
         try:  # what Megatron refuses for this model, as a scenario would be refused
-            check_recompute_modules(TrainingConfig(1, 1, precision=args.precision, recompute=mode,
+            check_recompute_modules(TrainingConfig(1, 1, precision=precision, recompute=mode,
                                                    recompute_modules=modules), model, f)
         except ConfigError as e:
             raise ConfigError(f, "--recompute", f"{x!r}: {e.problem}") from None
     zero = _ints(args.zero, "--zero", (0, 1, 2, 3))
     if any(z not in (0, 1, 2, 3) for z in zero):
         raise ConfigError(f, "--zero", "stages are 0..3")
-    if args.precision not in PRECISIONS:
-        raise ConfigError(f, "--precision", f"{args.precision!r} is not one of {', '.join(PRECISIONS)}")
-    try:  # V100: no bf16 tensor cores, and bf16 is the default
-        hw.device.peak(args.precision)
+    if precision not in PRECISIONS:
+        raise ConfigError(f, "--precision", f"{precision!r} is not one of {', '.join(PRECISIONS)}")
+    try:  # a precision the GPU has no peak for (bf16 on a V100), given explicitly
+        hw.device.peak(precision)
     except ValueError as e:
-        raise ConfigError(f, "--precision", f"{args.precision!r} on {args.hardware}: {e}") from None
+        raise ConfigError(f, "--precision", f"{precision!r} on {args.hardware}: {e}") from None
     if args.optimizer not in OPTIMIZERS:
         raise ConfigError(f, "--optimizer", f"{args.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
     # a head dim the GPU's fused attention kernel does not take, as a scenario would be refused
@@ -167,7 +170,7 @@ def build_spec(args):
                     schedules=schedules, recompute=rc, zero=zero,
                     microbatch_sizes=_ints(args.microbatch_sizes, "--microbatch-sizes", (1, 2, 4)),
                     max_tp=args.max_tp, max_cp=args.max_cp, world_sizes=worlds,
-                    precision=args.precision, optimizer=args.optimizer, flash_attention=args.flash_attention,
+                    precision=precision, optimizer=args.optimizer, flash_attention=args.flash_attention,
                     dropout=args.dropout)
 
 

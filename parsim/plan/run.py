@@ -288,8 +288,8 @@ def to_json(res: PlanResult) -> list[dict]:
 def _header(res: PlanResult) -> str:
     s = res.spec
     return (f"{s.model.name} on {gpus_text(s.gpus, s.hardware.gpus_per_node, s.hardware.name)}, global batch "
-            f"{s.global_batch:,} x seq {s.seq_len:,} = {s.global_batch * s.seq_len:,} tokens per step; "
-            f"objective: {res.objective}")
+            f"{s.global_batch:,} x seq {s.seq_len:,} = {s.global_batch * s.seq_len:,} tokens per step "
+            f"({s.precision}); objective: {res.objective}")
 
 
 def _human_rows(res: PlanResult) -> tuple[list[str], list[list[str]]]:
