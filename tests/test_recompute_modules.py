@@ -107,7 +107,7 @@ def test_mlp_rerun_is_its_gemms_norm_and_activation():
     device's HBM rate, a launch each."""
     sc, _ = gpt_run(("mlp",))
     inp = layer_inputs(cost_inputs(sc))
-    dev, t, d, f = sc.hardware.device, 2048, 4096, 16384
+    dev, t, d, f = inp.hardware.device, 2048, 4096, 16384  # the job's clock: its slowest of 8 chips
     by_hand = (dev.gemm_time(t, f, d, "bf16") + dev.gemm_time(t, d, f, "bf16") + dev.memory_time(2 * t * d * 2)
                + dev.memory_time(2 * t * f * 2) + 2 * dev.kernel_launch_s)
     parts, flops, _ = module_recompute(inp, False)

@@ -30,8 +30,8 @@ def _block(hw, model, tp, sp, prec="bf16"):
     if sp:
         table["sequence"] = "t"
     sh = sharding_from_table(table, "t.toml")
-    g = block_graph(Setting(sc.model, sc.hardware, 2, 1024, prec), stage_mesh(sh))
-    return layer_cost(layer_inputs(cost_inputs(sc)), False), breakdown(sc.hardware, g, propagate(g, sh))
+    g = block_graph(Setting(sc.model, sc.hardware.paced(sc.gpus), 2, 1024, prec), stage_mesh(sh))
+    return layer_cost(layer_inputs(cost_inputs(sc)), False), breakdown(sc.hardware.paced(sc.gpus), g, propagate(g, sh))
 
 
 @pytest.mark.parametrize("hw,model,prec", [("dgx-h100", {"preset": "llama3-8b"}, "bf16"),
@@ -57,7 +57,7 @@ def test_fsdp_and_dp_annotations_imply_the_zero3_and_ddp_collectives():
     model = {"preset": "llama3-8b"}
     sc = scenario(dp=8, hardware="dgx-h100", model=model, training={"seq_len": 1024, "microbatch_size": 1,
                                                                      "global_batch": 8})
-    st = Setting(sc.model, sc.hardware, 8, 1024)
+    st = Setting(sc.model, sc.hardware.paced(sc.gpus), 8, 1024)
     w, gb, _ = state_bytes_per_param("adam", "bf16")
     ranks = list(range(8))
     params = layer_params(sc.model, 0)
@@ -65,7 +65,7 @@ def test_fsdp_and_dp_annotations_imply_the_zero3_and_ddp_collectives():
     for fsdp in (True, False):
         sh = sharding_from_table({"mesh": {"d": 8}, "batch": ["d"], "fsdp": ["d"] if fsdp else []}, "t.toml")
         g = block_graph(st, stage_mesh(sh))
-        b = breakdown(sc.hardware, g, propagate(g, sh))
+        b = breakdown(sc.hardware.paced(sc.gpus), g, propagate(g, sh))
         assert b.forward_s == pytest.approx(lc.forward.compute, rel=1e-9)
         assert b.forward_comm_s == 0 and b.backward_comm_s == 0  # tokens stay split: no resharding
         ops = [(op, op.strategies[c]) for op, c in zip(g.ops, propagate(g, sh))]
@@ -92,8 +92,8 @@ def test_ep_annotation_reproduces_the_moe_block_cost():
                   training={"seq_len": 4096, "microbatch_size": 1, "global_batch": 8})
     lc = layer_cost(layer_inputs(cost_inputs(sc)), True)
     sh = sharding_from_table({"mesh": {"e": 8}, "batch": ["e"], "weights": {"experts": "split(0, e)"}}, "t.toml")
-    g = block_graph(Setting(sc.model, sc.hardware, 8, 4096), stage_mesh(sh))
-    b = breakdown(sc.hardware, g, propagate(g, sh))
+    g = block_graph(Setting(sc.model, sc.hardware.paced(sc.gpus), 8, 4096), stage_mesh(sh))
+    b = breakdown(sc.hardware.paced(sc.gpus), g, propagate(g, sh))
     assert b.forward_s == pytest.approx(lc.forward.compute, rel=1e-9)
     assert b.backward_s == pytest.approx(lc.backward_input.compute + lc.backward_weight.compute, rel=1e-9)
     assert b.forward_comm_s == pytest.approx(lc.forward.ep_comm, rel=1e-9)

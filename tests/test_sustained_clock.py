@@ -91,9 +91,18 @@ def test_sustained_cannot_beat_the_burst():
 
 def test_without_the_pair_the_ratio_is_one():
     data = _h100_table()
-    for k in ("msmf_bf16_tflops", "msmf_mamf_bf16_tflops"):
+    for k in ("msmf_bf16_tflops", "msmf_mamf_bf16_tflops", "msmf_chip_range_pct", "msmf_chip_range_gpus"):
         del data["device"][k]
     assert parse_profile(data, "h.toml").device.clock_ratio == 1.0
+
+
+def test_a_chip_range_without_its_msmf_is_refused():
+    data = _h100_table()
+    for k in ("msmf_bf16_tflops", "msmf_mamf_bf16_tflops"):
+        del data["device"][k]
+    with pytest.raises(ConfigError) as err:
+        parse_profile(data, "h.toml")
+    assert "device.msmf_chip_range_pct" in err.value.line() and "msmf_bf16_tflops" in err.value.line()
 
 
 def test_kernel_cli_headline_is_the_burst_with_the_sustained_beside_it():

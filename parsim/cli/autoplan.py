@@ -75,7 +75,8 @@ def build_spec(args):
     # a head dim the GPU's fused attention kernel does not take, as a scenario would be refused
     check_attention_head_dim(model, TrainingConfig(1, 1, flash_attention=args.flash_attention), hw, FILE, "--model",
                              "run with --no-flash-attention to cost unfused attention")
-    return AutoplanSpec(model, ref, hw, args.gpus, args.global_batch, args.seq_len, prec, args.optimizer, rc,
+    # one synchronous job: its slowest chip sets the compute clock (HardwareProfile.paced)
+    return AutoplanSpec(model, ref, hw.paced(args.gpus), args.gpus, args.global_batch, args.seq_len, prec, args.optimizer, rc,
                         args.confirm, flash_attention=args.flash_attention, dropout=args.dropout)
 
 

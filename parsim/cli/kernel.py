@@ -14,7 +14,8 @@ The headline is the kernel as a microbenchmark times it: a burst at the boost cl
 and the kernel papers measure (and what the tests hold the models to). ``sustained_time_s`` /
 ``sustained_tflops`` are the same kernel on a chip held at its power limit, as in training and
 in ``parsim simulate`` (``device.msmf_*``: the measured saturated/burst ratio; equal to the
-burst where the profile has no MSMF).
+burst where the profile has no MSMF); ``--gpus N`` makes them the slowest of N chips', the clock
+a synchronous job of N GPUs runs at (``device.msmf_chip_range_*``, :mod:`parsim.cluster.pace`).
 """
 from __future__ import annotations
 
@@ -81,8 +82,14 @@ def _common(p, default_precision: str | None) -> None:
     p.add_argument("--hardware", required=True, help="profile name or path (e.g. dgx-h100)")
     p.add_argument("--precision", default=default_precision,
                    help="bf16 | fp16 | fp8 | mxfp8 | tf32 | fp32 (default bf16, fp16 where the GPU has no bf16)")
+    p.add_argument("--gpus", default="1",
+                   help="GPUs of one synchronous job: the sustained figures are its slowest chip's (default 1: "
+                        "the measured mean chip)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
+
+MAX_GPUS = 10 ** 7
+"""Largest --gpus (ten million: past any cluster built)."""
 
 MAX_DIM = 2 ** 31
 """Largest GEMM dimension, count or attention batch/heads/head dim (2^31: a matrix side past any GPU's
@@ -104,7 +111,8 @@ def _positive_int(name: str, text: str, most: int = MAX_DIM) -> int:
 def _device(args):
     from parsim.cluster.hardware import canonical_precision, load_profile
 
-    hw = load_profile(args.hardware, source=WHERE)
+    args.gpus_n = _positive_int("--gpus", args.gpus, most=MAX_GPUS)
+    hw = load_profile(args.hardware, source=WHERE).paced(args.gpus_n)
     dev = hw.device.burst()
     if dev.kernels is None:
         raise ConfigError(hw.source_path or WHERE, "device.sm_count",
@@ -136,6 +144,7 @@ def cmd_gemm(args) -> int:
     sustained = count * hw.device.kernel_gemm_plan(m, n, k, precision)["time_s"]
     out = {"time_s": t, "tflops": flops / t / 1e12, "efficiency": flops / t / peak,
            "sustained_time_s": sustained, "sustained_tflops": flops / sustained / 1e12,
+           "gpus": args.gpus_n,
            "hardware": hw.name, "device": dev.name, "precision": precision, "m": m, "n": n, "k": k,
            "count": count, "flops": flops, "peak_tflops": peak / 1e12,
            "mainloop_tflops": plan["mainloop_flops"] / 1e12, "tile": plan["tile"], "split_k": plan["split_k"],
@@ -153,7 +162,8 @@ def _sustained_text(out: dict) -> str:
     """The sustained figure beside the burst one, where the profile's MSMF makes them differ."""
     if out["sustained_time_s"] == out["time_s"]:
         return ""
-    return (f"; sustained at the power limit: {out['sustained_time_s'] * 1e6:.1f} us, "
+    who = f", the slowest of {out['gpus']:,} chips" if out["gpus"] > 1 else ""
+    return (f"; sustained at the power limit{who}: {out['sustained_time_s'] * 1e6:.1f} us, "
             f"{out['sustained_tflops']:.1f} TFLOP/s")
 
 
@@ -202,6 +212,7 @@ def cmd_attention(args) -> int:
                                                 args.backward, precision, impl)
     out = {"time_s": t, "tflops": flops / t / 1e12, "efficiency": flops / t / peak,
            "sustained_time_s": sustained, "sustained_tflops": flops / sustained / 1e12,
+           "gpus": args.gpus_n,
            "hardware": hw.name, "device": dev.name, "precision": precision, "kernel": kernel.name,
            "batch": batch, "seq_q": seq, "seq_k": seq_k, "heads": heads, "kv_heads": kv_heads,
            "head_dim": head_dim, "causal": args.causal, "backward": args.backward, "flops": flops,
@@ -233,6 +244,7 @@ def cmd_experts(args) -> int:
     peak = dev.peak(precision)
     out = {"time_s": t, "tflops": flops / t / 1e12, "efficiency": flops / t / peak,
            "sustained_time_s": sustained, "sustained_tflops": flops / sustained / 1e12,
+           "gpus": args.gpus_n,
            "hardware": hw.name, "device": dev.name, "precision": precision, "implementation": impl,
            "experts": experts, "m": m, "n": n, "k": k, "flops": flops, "peak_tflops": peak / 1e12,
            "time_s_by_implementation": times}

@@ -164,6 +164,10 @@ class Device:
     """Kernel times are those of a chip at its power limit, as in training (the kernel models'
     burst rates times ``kernels.saturated_ratio``); False: a burst, as microbenchmarks and the
     kernel papers time them (:meth:`burst`; ``parsim kernel`` prints both)."""
+    paced_gpus: int = 1
+    """GPUs of the job that wait on one another every step: its compute runs at the slowest of
+    that many chips' sustained clock (``kernels.slowest_chip_share``; :func:`paced`). 1: one chip,
+    the measured mean."""
     gemm_model: str = "kernel"
     """Which model :meth:`gemm_time` uses: ``"kernel"`` (:mod:`parsim.cluster.kernels`, the
     default wherever the profile gives kernel facts) or ``"shape"`` (the two-knob shape model
@@ -173,11 +177,12 @@ class Device:
     @property
     def clock_ratio(self) -> float:
         """The compute clock relative to the kernel models' burst calibration: the measured
-        power-saturated fraction (``kernels.saturated_ratio``) under sustained load, 1 in a burst
-        or without kernel facts."""
+        power-saturated fraction (``kernels.saturated_ratio``) under sustained load, times the
+        slowest of the job's ``paced_gpus`` chips against the mean one; 1 in a burst or without
+        kernel facts."""
         if not self.sustained or self.kernels is None:
             return 1.0
-        return self.kernels.saturated_ratio
+        return self.kernels.saturated_ratio * self.kernels.slowest_chip_share(self.paced_gpus)
 
     def burst(self) -> Device:
         """This device as a microbenchmark sees it: kernels at their burst (boost-clock) rate."""
@@ -392,6 +397,15 @@ class HardwareProfile:
     send_post_bandwidth: float = 0.0
     """Bytes/s of that posting's size-dependent part (``node.send_post_gbyte_per_s``; 0: none)."""
 
+    def paced(self, gpus: int) -> HardwareProfile:
+        """This cluster running one synchronous job of ``gpus`` GPUs: its compute at the slowest
+        chip's sustained clock (:attr:`Device.paced_gpus`); itself where the profile states no
+        spread between chips."""
+        kf = self.device.kernels
+        if kf is None or kf.msmf_chip_range is None or self.device.paced_gpus == gpus:
+            return self
+        return replace(self, device=replace(self.device, paced_gpus=max(1, int(gpus))))
+
     def send_post_time(self, nbytes: float) -> float:
         """Seconds the sender's compute waits while it posts a send of ``nbytes``."""
         return self.send_post_latency_s + (nbytes / self.send_post_bandwidth if self.send_post_bandwidth > 0 else 0.0)
@@ -475,6 +489,7 @@ _SCHEMA: dict[str, dict[str, tuple[str, bool]]] = {
         "gemm_tiles": ("tiles", _OPT), "mma_style": ("mma_style", _OPT), "gemm_stream_k": ("bool", _OPT),
         "gemm_latency_us": ("nonneg", _OPT),
         "msmf_bf16_tflops": ("pos", _OPT), "msmf_mamf_bf16_tflops": ("pos", _OPT),
+        "msmf_chip_range_pct": ("pos", _OPT), "msmf_chip_range_gpus": ("int", _OPT),
         "collective_ctas": ("int", _OPT), "collective_ctas_net": ("int", _OPT),
         "attention_kernel": ("attention_kernel", _OPT), "gemm_model": ("gemm_model", _OPT),
         **{f"mamf_{p}_{what}": (kind, _OPT) for p in GEMM_PRECISIONS

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from parsim.cluster.pace import chip_sigma, slowest_chip_share
 from parsim.errors import ConfigError
 from parsim.units import to_si
 
@@ -100,6 +101,18 @@ class KernelFacts:
     """(sustained, burst) matmul TFLOP/s of one mamf-finder run: MSMF, the chip held at its power
     limit, and the same run's MAMF (profile keys ``msmf_bf16_tflops``, ``msmf_mamf_bf16_tflops``);
     None: not measured for this GPU (:attr:`saturated_ratio` 1)."""
+    msmf_chip_range: tuple[float, int] | None = None
+    """(range, chips) of the same measurement across the GPUs it ran on at once: how far the
+    slowest chip's sustained rate sits below the fastest's, as a fraction of the mean, over that
+    many chips (profile keys ``msmf_chip_range_pct``, ``msmf_chip_range_gpus``); None: not
+    measured (every chip taken as the mean one: :meth:`slowest_chip_share` 1)."""
+
+    def slowest_chip_share(self, gpus: int) -> float:
+        """Sustained rate of the slowest of ``gpus`` chips over the mean chip's (the measured MSMF):
+        a synchronous job waits on it every step (:mod:`parsim.cluster.pace`)."""
+        if self.msmf_chip_range is None:
+            return 1.0
+        return slowest_chip_share(chip_sigma(*self.msmf_chip_range), gpus)
 
     @property
     def saturated_ratio(self) -> float:
@@ -374,7 +387,8 @@ def facts_from_table(d: Mapping[str, Any], peaks: Mapping[str, float], precision
                        stream_k=d.get("gemm_stream_k", False), mamf=mamf, attention_kernel=d.get("attention_kernel"),
                        gemm_latency_s=to_si("gemm_latency_us", d.get("gemm_latency_us", 0.0)),
                        collective_ctas=_ctas(d, "collective_ctas", file),
-                       collective_ctas_net=_ctas(d, "collective_ctas_net", file), msmf=msmf)
+                       collective_ctas_net=_ctas(d, "collective_ctas_net", file), msmf=msmf,
+                       msmf_chip_range=_chip_range(d, msmf, file))
 
 
 CLOCK_RANGE_HZ = (0.3e9, 4.0e9)
@@ -402,6 +416,30 @@ def _msmf(d: Mapping[str, Any], file: str) -> tuple[float, float] | None:
         raise ConfigError(file, "device.msmf_bf16_tflops",
                           f"{msmf:g} exceeds device.msmf_mamf_bf16_tflops ({mamf:g}): sustained cannot beat the burst")
     return float(msmf), float(mamf)
+
+
+CHIP_RANGE_KEYS = ("msmf_chip_range_pct", "msmf_chip_range_gpus")
+"""The spread of the MSMF measurement across its chips: given together, beside the MSMF."""
+
+
+def _chip_range(d: Mapping[str, Any], msmf: tuple[float, float] | None, file: str) -> tuple[float, int] | None:
+    """(range as a fraction, chips) of :attr:`KernelFacts.msmf_chip_range`, checked: both keys,
+    an MSMF they describe, a range under half the mean, at least two chips."""
+    given = [k for k in CHIP_RANGE_KEYS if k in d]
+    if not given:
+        return None
+    if len(given) == 1:
+        other = next(k for k in CHIP_RANGE_KEYS if k not in d)
+        raise ConfigError(file, f"device.{given[0]}", f"needs device.{other} beside it (how many chips the range spans)")
+    if msmf is None:
+        raise ConfigError(file, f"device.{given[0]}", "needs device.msmf_bf16_tflops (the measurement it is the spread of)")
+    pct, gpus = d["msmf_chip_range_pct"], d["msmf_chip_range_gpus"]
+    if not 0.0 < pct < 50.0:
+        raise ConfigError(file, "device.msmf_chip_range_pct",
+                          f"expected a percentage of the mean above 0 and below 50, got {pct:g}")
+    if gpus < 2:
+        raise ConfigError(file, "device.msmf_chip_range_gpus", f"a range needs at least 2 chips, got {gpus}")
+    return pct / 100.0, int(gpus)
 
 
 def _ctas(d: Mapping[str, Any], key: str, file: str) -> int:
@@ -436,6 +474,9 @@ def facts_to_table(kf: KernelFacts | None) -> dict[str, Any]:
             out[f"mamf_{p}_shape"] = "x".join(str(x) for x in shape)
     if kf.msmf is not None:
         out["msmf_bf16_tflops"], out["msmf_mamf_bf16_tflops"] = kf.msmf
+    if kf.msmf_chip_range is not None:
+        out["msmf_chip_range_pct"] = kf.msmf_chip_range[0] * 100.0
+        out["msmf_chip_range_gpus"] = kf.msmf_chip_range[1]
     return out
 
 

@@ -118,12 +118,21 @@ def pairs_forward_with_backward(sc: Scenario) -> bool:
             and ((key == canonical_key("1F1B") and par.pp == 1) or key == canonical_key("Interleaved1F1B")))
 
 
+def paced_gpus(sc: Scenario) -> int:
+    """GPUs whose slowest chip sets the job's compute clock (``HardwareProfile.paced``): all of
+    them -- every step's data-parallel reduction, pipeline sends and tensor-parallel lockstep make
+    each wait on the others -- unless ``stragglers.gpu_sigma`` draws every GPU's own speed (then
+    those draws are the chip-to-chip spread, and the mean chip is the base)."""
+    st = sc.stragglers
+    return 1 if st is not None and st.gpu_sigma > 0 else sc.gpus
+
+
 def cost_inputs(sc: Scenario) -> CostInputs:
     """The cost model's view of a scenario."""
     pairs = pairs_forward_with_backward(sc)
     overlap = replace(sc.overlap, ep_comm=False) if pairs else sc.overlap  # the composites hide them
     moe = replace(sc.moe, expert_gemm=default_expert_gemm(sc.moe, sc.parallel.framework))
-    return CostInputs(sc.model, cluster_of(sc.hardware), sc.training, sc.parallel, overlap, moe, sc.schedule.name,
+    return CostInputs(sc.model, cluster_of(sc.hardware.paced(paced_gpus(sc))), sc.training, sc.parallel, overlap, moe, sc.schedule.name,
                       sc.n_microbatches, tuple(sc.layers_per_stage), sc.dropout, sc.costs, offload=sc.offload,
                       ep_pairs=pairs)
 

@@ -24,7 +24,7 @@ the start and end of each pass.
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
@@ -111,6 +111,9 @@ def load_inference(path: str | Path, overrides: list[str] | None = None) -> Infe
         _check_ds07(job_file=file, sc=sc, inf=inf, off=off)
     if inf.kv_cache == "cpu" and sc.hardware.host is None:
         raise ConfigError(file, "inference.kv_cache", f"hardware profile {sc.hardware.name} has no [host] table")
+    # one instance's GPUs wait on one another every pass (its tensor-parallel lockstep, its
+    # pipeline); replicas serve apart: its slowest chip sets its compute clock
+    sc = replace(sc, hardware=sc.hardware.paced(sc.parallel.tp * sc.parallel.pp))
     return InferJob(scenario=sc, inference=inf, offload=off)
 
 
