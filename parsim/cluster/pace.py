@@ -10,6 +10,10 @@ MSMF is that measurement's *mean* chip; a job whose GPUs wait on one another eve
 data-parallel reduction, the pipeline's sends, tensor parallelism's lockstep) runs its compute at
 the slowest of its N chips.
 
+A later revision of that README measured other nodes (torch 2.14.0+cu130): a 3.4% range on
+H200 and 4.9% on B200, with sustained/burst ratios of 0.887 and 0.823 against the 0.848 and
+0.815 of the runs the profiles cite; the profiles keep one campaign for both numbers.
+
 Chip rates are taken as normal with standard deviation ``sigma`` (a fraction of the mean), read
 from the measured range of ``g`` chips as ``range / E[range of g normals]``; the slowest of N
 then sits ``sigma * E[max of N standard normals]`` below the mean. Memory-bound work is not
