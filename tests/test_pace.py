@@ -11,13 +11,15 @@ import json
 import math
 import subprocess
 import sys
+import tomllib
 
 import numpy as np
 import pytest
 
-from parsim.cluster.hardware import load_profile
+from parsim.cluster.hardware import PROFILE_DIR, load_profile, parse_profile
 from parsim.cluster.pace import chip_sigma, expected_max_normal, slowest_chip_share
 from parsim.costs.inputs import cost_inputs
+from parsim.errors import ConfigError
 from parsim.scenario import load_scenario
 
 H200_RANGE, B200_RANGE = 0.045, 0.104
@@ -106,3 +108,22 @@ def test_kernel_cli_gives_the_slowest_of_n_beside_the_burst():
     hw = load_profile("dgx-h100")
     ratio = hw.device.clock_ratio / hw.paced(1024).device.clock_ratio
     assert many["sustained_time_s"] / one["sustained_time_s"] == pytest.approx(ratio, rel=0.01)
+
+
+@pytest.mark.parametrize("change, key", [
+    ({"msmf_chip_range_gpus": None}, "device.msmf_chip_range_pct"),   # one of the pair
+    ({"msmf_chip_range_pct": None}, "device.msmf_chip_range_gpus"),
+    ({"msmf_chip_range_pct": 0.0}, "device.msmf_chip_range_pct"),     # no spread is no key
+    ({"msmf_chip_range_pct": 60.0}, "device.msmf_chip_range_pct"),    # half the mean or more: not a clock spread
+    ({"msmf_chip_range_gpus": 1}, "device.msmf_chip_range_gpus"),     # a range needs two chips
+])
+def test_a_bad_chip_range_is_refused_naming_its_key(change, key):
+    data = tomllib.loads((PROFILE_DIR / "dgx-h100.toml").read_text())
+    for k, v in change.items():
+        if v is None:
+            del data["device"][k]
+        else:
+            data["device"][k] = v
+    with pytest.raises(ConfigError) as err:
+        parse_profile(data, "h.toml")
+    assert err.value.line().startswith("h.toml") and key in err.value.line()

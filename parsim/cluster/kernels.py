@@ -402,15 +402,21 @@ MSMF_KEYS = ("msmf_bf16_tflops", "msmf_mamf_bf16_tflops")
 """A measured sustained rate and the burst rate of the same run: given together or not at all."""
 
 
+def _pair_given(d: Mapping[str, Any], keys: tuple[str, str], what: str, file: str) -> bool:
+    """Whether both ``keys`` are in ``d`` (False: neither); ConfigError naming the missing one
+    when only one is (``what``: what the other says)."""
+    given = [k for k in keys if k in d]
+    if len(given) == 1:
+        other = next(k for k in keys if k not in d)
+        raise ConfigError(file, f"device.{given[0]}", f"needs device.{other} beside it ({what})")
+    return bool(given)
+
+
 def _msmf(d: Mapping[str, Any], file: str) -> tuple[float, float] | None:
     """(MSMF, MAMF) of one measurement (:attr:`KernelFacts.msmf`), checked: both keys or
     neither, the sustained rate not above the burst."""
-    given = [k for k in MSMF_KEYS if k in d]
-    if not given:
+    if not _pair_given(d, MSMF_KEYS, "the same run's burst rate", file):
         return None
-    if len(given) == 1:
-        other = next(k for k in MSMF_KEYS if k not in d)
-        raise ConfigError(file, f"device.{given[0]}", f"needs device.{other} beside it (the same run's burst rate)")
     msmf, mamf = d["msmf_bf16_tflops"], d["msmf_mamf_bf16_tflops"]
     if msmf > mamf:
         raise ConfigError(file, "device.msmf_bf16_tflops",
@@ -425,14 +431,11 @@ CHIP_RANGE_KEYS = ("msmf_chip_range_pct", "msmf_chip_range_gpus")
 def _chip_range(d: Mapping[str, Any], msmf: tuple[float, float] | None, file: str) -> tuple[float, int] | None:
     """(range as a fraction, chips) of :attr:`KernelFacts.msmf_chip_range`, checked: both keys,
     an MSMF they describe, a range under half the mean, at least two chips."""
-    given = [k for k in CHIP_RANGE_KEYS if k in d]
-    if not given:
+    if not _pair_given(d, CHIP_RANGE_KEYS, "how many chips the range spans", file):
         return None
-    if len(given) == 1:
-        other = next(k for k in CHIP_RANGE_KEYS if k not in d)
-        raise ConfigError(file, f"device.{given[0]}", f"needs device.{other} beside it (how many chips the range spans)")
     if msmf is None:
-        raise ConfigError(file, f"device.{given[0]}", "needs device.msmf_bf16_tflops (the measurement it is the spread of)")
+        raise ConfigError(file, f"device.{CHIP_RANGE_KEYS[0]}",
+                          "needs device.msmf_bf16_tflops (the measurement it is the spread of)")
     pct, gpus = d["msmf_chip_range_pct"], d["msmf_chip_range_gpus"]
     if not 0.0 < pct < 50.0:
         raise ConfigError(file, "device.msmf_chip_range_pct",
