@@ -127,3 +127,14 @@ def test_a_bad_chip_range_is_refused_naming_its_key(change, key):
     with pytest.raises(ConfigError) as err:
         parse_profile(data, "h.toml")
     assert err.value.line().startswith("h.toml") and key in err.value.line()
+
+
+def test_simulate_states_the_clock_it_ran_the_compute_at():
+    from parsim.simulate import simulate
+    sc = load_scenario("scenarios/llama3-70b-h100.toml")
+    cc = simulate(sc).metrics["compute_clock"]
+    hw = load_profile("dgx-h100")
+    assert cc["paced_gpus"] == sc.gpus == 64
+    assert cc["saturated_ratio"] * cc["slowest_chip_share"] == pytest.approx(hw.paced(64).device.clock_ratio, rel=1e-12)
+    a100 = simulate(load_scenario("scenarios/gpt3-175b-1f1b.toml")).metrics["compute_clock"]
+    assert a100 == {"saturated_ratio": 1.0, "slowest_chip_share": 1.0, "paced_gpus": 1}  # nothing measured: the burst

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from parsim.config.scenario import Scenario
+from parsim.costs.inputs import paced_gpus
 from parsim.costs.memory import ALLOCATOR_FRAGMENTATION
 from parsim.costs.parts import PART_NAMES
 from parsim.costs.tables import CostTables
@@ -87,6 +88,7 @@ def metrics(sc: Scenario, schedule: Schedule, tables: CostTables, tl: pd.DataFra
         "oom": None if worst is None else {"rank": worst[0], "over_by_bytes": worst[1]},
         "stages": stages_out,
     }
+    out.update(compute_clock(sc))
     out.update(_schedule_metrics(sc, schedule, tables, tl[tl["stream"] == "compute"], stages_out))
     if m.is_moe:
         out["active_params"] = active_params(m)
@@ -94,6 +96,19 @@ def metrics(sc: Scenario, schedule: Schedule, tables: CostTables, tl: pd.DataFra
             per_rank = moe_layers_per_rank([st.moe_layers for st in tables.stages], s2r, pp)
             out["moe"] = moe_metrics(tables.moe, per_rank, schedule.n_microbatches, tr.recompute == "full", peak_all)
     return out
+
+
+def compute_clock(sc: Scenario) -> dict:
+    """``compute_clock``: the clock the kernel models ran the job's compute at, against the burst
+    they are calibrated to -- the power-saturated fraction (``saturated_ratio``) times the slowest
+    of ``paced_gpus`` chips against the mean one (``slowest_chip_share``); empty on a profile
+    without kernel facts (its rates are calibrated as they run)."""
+    kf = sc.hardware.device.kernels
+    if kf is None:
+        return {}
+    n = paced_gpus(sc)
+    return {"compute_clock": {"saturated_ratio": kf.saturated_ratio, "slowest_chip_share": kf.slowest_chip_share(n),
+                              "paced_gpus": n if kf.msmf_chip_range is not None else 1}}
 
 
 def recompute_detail(tr) -> dict:

@@ -131,6 +131,12 @@ def format_summary(mx: dict) -> str:
         f"  exposed comm      {fmt_s(mx['exposed_comm_s'])}  "
         + "  ".join(f"{k}={fmt_s(v)}" for k, v in mx["exposed_comm_by_axis_s"].items() if v > 0),
     ]
+    cc = mx.get("compute_clock")
+    if cc and (cc["saturated_ratio"] < 1.0 or cc["slowest_chip_share"] < 1.0):
+        lines.append(f"  compute clock     {cc['saturated_ratio']:.3f} of the burst at the power limit"
+                     + (f" x {cc['slowest_chip_share']:.3f}, the slowest of {cc['paced_gpus']:,} chips"
+                        if cc["slowest_chip_share"] < 1.0 else "")
+                     + " (compute-bound kernels; memory-bound work keeps HBM's clock)")
     if "step_time_p50_s" in mx:  # --samples (parsim.uncertainty.band)
         rel = {k: f"{100 * (mx[f'step_time_{k}_s'] / T - 1):+.2f}%" for k in ("p5", "p50", "p95")}
         lines.append(f"  90% band          step time P5 {rel['p5']}, P50 {rel['p50']}, P95 {rel['p95']} of the point; "
