@@ -276,10 +276,11 @@ def kernel_table() -> str:
 
 HELDOUT_NEW_PROFILES = ("grand-teton-h100", "dgx-a100-40g")
 """Profiles added after the 'before' column was taken: their rows were not expressible then."""
-HELDOUT_NEW_ROWS = ("nemo-longseq-b200-", "nemofw2502-b200-mixtral8x22b-")
+HELDOUT_NEW_ROWS = ("nemo-longseq-b200-", "nemofw2502-b200-mixtral8x22b-", "mb-26.06-", "mb-26.06.01-")
 """Rows (id prefixes) made expressible after the 'before' column by the data set or a preset: the
-NeMo B200 long-sequence table's GPU count taken from its layout (its page's column is 4x it), and
-the mixtral-8x22b preset."""
+NeMo B200 long-sequence table's GPU count taken from its layout (its page's column is 4x it), the
+mixtral-8x22b preset, and rows added to the data set since (Megatron-Bridge's 26.06 and 26.06.01
+pre-training tables)."""
 
 
 def heldout_summary() -> dict[str, tuple[int, float, float]]:
@@ -502,9 +503,10 @@ def _report(rows: list[dict], summary: dict, classic: list[dict]) -> str:
             "the cost model of the tree that generated this report (this round's other work on MoE, "
             "context and data parallelism moves these rows too). 'Same rows': the rows that were "
             "expressible then; 'all rows' adds those that profiles added since make expressible "
-            f"({', '.join(HELDOUT_NEW_PROFILES)}), the mixtral-8x22b preset, and the NeMo B200 "
+            f"({', '.join(HELDOUT_NEW_PROFILES)}), the mixtral-8x22b preset, the NeMo B200 "
             "long-sequence rows, whose GPU count the data set takes from their layout (the page's "
-            "column is 4x it in every row). Full rows: reports/fidelity-heldout.md.\n\n"
+            "column is 4x it in every row), and the rows added since (Megatron-Bridge's 26.06 and "
+            "26.06.01 pre-training tables). Full rows: reports/fidelity-heldout.md.\n\n"
             + "\n".join(held_lines) + "\n")
 
 

@@ -1,4 +1,4 @@
-"""Held-out fidelity: parsim against 168 published training runs not used to fit it (9 flagged rows excepted).
+"""Held-out fidelity: parsim against 196 published training runs not used to fit it (9 flagged rows excepted).
 
     python benchmarks/fidelity_heldout.py [--markdown reports/fidelity-heldout.md] [--json]
 
@@ -682,6 +682,9 @@ def convert(row: dict) -> tuple[dict | Skip, list[str]]:
         else:
             mbs = 1
             notes.append("microbatch not stated: 1")
+    dtype = str(row["precision"].get("dtype") or "")
+    if "fp4" in dtype.lower():  # NVFP4 (Blackwell's 4-bit block-scaled GEMMs): no FP4 rates or recipe in parsim
+        return Skip("precision: FP4", f"{dtype!r}: parsim has no FP4 GEMMs"), notes
     precision, n = precision_for(row)
     notes += n
     recompute, n = recompute_for(row, fam)

@@ -19,8 +19,8 @@ MEGATRON_OVERLAP = {"grad_reduce": True, "param_gather": True, "tp_comm": True,
                     "p2p": False}  # Megatron blocks on its pipeline sends (batch_isend_irecv + wait + sync)
 
 
-def test_the_data_set_has_168_rows_with_unique_ids():
-    assert len(fh.load_rows()) == 168 == len(ROWS)
+def test_the_data_set_has_196_rows_with_unique_ids():
+    assert len(fh.load_rows()) == 196 == len(ROWS)
 
 
 def test_megatron_bridge_llama3_70b_fp8_row():
@@ -90,6 +90,8 @@ def test_mpt_fields_reproduce_the_published_parameter_counts():
     ("deepseekv3-report-h800-2048-pretrain", "global batch not one number", "ramp"),
     ("megatronlm-strongscale-h100-gpt177b-96gpu", "no per-GPU throughput published", "mfu"),
     ("megatronlm-dsv3-gb200-guide-mxfp8", "no GPU count", "number of GPUs"),
+    ("mb-26.06-gb300-llama31405b-nvfp4", "precision: FP4", "no FP4 GEMMs"),  # not run as bf16
+    ("mb-26.06-b300-qwen330ba3b-mxfp8", "hardware: unknown GPU", "B300"),
 ])
 def test_rows_that_must_be_skipped_say_why(rid, kind, words):
     skip = fh.scenario_for(ROWS[rid])
