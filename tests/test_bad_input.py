@@ -805,7 +805,8 @@ def test_sweep_round_6_profiles_within_plausible_ranges(capsys, tmp_path):
         bad.write_text("\n".join(f"{key} = {value}" if ln.startswith(f"{key} ") else ln for ln in text.splitlines()))
         refused(capsys, ["simulate", llama, "--set", f"hardware={bad}"], named)
     cal = tmp_path / "cal.toml"
-    cal.write_text(text + "\n[calibration]\ncollective_all_reduce_8 = [[1e9, 5.0, 1e-300]]\n")
+    assert text.rstrip().rsplit("\n[", 1)[1].startswith("calibration]")  # its last table: the key joins it
+    cal.write_text(text.rstrip("\n") + "\ncollective_all_reduce_8 = [[1e9, 5.0, 1e-300]]\n")
     refused(capsys, ["simulate", llama, "--set", f"hardware={cal}"], "calibration.collective_all_reduce_8")
     v100 = (ROOT / "parsim" / "cluster" / "profiles" / "dgx2-v100.toml").read_text()
     host = tmp_path / "host.toml"

@@ -14,7 +14,9 @@ is about +-5%), by family of work: ``compute`` (GEMMs, attention: an op's kernel
 * ``model``: the model's discrepancy on whole steps (one factor per sample on every duration):
   how far the point prediction was from the measured median step over the end-to-end
   validation runs recorded on this machine (``parsim calibrate --validations``,
-  :func:`parsim.calibrate.spread.model_discrepancy`). The kernel fits' residuals cannot show
+  :func:`parsim.calibrate.spread.model_discrepancy`); a GPU profile states it from the
+  held-out published runs (``benchmarks/heldout_band.py``), dense and MoE jobs apart
+  (``model_moe``). The kernel fits' residuals cannot show
   what running inside a step adds (threads sharing cores, cold caches, a router's skew); the
   validation runs do. It widens the band only: the point prediction does not move.
 
@@ -64,7 +66,11 @@ class Spread:
     speed: float = 0.0
     """Device speed drift: one factor per sample on all compute and memory work."""
     model: float = 0.0
-    """Model discrepancy: one factor per sample on every duration (validation records' step errors)."""
+    """Model discrepancy: one factor per sample on every duration (validation records' step errors;
+    on a GPU profile, the held-out published runs': ``benchmarks/heldout_band.py``)."""
+    model_moe: float = 0.0
+    """The model discrepancy of jobs training a mixture-of-experts model, where the profile states
+    it apart (``spread_model_moe``: the held-out MoE runs miss by more); 0: ``model``."""
     source: str = DEFAULT_SOURCE
     """Where these numbers come from."""
 

@@ -32,10 +32,12 @@ class SampledCosts:
 
     fresh_per_action = True
 
-    def __init__(self, base, spread: Spread, rng: random.Random):
+    def __init__(self, base, spread: Spread, rng: random.Random, model: float | None = None):
         self.base, self.spread, self.rng = base, spread, rng
         self.speed = self._draw(spread.speed)
-        self.model = self._draw(spread.model)
+        # the model-discrepancy factor: given (one stratum of the sample set's, band.model_factors),
+        # else drawn
+        self.model = self._draw(spread.model) if model is None else model
         self._residual: dict[tuple, float] = {}
         self._children: dict[int, SampledCosts] = {}
         if hasattr(base, "unit_cost"):  # token slices (TeraPipe): the engine asks per slice
