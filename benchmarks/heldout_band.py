@@ -70,10 +70,11 @@ def bands(results: list[dict]) -> dict[tuple[str, str], dict]:
     """Per (generation, dense or moe): the fitted discrepancy, the rows it rests on and how many
     of the held-out half (and of the fit half) its 90% range covers."""
     done = [r for r in results if r.get("status") == "compared" and not r["calibration"]]
+    kind_of = {r["id"]: "moe" if is_moe(r) else "dense" for r in done}  # one scenario parse per row
     out = {}
     for gen, profiles in GENERATIONS.items():
         for kind in KINDS:
-            rows = [r for r in done if r["scenario"]["hardware"] in profiles and is_moe(r) == (kind == "moe")]
+            rows = [r for r in done if r["scenario"]["hardware"] in profiles and kind_of[r["id"]] == kind]
             if len(rows) < 2:
                 continue
             fit, held = split(rows)

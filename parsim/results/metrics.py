@@ -103,12 +103,12 @@ def compute_clock(sc: Scenario) -> dict:
     they are calibrated to -- the power-saturated fraction (``saturated_ratio``) times the slowest
     of ``paced_gpus`` chips against the mean one (``slowest_chip_share``); empty on a profile
     without kernel facts (its rates are calibrated as they run)."""
-    kf = sc.hardware.device.kernels
-    if kf is None:
+    dev = sc.hardware.paced(paced_gpus(sc)).device  # the device cost_inputs costs the job on
+    if dev.kernels is None:
         return {}
-    n = paced_gpus(sc)
-    return {"compute_clock": {"saturated_ratio": kf.saturated_ratio, "slowest_chip_share": kf.slowest_chip_share(n),
-                              "paced_gpus": n if kf.msmf_chip_range is not None else 1}}
+    return {"compute_clock": {"saturated_ratio": dev.kernels.saturated_ratio,
+                              "slowest_chip_share": dev.kernels.slowest_chip_share(dev.paced_gpus),
+                              "paced_gpus": dev.paced_gpus}}
 
 
 def recompute_detail(tr) -> dict:
