@@ -3,7 +3,7 @@
 The kernel models alone must reproduce the rows whose physics they claim (Megatron-LM 2021 on
 A100 without pipeline parallelism: GEMMs, the unfused attention core, memory-bound ops). The
 issue's aim -- <= 10% (then 5%) on every row with no per-GPU factor -- is met at 10% on the A100
-rows and, since compute-bound kernels run at the measured power-saturated clock (the profiles'
+rows (6% since the A100's power-limited clock, a kernel microbenchmark) and, since compute-bound kernels run at the measured power-saturated clock (the profiles'
 ``msmf_*`` pair: a kernel microbenchmark, not a fit to these rows), on the H100 rows (9.2%);
 5% is not met (reports/fidelity.md says where).
 """
@@ -27,20 +27,35 @@ def test_every_published_throughput_case_is_a_scenario():
     assert sum(c["id"].startswith("megatron-core-h100-weak") for c in cases) == 9
 
 
+A100_FLAT = ("megatron21-table1-1.7B", "megatron21-table1-3.6B", "megatron21-table1-7.5B", "megatron21-table1-18B")
+"""Table 1's rows without pipeline parallelism."""
+
+
+@pytest.mark.xfail(strict=True, reason="at the A100's power-limited clock (Horace He's random-input 8192^3 "
+                                       "matmul, 257.5 TFLOP/s, against the 275.7 the GEMM model gives in a "
+                                       "burst) these rows come out 6.5-8.5% slow; at the burst clock they were "
+                                       "3.0-4.8% slow, while the pipelined rows at hidden 8192 and above were "
+                                       "5-12% fast. What the real runs at hidden 2304-6144 spend less on is not "
+                                       "identified")
 def test_a100_rows_without_pipeline_within_five_percent(rows):
-    flat = [r for r in rows if r["family"] == "a100" and r["pp"] == 1]
-    assert len(flat) == 4
-    assert fidelity.mape(flat) <= 5.0
+    flat = [r for r in rows if r["id"] in A100_FLAT]
+    assert len(flat) == 4 and all(r["family"] == "a100" and r["pp"] == 1 for r in flat)
     assert all(abs(r["error"]) <= 0.05 for r in flat)
 
 
+def test_a100_rows_without_pipeline_within_ten_percent(rows):
+    flat = [r for r in rows if r["id"] in A100_FLAT]
+    assert all(abs(r["error"]) <= 0.10 for r in flat)
+
+
 OPEN_SLOW_ROW = "megatron-core-h100-weak-32B"
-"""The one row predicted more than 5% slow (see the strict xfail below)."""
+"""The H100 row predicted more than 5% slow (see the strict xfail below)."""
 
 
 def test_no_row_is_predicted_slower_than_published_by_more_than_five_percent(rows):
-    # nothing left in the model slows a run down without a kernel behind it
-    assert min(r["error"] for r in rows if r["id"] != OPEN_SLOW_ROW) >= -0.05
+    # nothing left in the model slows a run down without a kernel behind it, but the open rows:
+    # the 32B row and the A100 rows without pipeline parallelism (the strict xfails here)
+    assert min(r["error"] for r in rows if r["id"] != OPEN_SLOW_ROW and r["id"] not in A100_FLAT) >= -0.05
 
 
 @pytest.mark.xfail(strict=True, reason="Megatron-LM reduces bf16 gradients in fp32 (arguments.py, core_r0.8.0): the "
@@ -56,11 +71,12 @@ def test_the_32b_row_is_not_predicted_slower_than_published_by_more_than_five_pe
     assert next(r for r in rows if r["id"] == OPEN_SLOW_ROW)["error"] >= -0.05
 
 
-def test_mape_within_ten_percent_on_the_a100_rows(rows):
-    # the pipelined rows are 5-12% fast (reports/fidelity.md), the others 3-5% slow
+def test_mape_within_six_percent_on_the_a100_rows(rows):
+    # at the power-limited clock the pipelined rows are 0-7% fast (reports/fidelity.md), the others
+    # 6.5-8.5% slow: 5.3% (6.8% at the burst clock)
     a100 = [r for r in rows if r["family"] == "a100"]
     assert len(a100) == 10
-    assert fidelity.mape(a100) <= 10.0
+    assert fidelity.mape(a100) <= 6.0
 
 
 def test_mape_within_ten_percent_on_the_h100_rows(rows):
@@ -81,3 +97,10 @@ def test_held_out_classic_rows_within_the_project_gate(classic):
     assert len(classic) == 8 and {r["mode"] for r in classic} == {"full", "seq+sel"}
     assert all(abs(r["error"]) <= 0.15 for r in classic), [(r["id"], r["mode"], r["error"]) for r in classic]
     assert fidelity.mape(classic) <= 10.0
+
+
+def test_held_out_classic_rows_within_five_percent_at_the_power_limited_clock(classic):
+    """With the A100's power-limited clock (a kernel microbenchmark, not a fit to these rows) the
+    table lands at 3.3% (6.3% at the burst clock), every cell within 8%."""
+    assert fidelity.mape(classic) <= 5.0
+    assert all(abs(r["error"]) <= 0.08 for r in classic)

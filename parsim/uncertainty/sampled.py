@@ -72,7 +72,8 @@ class SampledCosts:
                 return c
             drawn = comp * self._factor(stage, op, "compute") + sum(
                 v * self._factor(stage, (op, axis), "collective") for axis, v in comm.items() if v > 0)
-            return replace(c, duration_s=c.duration_s * drawn / total)
+            # the ratio first: undrawn factors (1.0) give exactly 1 and the cost back bit for bit
+            return replace(c, duration_s=c.duration_s * (drawn / total))
         f = self._factor(stage, op, "collective" if op in COLLECTIVE_OPS else "memory")
         g = self._factor(stage, (op, "then"), "collective") if c.then_comm_s > 0 else 1.0
         return replace(c, duration_s=c.duration_s * f, lead_s=c.lead_s * f, tail_s=c.tail_s * f,
