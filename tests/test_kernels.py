@@ -116,6 +116,26 @@ def test_one_tile_more_than_a_wave_costs_a_whole_wave():
     assert d.kernel_gemm_time(2 * m_full, 128, k) == pytest.approx(two_waves, rel=1e-9)
 
 
+def test_a_batched_launch_fills_the_waves_with_every_gemm_s_tiles():
+    # cuBLAS strided-batched: the batch is a grid dimension, so the tiles of all the GEMMs share
+    # the waves (the unfused attention core's per-head products): 108 GEMMs of one 128x128 tile
+    # each take one wave on the A100's 108 SMs, not 108 waves, and the fixed latency once
+    d = _one_tile_a100()
+    k = 8192
+    one_wave = d.kernel_gemm_time(128 * 108, 128, k)     # the same 108 tiles as one GEMM
+    assert d.kernel_gemm_time(128, 128, k, count=108) == pytest.approx(one_wave, rel=1e-9)
+    # one GEMM more starts a second wave (the sawtooth over the batch, as over M)
+    assert d.kernel_gemm_time(128, 128, k, count=109) == pytest.approx(
+        d.kernel_gemm_time(128 * 109, 128, k), rel=1e-9)
+    # count 1 is the plain GEMM; whole waves per GEMM add up, less what one launch pays once
+    # (the latency, and the first K block's fill, as in the test above)
+    lat = d.kernels.gemm_latency_s
+    fill = (128 + 128) * 64 * 2 / (1e18 * d.memory_efficiency / 108)
+    assert d.kernel_gemm_time(128 * 108, 128, k, count=1) == one_wave
+    assert d.kernel_gemm_time(128 * 108, 128, k, count=3) == pytest.approx(
+        3 * (one_wave - lat - fill) + lat + fill, rel=1e-9)
+
+
 def test_stream_k_removes_the_partial_wave_on_hopper():
     # H100 tiles 128x256 on 132 SMs: 133 tiles cost ~1/132 more than 132, not a second wave
     d = dev("dgx-h100")

@@ -204,10 +204,13 @@ def feed_fraction(mc: _Machine, tm: int, tn: int, sms: int = 1) -> float:
     return min(1.0, mma_clocks / (smem_bytes / mc.smem_per_clock))
 
 
-def _plan_time(mc: _Machine, rate: float, m: int, n: int, k: int, tile: tuple[int, int, int], split: int) -> float:
-    """Seconds for one GEMM with ``tile`` and ``split``-way split-K (0: Stream-K) at ``rate``."""
+def _plan_time(mc: _Machine, rate: float, m: int, n: int, k: int, tile: tuple[int, int, int], split: int,
+               batch: int = 1) -> float:
+    """Seconds for ``batch`` GEMMs in one launch with ``tile`` and ``split``-way split-K (0: Stream-K)
+    at ``rate``: a strided-batched launch puts every GEMM's tiles in one grid, so the waves run
+    over all of them (cuBLAS ``gemmStridedBatched``: the batch is a grid dimension)."""
     tm, tn, sms = tile
-    tiles = math.ceil(m / tm) * math.ceil(n / tn)
+    tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
     slots = mc.sm // sms
     k_block = K_BLOCK_BYTES // int(mc.in_bytes)  # MXFP8's scales ride beside the 128-byte rows
     clock = rate / (mc.sm * mc.flop_per_clock)  # the clock the main-loop rate implies
@@ -234,23 +237,25 @@ def _plan_time(mc: _Machine, rate: float, m: int, n: int, k: int, tile: tuple[in
     k_cta = math.ceil(math.ceil(k / split) / k_block) * k_block
     reduce = 0.0
     if split > 1:  # partials written, read back and the result written once, through HBM
-        reduce = (split * m * n * PARTIAL_BYTES + m * n * mc.out_bytes) / mc.bandwidth
+        reduce = batch * (split * m * n * PARTIAL_BYTES + m * n * mc.out_bytes) / mc.bandwidth
     return waves * k_cta // k_block * block_time + (1 if hidden else waves) * epilogue + fill + reduce + mc.latency
 
 
-def _best_time(mc: _Machine, rate: float, m: int, n: int, k: int) -> tuple[float, tuple[int, int, int], int]:
-    """(seconds, tile, split) of the fastest plan the library has for this shape."""
+def _best_time(mc: _Machine, rate: float, m: int, n: int, k: int,
+               batch: int = 1) -> tuple[float, tuple[int, int, int], int]:
+    """(seconds, tile, split) of the fastest plan the library has for ``batch`` GEMMs of this
+    shape in one launch."""
     best: tuple[float, tuple[int, int, int], int] = (math.inf, mc.tiles[0], 1)
     for tile in mc.tiles:
-        tiles = math.ceil(m / tile[0]) * math.ceil(n / tile[1])
+        tiles = batch * math.ceil(m / tile[0]) * math.ceil(n / tile[1])
         for split in SPLIT_K:
             if split > 1 and tiles * (split - 1) >= mc.sm // tile[2]:
                 break  # the previous split already filled the SMs (fewer options as tiles grow: monotone)
-            t = _plan_time(mc, rate, m, n, k, tile, split)
+            t = _plan_time(mc, rate, m, n, k, tile, split, batch)
             if t < best[0]:
                 best = (t, tile, split)
         if mc.stream_k:
-            t = _plan_time(mc, rate, m, n, k, tile, 0)
+            t = _plan_time(mc, rate, m, n, k, tile, 0, batch)
             if t < best[0]:
                 best = (t, tile, 0)
     return best
@@ -310,15 +315,15 @@ def running_rate(dev: Any, precision: str) -> float:
     return mainloop_rate(dev, precision) * dev.clock_ratio
 
 
-def gemm_plan(dev: Any, m: int, n: int, k: int, precision: str) -> dict[str, Any]:
-    """One GEMM on ``dev``: time (s), the chosen tile and split, waves, and whether the HBM
-    roofline bound it. ``dev`` is a :class:`parsim.cluster.hardware.Device` with ``kernels``;
-    its main loop at :func:`running_rate`."""
+def gemm_plan(dev: Any, m: int, n: int, k: int, precision: str, batch: int = 1) -> dict[str, Any]:
+    """One GEMM on ``dev`` (``batch`` of them in one strided-batched launch): time (s), the
+    chosen tile and split, waves, and whether the HBM roofline bound it. ``dev`` is a
+    :class:`parsim.cluster.hardware.Device` with ``kernels``; its main loop at :func:`running_rate`."""
     mc = _machine(dev, precision)
     rate = running_rate(dev, precision)
-    t, tile, split = _best_time(mc, rate, m, n, k)
-    floor = gemm_bytes(m, n, k, precision) / mc.bandwidth
-    tiles = math.ceil(m / tile[0]) * math.ceil(n / tile[1])
+    t, tile, split = _best_time(mc, rate, m, n, k, batch)
+    floor = batch * gemm_bytes(m, n, k, precision) / mc.bandwidth
+    tiles = batch * math.ceil(m / tile[0]) * math.ceil(n / tile[1])
     return {"time_s": max(t, floor + mc.latency), "tile": format_tile(tile), "split_k": split,
             "stream_k": split == 0, "waves": math.ceil(tiles * max(split, 1) / (mc.sm // tile[2])),
             "memory_bound": floor > t, "mainloop_flops": rate}
@@ -327,13 +332,12 @@ def gemm_plan(dev: Any, m: int, n: int, k: int, precision: str) -> dict[str, Any
 def gemm_time(dev: Any, m: int, n: int, k: int, precision: str = "bf16", count: int = 1) -> float:
     """Seconds for ``count`` GEMMs ``(m x k) @ (k x n)`` on ``dev`` by the kernel model, issued
     as one batched launch (cuBLAS strided-batched: the attention core's per-head products): the
-    work ``count`` times, the kernel's fixed latency once."""
+    tiles of all ``count`` GEMMs fill the waves together, the kernel's fixed latency once."""
     if min(m, n, k, count) < 0:
         raise ValueError(f"gemm: m={m}, n={n}, k={k}, count={count} must be >= 0")
     if m == 0 or n == 0 or k == 0 or count == 0:
         return 0.0
-    lat = dev.kernels.gemm_latency_s
-    return count * (gemm_plan(dev, m, n, k, precision)["time_s"] - lat) + lat
+    return gemm_plan(dev, m, n, k, precision, count)["time_s"]
 
 
 # ------------------------------------------------------------------ profile keys
