@@ -44,7 +44,7 @@ def register(sub) -> None:
     g = ks.add_parser("gemm", help="C[M x N] = A[M x K] @ B[K x N]: time, TFLOP/s, efficiency")
     for dim in ("M", "N", "K"):
         g.add_argument(dim, help=f"GEMM dimension {dim}")
-    g.add_argument("--count", default="1", help="GEMMs of this shape (default 1)")
+    g.add_argument("--count", default="1", help="GEMMs of this shape, one launch each (default 1)")
     _common(g, default_precision=None)
     g.set_defaults(func=cmd_gemm)
 
