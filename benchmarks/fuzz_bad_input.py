@@ -1,8 +1,8 @@
 """Mutation fuzzing of parsim's inputs: does every bad input end in one line and exit 2?
 
-    python benchmarks/fuzz_bad_input.py [--seconds 300] [--seed 0] [--target scenario|profile|hf|all]
+    python benchmarks/fuzz_bad_input.py [--seconds 300] [--seed 0] [--target scenario|command|profile|hf|all]
 
-Three kinds of input, each mutated at random from the bundled ones and run in-process through
+Each kind of input mutated at random from the bundled ones and run in-process through
 ``parsim.cli.main.main`` (what the ``parsim`` command runs):
 
 * ``scenario``: ``parsim simulate`` on a bundled small scenario with 1-3 ``--set KEY=VALUE`` of
@@ -87,6 +87,21 @@ def scenario_case(rng: random.Random, tmp: Path) -> tuple[list[str], object, tup
     return ["simulate", str(ROOT / path), *[a for s in sets for a in ("--set", s)]], sets, (0, 2)
 
 
+OTHER_COMMANDS = (("infer", "scenarios/inference/bloom-176b-a100-inference.toml", ()),
+                  ("infer", "scenarios/inference/opt-30b-zero-inference-v100.toml", ()),
+                  ("fl", "scenarios/fl-mobile.toml", ()),
+                  ("goodput", "scenarios/llama3-405b-16k-faults.toml", ("--train-tokens", "15e12")))
+"""(command, bundled scenario, fixed arguments) of the commands beside ``simulate`` that read a scenario."""
+
+
+def command_case(rng: random.Random, tmp: Path) -> tuple[list[str], object, tuple[int, ...]]:
+    cmd, path, fixed = rng.choice(OTHER_COMMANDS)
+    doc = tomllib.loads((ROOT / path).read_text())
+    keys = list(_toml_leaves(doc))
+    sets = [f"{rng.choice(keys)}={rng.choice(TOML_VALUES)}" for _ in range(rng.choice((1, 1, 2)))]
+    return [cmd, str(ROOT / path), *fixed, *[a for s in sets for a in ("--set", s)]], sets, (0, 2)
+
+
 def profile_case(rng: random.Random, tmp: Path) -> tuple[list[str], object, tuple[int, ...]]:
     lines = (ROOT / rng.choice(PROFILES)).read_text().splitlines()
     keyed = [i for i, line in enumerate(lines) if re.match(r"^[a-z_0-9]+\s*=", line)]
@@ -148,7 +163,7 @@ def _json_leaves(d: dict, prefix: tuple = ()):
         yield prefix + (k,)
 
 
-CASES = {"scenario": scenario_case, "profile": profile_case, "hf": hf_case}
+CASES = {"scenario": scenario_case, "command": command_case, "profile": profile_case, "hf": hf_case}
 
 
 def main_fuzz() -> int:
