@@ -31,21 +31,12 @@ A100_FLAT = ("megatron21-table1-1.7B", "megatron21-table1-3.6B", "megatron21-tab
 """Table 1's rows without pipeline parallelism."""
 
 
-@pytest.mark.xfail(strict=True, reason="at the A100's power-limited clock (Horace He's random-input 8192^3 "
-                                       "matmul, 257.5 TFLOP/s, against the 275.7 the GEMM model gives in a "
-                                       "burst) these rows come out 1.9-5.3% slow, the 7.5B one just beyond 5%; "
-                                       "at the burst clock they were 3.0-4.8% slow, while the pipelined rows at "
-                                       "hidden 8192 and above were 5-12% fast. What the real runs at hidden "
-                                       "2304-6144 spend less on is not identified")
 def test_a100_rows_without_pipeline_within_five_percent(rows):
+    # the kernel models alone, at the A100's power-limited clock, with the unfused attention as
+    # Megatron ran it (batched GEMMs in one launch, its fused upper-triangular softmax)
     flat = [r for r in rows if r["id"] in A100_FLAT]
     assert len(flat) == 4 and all(r["family"] == "a100" and r["pp"] == 1 for r in flat)
     assert all(abs(r["error"]) <= 0.05 for r in flat)
-
-
-def test_a100_rows_without_pipeline_within_ten_percent(rows):
-    flat = [r for r in rows if r["id"] in A100_FLAT]
-    assert all(abs(r["error"]) <= 0.10 for r in flat)
 
 
 OPEN_SLOW_ROW = "megatron-core-h100-weak-32B"
@@ -53,9 +44,8 @@ OPEN_SLOW_ROW = "megatron-core-h100-weak-32B"
 
 
 def test_no_row_is_predicted_slower_than_published_by_more_than_five_percent(rows):
-    # nothing left in the model slows a run down without a kernel behind it, but the open rows:
-    # the 32B row and the A100 rows without pipeline parallelism (the strict xfails here)
-    assert min(r["error"] for r in rows if r["id"] != OPEN_SLOW_ROW and r["id"] not in A100_FLAT) >= -0.05
+    # nothing left in the model slows a run down without a kernel behind it
+    assert min(r["error"] for r in rows if r["id"] != OPEN_SLOW_ROW) >= -0.05
 
 
 @pytest.mark.xfail(strict=True, reason="Megatron-LM reduces bf16 gradients in fp32 (arguments.py, core_r0.8.0): the "
@@ -72,8 +62,8 @@ def test_the_32b_row_is_not_predicted_slower_than_published_by_more_than_five_pe
 
 
 def test_mape_within_six_percent_on_the_a100_rows(rows):
-    # at the power-limited clock the pipelined rows are 1-9% fast (reports/fidelity.md), the others
-    # 2-5% slow: 4.6% (6.8% at the burst clock)
+    # at the power-limited clock the pipelined rows are 1-10% fast (reports/fidelity.md), the others
+    # within 5%: 4.3% (6.8% at the burst clock)
     a100 = [r for r in rows if r["family"] == "a100"]
     assert len(a100) == 10
     assert fidelity.mape(a100) <= 6.0
@@ -101,6 +91,6 @@ def test_held_out_classic_rows_within_the_project_gate(classic):
 
 def test_held_out_classic_rows_within_five_percent_at_the_power_limited_clock(classic):
     """With the A100's power-limited clock (a kernel microbenchmark, not a fit to these rows) the
-    table lands at 3.8% (6.3% at the burst clock), every cell within 10%."""
+    table lands at 4.4% (6.3% at the burst clock), every cell within 10%."""
     assert fidelity.mape(classic) <= 5.0
     assert all(abs(r["error"]) <= 0.10 for r in classic)

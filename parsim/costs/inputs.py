@@ -233,6 +233,10 @@ class TrainOptions:
     tp_overlap_splits: OverlapSplits = WHOLE
     """The chunks each GEMM next to an overlapped sequence-parallel collective runs as
     (:func:`tp_overlap_splits`)."""
+    causal_softmax_triangle: bool = False
+    """The unfused attention's softmax reads only the causal triangle of the scores (forward and
+    backward) and writes the whole rows: Megatron's fused ``scaled_upper_triang_masked_softmax``
+    kernel (:func:`causal_softmax_triangle`)."""
 
 
 @dataclass(frozen=True)
@@ -304,8 +308,25 @@ def layer_inputs(ci: CostInputs) -> LayerInputs:
                         recompute_modules=tr.recompute_modules_, recompute_method=tr.recompute_method or "uniform",
                         recompute_num_layers=tr.recompute_num_layers or 1,
                         tp_overlap_splits=tp_overlap_splits(par.framework, par.tp, par.sequence_parallel,
-                                                            ci.overlap.tp_comm))
+                                                            ci.overlap.tp_comm),
+                        causal_softmax_triangle=causal_softmax_triangle(par.framework, tr.seq_len, par.cp))
     return LayerInputs(m, ci.cluster, shard, opts, ci.moe if has_moe else None)
+
+
+MEGATRON_TRIANGLE_SOFTMAX_KEYS = (16, 4096)
+"""Key lengths (exclusive, inclusive) for which Megatron's ``FusedScaleMaskSoftmax`` runs the
+causal mask through its fused upper-triangular kernel (``megatron/core/fusions/fused_softmax.py``:
+``16 < sk <= 4096``; 2,048 in the 2021 code, ``megatron/model/fused_softmax.py`` at b1a8337)."""
+
+
+def causal_softmax_triangle(framework: str, seq_len: int, cp: int) -> bool:
+    """Whether the unfused attention's softmax is Megatron's fused upper-triangular one: its
+    forward loads only the ``row + 1`` scores a causal row keeps and writes the whole row (zeros
+    past the diagonal), its backward loads the gradient and the output of those same elements
+    (``scaled_upper_triang_masked_softmax.h``); it needs the query and key lengths equal (no
+    context parallelism) and a key length in :data:`MEGATRON_TRIANGLE_SOFTMAX_KEYS`."""
+    lo, hi = MEGATRON_TRIANGLE_SOFTMAX_KEYS
+    return framework == "megatron" and cp == 1 and lo < seq_len <= hi
 
 
 TE_UB_STREAMS = 3

@@ -385,7 +385,8 @@ def scores_traffic(inp: LayerInputs, passes: float) -> float:
         return 0.0
     heads = max(1, inp.model.n_heads // sh.tp)
     return passes * inp.hardware.device.memory_time(
-        scores_pass_bytes(sh.microbatch_size * heads, sh.seq_len // sh.cp, sh.seq_len, o.precision, o.dropout))
+        scores_pass_bytes(sh.microbatch_size * heads, sh.seq_len // sh.cp, sh.seq_len, o.precision, o.dropout,
+                          o.causal_softmax_triangle))
 
 
 def head_layout_traffic(inp: LayerInputs) -> float:
@@ -585,12 +586,15 @@ def op_recompute_time(inp: LayerInputs, moe_layer: bool) -> float:
     return share * f_gemm + f_mem
 
 
-def scores_pass_bytes(batch_heads: int, s_q: int, s_k: int, precision: str, dropout: bool = False) -> float:
+def scores_pass_bytes(batch_heads: int, s_q: int, s_k: int, precision: str, dropout: bool = False,
+                      triangle: bool = False) -> float:
     """Bytes one forward pass of unfused attention moves through memory for its s x s
     scores (:func:`scores_traffic`; the backward moves twice as many): the fused
     scale-mask-softmax reads and writes them, dropout reads them and writes them with a
-    1-byte mask, the PV batched GEMM reads them. Calibration takes the same off."""
-    per_pass = 2 + (2.5 if dropout else 0.0) + 1
+    1-byte mask, the PV batched GEMM reads them. Calibration takes the same off. ``triangle``:
+    the softmax reads only the causal half (Megatron's upper-triangular kernel,
+    ``TrainOptions.causal_softmax_triangle``)."""
+    per_pass = (1.5 if triangle else 2) + (2.5 if dropout else 0.0) + 1
     return per_pass * batch_heads * s_q * s_k * PRECISION_TABLE[precision].activation_bytes
 
 
