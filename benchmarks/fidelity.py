@@ -385,6 +385,7 @@ def _a100_clock_sentence() -> str:
     sustained, burst = load_profile("dgx-a100-80g").device.kernels.msmf
     return f"{sustained:g} TFLOP/s over the {burst:g} the GEMM model gives that shape in a burst: {sustained / burst:.3f}"
 
+
 def _classic_span(classic: list[dict], mode: str, piped: bool) -> str:
     errs = [100 * r["error"] for r in classic if r["mode"] == mode and (r["pp"] > 1) == piped]
     return ", ".join(f"{e:+.1f}%" for e in errs) if errs else "n/a"

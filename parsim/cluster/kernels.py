@@ -204,13 +204,19 @@ def feed_fraction(mc: _Machine, tm: int, tn: int, sms: int = 1) -> float:
     return min(1.0, mma_clocks / (smem_bytes / mc.smem_per_clock))
 
 
+def output_tiles(m: int, n: int, tile: tuple[int, ...], batch: int = 1) -> int:
+    """Output tiles of ``batch`` m x n GEMMs cut in ``tile`` (its first two sides; ragged edges
+    round up: tile quantization)."""
+    return batch * math.ceil(m / tile[0]) * math.ceil(n / tile[1])
+
+
 def _plan_time(mc: _Machine, rate: float, m: int, n: int, k: int, tile: tuple[int, int, int], split: int,
                batch: int = 1) -> float:
     """Seconds for ``batch`` GEMMs in one launch with ``tile`` and ``split``-way split-K (0: Stream-K)
     at ``rate``: a strided-batched launch puts every GEMM's tiles in one grid, so the waves run
     over all of them (cuBLAS ``gemmStridedBatched``: the batch is a grid dimension)."""
     tm, tn, sms = tile
-    tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
+    tiles = output_tiles(m, n, tile, batch)
     slots = mc.sm // sms
     k_block = K_BLOCK_BYTES // int(mc.in_bytes)  # MXFP8's scales ride beside the 128-byte rows
     clock = rate / (mc.sm * mc.flop_per_clock)  # the clock the main-loop rate implies
@@ -247,7 +253,7 @@ def _best_time(mc: _Machine, rate: float, m: int, n: int, k: int,
     shape in one launch."""
     best: tuple[float, tuple[int, int, int], int] = (math.inf, mc.tiles[0], 1)
     for tile in mc.tiles:
-        tiles = batch * math.ceil(m / tile[0]) * math.ceil(n / tile[1])
+        tiles = output_tiles(m, n, tile, batch)
         for split in SPLIT_K:
             if split > 1 and tiles * (split - 1) >= mc.sm // tile[2]:
                 break  # the previous split already filled the SMs (fewer options as tiles grow: monotone)
@@ -323,7 +329,7 @@ def gemm_plan(dev: Any, m: int, n: int, k: int, precision: str, batch: int = 1) 
     rate = running_rate(dev, precision)
     t, tile, split = _best_time(mc, rate, m, n, k, batch)
     floor = batch * gemm_bytes(m, n, k, precision) / mc.bandwidth
-    tiles = batch * math.ceil(m / tile[0]) * math.ceil(n / tile[1])
+    tiles = output_tiles(m, n, tile, batch)
     return {"time_s": max(t, floor + mc.latency), "tile": format_tile(tile), "split_k": split,
             "stream_k": split == 0, "waves": math.ceil(tiles * max(split, 1) / (mc.sm // tile[2])),
             "memory_bound": floor > t, "mainloop_flops": rate}
@@ -499,7 +505,6 @@ def _slot_loads(problems: tuple[tuple[int, int, int], ...], tile: tuple[int, int
     tiles of *all* problems together (one partial wave per launch, not one per expert), and
     a problem's ragged M costs ``ceil(m / tm)`` tiles (tile quantization per expert).
     """
-    tm, tn, _ = tile
     # every slot gets ``full`` tiles of a problem, the ``rest`` slots from ``j`` on (mod slots)
     # one more: per problem an O(1) update of a difference array over the slots, one prefix sum
     # at the end (a walk over every slot per problem took ~5 ms a call at 256 experts)
@@ -508,7 +513,7 @@ def _slot_loads(problems: tuple[tuple[int, int, int], ...], tile: tuple[int, int
     d_tiles = [0] * (slots + 1)
     j = 0
     for m, n, k in problems:
-        count = math.ceil(m / tm) * math.ceil(n / tn)
+        count = output_tiles(m, n, tile)
         if count == 0 or k == 0:
             continue
         kb = math.ceil(k / k_block)
