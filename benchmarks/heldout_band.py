@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -82,13 +83,8 @@ def bands(results: list[dict]) -> dict[tuple[str, str], dict]:
             out[gen, kind] = {"profiles": profiles, "rows": len(rows), "fit": len(fit), "held": len(held),
                               "sigma": sigma, "covered_held": covered(held, sigma),
                               "covered_fit": covered(fit, sigma),
-                              "median_abs_error": _median([abs(step_error(r)) for r in rows])}
+                              "median_abs_error": statistics.median(abs(step_error(r)) for r in rows)}
     return out
-
-
-def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    return 0.5 * (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) if xs else float("nan")
 
 
 def stated(gen: str, kind: str) -> list[tuple[str, float]]:

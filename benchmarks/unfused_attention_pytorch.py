@@ -27,12 +27,15 @@ from __future__ import annotations
 
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from parsim.cluster.hardware import load_profile
-from parsim.costs.layer import scores_pass_bytes
+from parsim.costs.compute import unfused_attention_gemms
+from parsim.costs.inputs import cluster_of, cost_inputs, layer_inputs
+from parsim.costs.layer import scores_traffic
+from parsim.scenario import scenario_from_dict
 
 SEQS = (512, 1024, 2048, 4096, 8192)
 """The bars' sequence lengths (16k: out of memory in the figure)."""
@@ -41,39 +44,48 @@ PYTORCH_BARS = {(64, False): (36, 40, 43, 45, 46), (128, False): (53, 67, 76, 79
 """(head dim, causal) -> TFLOP/s by sequence length, read from the figure's bar labels."""
 
 
-def predicted_tflops(dev, head_dim: int, causal: bool, seq: int, scores_traffic: bool = False) -> float:
-    """Forward + backward TFLOP/s parsim's kernel models give the benchmark's PyTorch attention:
-    the elementwise kernels' own traffic, or (``scores_traffic``) what
-    ``parsim.costs.layer.scores_traffic`` charges an unfused core without dropout beside the
-    GEMMs (``scores_pass_bytes``: softmax and the PV read forward, twice that backward)."""
-    bh = (16384 // seq) * (2048 // head_dim)
-    elements = bh * seq * seq
+def _layer(dev_profile: str, head_dim: int, seq: int):
+    """The per-block inputs of the benchmark's shape: batch 16384 / seq sequences, hidden 2048 in
+    2048 / head_dim heads, fp16, no dropout, no fused attention, one GPU."""
+    heads = 2048 // head_dim
+    model = {"name": "fa2-bench", "n_layers": 1, "d_model": 2048, "n_heads": heads, "n_kv_heads": heads,
+             "d_ff": 8192, "vocab_size": 32000, "max_seq_len": seq}
+    doc = {"name": "fa2-bench", "hardware": dev_profile, "gpus": 1, "model": model,
+           "training": {"global_batch": 16384 // seq, "microbatch_size": 16384 // seq, "seq_len": seq,
+                        "precision": "fp16", "flash_attention": False, "dropout": False},
+           "parallel": {"dp": 1}}
+    return layer_inputs(cost_inputs(scenario_from_dict(doc, "fa2-bench")))
 
-    def gemm(m, n, k):
-        return dev.gemm_time(m, n, k, "fp16", bh)
 
-    forward = gemm(seq, seq, head_dim) + gemm(seq, head_dim, seq)
-    backward = gemm(seq, head_dim, seq) + gemm(seq, seq, head_dim) + 2 * gemm(seq, head_dim, seq)
-    forward_passes = 2.0 + (2.0 if causal else 0.0)   # softmax; the causal mask's add
-    backward_passes = 3.0                              # softmax backward: grad and output read, written
-    if scores_traffic:
-        per_pass = scores_pass_bytes(1, 1, 1, "fp16") / 2  # element passes per forward
-        forward_passes, backward_passes = per_pass + (2.0 if causal else 0.0), 2 * per_pass
-    forward += dev.memory_time(forward_passes * elements * 2)
-    backward += dev.memory_time(backward_passes * elements * 2)
+def predicted_tflops(inp, causal: bool, scores: bool = False) -> float:
+    """Forward + backward TFLOP/s parsim's kernel models give the benchmark's PyTorch attention
+    (``inp``: :func:`_layer`): the six batched GEMMs of ``unfused_attention_gemms`` plus the
+    elementwise kernels' own traffic, or (``scores``) what ``scores_traffic`` charges an unfused
+    core beside them (softmax and the PV read forward, twice that backward)."""
+    dev, sh = inp.hardware.device.burst(), inp.shard
+    inp = replace(inp, cluster=cluster_of(replace(inp.hardware, device=dev)))  # a microbenchmark: burst clock
+    bh, seq, head_dim = sh.microbatch_size * inp.model.n_heads, sh.seq_len, inp.model.head_dim_
+    pass_s = dev.memory_time(bh * seq * seq * 2)  # one read or write of the fp16 scores
+    mask = 2.0 if causal else 0.0                  # the causal mask's add: read and write
+    if scores:
+        forward, backward = scores_traffic(inp, 1.0) + mask * pass_s, scores_traffic(inp, 2.0)
+    else:  # softmax read and write; its backward: gradient and output read, written
+        forward, backward = (2.0 + mask) * pass_s, 3.0 * pass_s
+    forward += unfused_attention_gemms(inp, False)
+    backward += unfused_attention_gemms(inp, True)
     flops = 3.5 * 4.0 * bh * seq * seq * head_dim / (2 if causal else 1)
     return flops / (forward + backward) / 1e12
 
 
 def main() -> None:
-    dev = load_profile("dgx-a100-80g").device.burst()
+    layers = {(hd, seq): _layer("dgx-a100-80g", hd, seq) for hd in (64, 128) for seq in SEQS}
     for label, charged in (("the elementwise kernels' own traffic", False), ("parsim's scores_traffic", True)):
         errors = []
         print(f"{label}: predicted / published TFLOP/s by sequence length (512 .. 8k)")
         for (head_dim, causal), bars in PYTORCH_BARS.items():
             cells = []
             for seq, published in zip(SEQS, bars):
-                p = predicted_tflops(dev, head_dim, causal, seq, charged)
+                p = predicted_tflops(layers[head_dim, seq], causal, charged)
                 errors.append(p / published - 1)
                 cells.append(f"{p:6.1f} / {published:3d}")
             print(f"  head dim {head_dim:3d}, {'causal' if causal else 'full  '}: " + "   ".join(cells))
