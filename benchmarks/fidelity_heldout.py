@@ -50,8 +50,9 @@ Rules
   tensorwise/rowwise, blockwise) -- including partial FP8 (torchtitan's Float8 linears,
   MXFP8 on routed experts only), with the scaling recipe the row states as
   ``training.fp8_recipe`` (current / mxfp8 / blockwise / delayed: ``fp8_recipe_for``; unstated:
-  the device's default, MXFP8 on Blackwell, current scaling on Hopper); bf16 otherwise (also
-  when unstated, noted).
+  the device's default, MXFP8 on Blackwell, current scaling on Hopper); NVFP4 rows run fp8 with
+  ``fp8_recipe = "nvfp4"`` (Transformer Engine's NVFP4BlockScaling, the 4-bit recipe of its FP8
+  path); bf16 otherwise (also when unstated, noted).
 * Parallel layout as published: tp, pp, cp, ep, vpp (missing -> 1);
   dp = GPUs / (tp x pp x cp) (a row whose stated dp disagrees is skipped; no layout -> skipped).
   Sharding: FSDP / FULL_SHARD / FSDP2 (a Megatron FSDP column > 0, torchtitan, llm-foundry,
@@ -370,6 +371,8 @@ def fp8_recipe_for(row: dict) -> str | None:
     p = row["precision"]
     # the recipe of the published value (Megatron-Bridge rows give "A (B)": the primary A first)
     text = str(p.get("recipe") or "").lower().split("parenthesised")[0]
+    if "nvfp4" in text or "nvfp4" in str(p.get("dtype") or "").lower():
+        return "nvfp4"  # Transformer Engine's NVFP4BlockScaling (Megatron-Bridge bf16_with_nvfp4_mixed)
     if "mxfp8" in text or "fp8-mx" in text:
         return "mxfp8"
     if "rowwise" in text or "row-wise" in text:  # torchao.float8's rowwise recipe
@@ -387,6 +390,8 @@ def precision_for(row: dict) -> tuple[str, list[str]]:
     p = row["precision"]
     dtype = str(p.get("dtype") or "").lower()
     notes: list[str] = []
+    if "nvfp4" in dtype:  # Blackwell's 4-bit recipe rides TE's FP8 path: precision fp8, fp8_recipe nvfp4
+        return "fp8", notes
     if "fp8" in dtype or "float8" in dtype:
         prec = "fp8"
         if "bf16 params" in dtype or "on routed experts" in dtype or "nn.linear" in dtype or "linears" in dtype:
@@ -682,9 +687,6 @@ def convert(row: dict) -> tuple[dict | Skip, list[str]]:
         else:
             mbs = 1
             notes.append("microbatch not stated: 1")
-    dtype = str(row["precision"].get("dtype") or "")
-    if "fp4" in dtype.lower():  # NVFP4 (Blackwell's 4-bit block-scaled GEMMs): no FP4 rates or recipe in parsim
-        return Skip("precision: FP4", f"{dtype!r}: parsim has no FP4 GEMMs"), notes
     precision, n = precision_for(row)
     notes += n
     recompute, n = recompute_for(row, fam)

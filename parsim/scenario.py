@@ -178,11 +178,14 @@ def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Sc
         hardware.device.peak(training.precision)
     except ValueError as e:
         raise ConfigError(file, "training.precision", f"{training.precision!r} on {hw_name}: {e}") from None
-    if training.fp8_recipe == "mxfp8" and training.precision == "fp8" and "mxfp8" not in hardware.device.peak_flops:
-        # Transformer Engine refuses MXFP8BlockScaling below sm100: the block-scaled MMA is Blackwell's
+    block_scaled = training.fp8_recipe in ("mxfp8", "nvfp4")
+    if block_scaled and training.precision == "fp8" and training.fp8_recipe not in hardware.device.peak_flops:
+        # Transformer Engine refuses MXFP8BlockScaling and NVFP4BlockScaling below sm100: the
+        # block-scaled MMA is Blackwell's
         raise ConfigError(file, "training.fp8_recipe",
-                          f"'mxfp8' needs block-scaled (MXFP8) tensor cores, which {hardware.device.name} lacks "
-                          "(Blackwell has them); use 'current', 'delayed', 'blockwise' or 'rowwise'")
+                          f"{training.fp8_recipe!r} needs block-scaled ({training.fp8_recipe.upper()}) tensor cores, "
+                          f"which {hardware.device.name} lacks (Blackwell has them); use 'current', 'delayed', "
+                          "'blockwise' or 'rowwise'")
     if training.attention_kernel is not None:
         kf = hardware.device.kernels
         if kf is None or resolve_attention(training.attention_kernel, kf.mma_style) is None:
@@ -352,9 +355,19 @@ def _simple(cls, table: dict, file: str, prefix: str):
     return cls(**table)
 
 
-FP8_RECIPES = ("delayed", "current", "mxfp8", "blockwise", "rowwise")
-"""Transformer Engine's FP8 scaling recipes (DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling,
-Float8BlockScaling) and torchao.float8's rowwise recipe (torchtitan ``recipe_name = "rowwise"``)."""
+FP8_RECIPES = ("delayed", "current", "mxfp8", "blockwise", "rowwise", "nvfp4")
+"""Transformer Engine's low-precision recipes (DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling,
+Float8BlockScaling, NVFP4BlockScaling -- the last one 4-bit, run by TE's FP8 autocast like the others)
+and torchao.float8's rowwise recipe (torchtitan ``recipe_name = "rowwise"``)."""
+
+
+def _precision(v: str, file: str, key: str) -> str:
+    """``training.precision``; FP4 is a recipe of the FP8 path (TE's ``NVFP4BlockScaling``), so the
+    refusal says how to ask for it."""
+    if v in ("fp4", "nvfp4", "mxfp4"):
+        raise ConfigError(file, key, f"{v!r} is not a training precision: NVFP4 training is "
+                          "precision = \"fp8\" with fp8_recipe = \"nvfp4\" (Blackwell)")
+    return _choice(v, PRECISIONS, file, key)
 
 
 MAX_GPUS = 2 ** 20
@@ -375,7 +388,7 @@ def _training(t: dict, file: str) -> TrainingConfig:
         global_batch=_typed(t, "global_batch", int, file, p, required=True),
         seq_len=_typed(t, "seq_len", int, file, p, required=True),
         microbatch_size=_typed(t, "microbatch_size", int, file, p, 1),
-        precision=_choice(_typed(t, "precision", str, file, p, "bf16"), PRECISIONS, file, p + "precision"),
+        precision=_precision(_typed(t, "precision", str, file, p, "bf16"), file, p + "precision"),
         optimizer=_choice(_typed(t, "optimizer", str, file, p, "adam"), OPTIMIZERS, file, p + "optimizer"),
         recompute=_choice(_typed(t, "recompute", str, file, p, "none"), RECOMPUTE, file, p + "recompute"),
         flash_attention=_typed(t, "flash_attention", bool, file, p, True),

@@ -241,6 +241,27 @@ def test_megatron_bad_input_is_one_line(args, key):
     assert key in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("flags, recipe", [
+    (["--fp8-format", "hybrid"], "delayed"),  # TransformerConfig.fp8_recipe's default
+    (["--fp8-format", "e4m3", "--fp8-recipe", "tensorwise"], "current"),  # Megatron's name for current scaling
+    (["--fp8-format", "e4m3", "--fp8-recipe", "blockwise"], "blockwise"),
+    (["--fp8-format", "e4m3", "--fp8-recipe", "mxfp8"], "mxfp8"),
+    (["--fp4-format", "e2m1"], "nvfp4"),  # Fp4Recipe's default, NVFP4BlockScaling through TE's FP8 path
+    (["--fp4-format", "e2m1", "--fp4-recipe", "nvfp4"], "nvfp4"),
+])
+def test_megatron_low_precision_recipes(flags, recipe):
+    doc = import_megatron(SMALL + ["--bf16"] + flags, hardware="dgx-b200").doc
+    assert (doc["training"]["precision"], doc["training"]["fp8_recipe"]) == ("fp8", recipe)
+
+
+def test_megatron_fp4_and_fp8_together_are_refused():
+    with pytest.raises(ConfigError, match="--fp4-format"):
+        import_megatron(SMALL + ["--fp8-format", "e4m3", "--fp4-format", "e2m1"], hardware="dgx-b200")
+    imp = import_megatron(SMALL + ["--fp8-recipe", "mxfp8", "--fp4-recipe", "nvfp4"])
+    listed = " ".join(imp.not_modelled)
+    assert "--fp8-recipe mxfp8 (ignored: no --fp8-format)" in listed and "--fp4-recipe nvfp4" in listed
+
+
 def test_megatron_flags_without_effect_here_are_listed():
     imp = import_megatron(SMALL + ["--moe-layer-freq", "2", "--num-query-groups", "4", "--recompute-method", "block",
                                    "--sgd-momentum", "0.5"])

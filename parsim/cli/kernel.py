@@ -81,7 +81,7 @@ def register(sub) -> None:
 def _common(p, default_precision: str | None) -> None:
     p.add_argument("--hardware", required=True, help="profile name or path (e.g. dgx-h100)")
     p.add_argument("--precision", default=default_precision,
-                   help="bf16 | fp16 | fp8 | mxfp8 | tf32 | fp32 (default bf16, fp16 where the GPU has no bf16)")
+                   help="bf16 | fp16 | fp8 | mxfp8 | nvfp4 | tf32 | fp32 (default bf16, fp16 where the GPU has no bf16)")
     p.add_argument("--gpus", default="1",
                    help="GPUs of one synchronous job: the sustained figures are its slowest chip's (default 1: "
                         "the measured mean chip)")

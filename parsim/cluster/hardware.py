@@ -77,7 +77,8 @@ class Device:
     name: str
     """Marketing name, e.g. ``"H100-SXM5-80GB"``."""
     peak_flops: dict[str, float] = field(hash=False)
-    """Dense peak FLOP/s by precision (``"bf16"``, ``"fp16"``, ``"fp32"``, ``"tf32"``, ``"fp8"``)."""
+    """Dense peak FLOP/s by precision (``"bf16"``, ``"fp16"``, ``"fp32"``, ``"tf32"``, ``"fp8"``, and on
+    Blackwell the block-scaled ``"mxfp8"`` and ``"nvfp4"``)."""
     memory_bytes: float
     """Device memory capacity as the framework reports it (bytes)."""
     memory_reserved_bytes: float
@@ -482,7 +483,7 @@ _SCHEMA: dict[str, dict[str, tuple[str, bool]]] = {
         "attention_backward_efficiency": ("frac", _OPT), "unfused_attention_backward_efficiency": ("frac", _OPT),
         "optimizer_efficiency": ("frac", _OPT), "transport_core_share": ("frac", _OPT),
         "eager_op_forward_us": ("pos", _OPT), "eager_op_backward_us": ("pos", _OPT),
-        "mxfp8_tflops": ("pos", _OPT), "ds07_decode_gemm_tflops": ("pos", _OPT),
+        "mxfp8_tflops": ("pos", _OPT), "nvfp4_tflops": ("pos", _OPT), "ds07_decode_gemm_tflops": ("pos", _OPT),
         # kernel-model facts (parsim.cluster.kernels, attention_kernels): all or none
         "sm_count": ("int", _OPT), "tensor_flop_per_clock_per_sm": ("pos", _OPT),
         "sfu_op_per_clock_per_sm": ("pos", _OPT), "smem_byte_per_clock_per_sm": ("pos", _OPT),

@@ -43,14 +43,25 @@ from parsim.units import to_si
 BASE_PRECISIONS = ("bf16", "fp16")
 """The tensor-core rate ``tensor_flop_per_clock_per_sm`` is counted in (bf16, else fp16)."""
 INPUT_BYTES = {"bf16": 2.0, "fp16": 2.0, "tf32": 4.0, "fp32": 4.0, "fp8": 1.0,
-               "mxfp8": 1.0 + 1.0 / 32.0}
-"""Bytes per A/B element a kernel reads (MXFP8: one 8-bit scale per 32 elements, OCP MX spec)."""
-OUTPUT_BYTES = {"bf16": 2.0, "fp16": 2.0, "tf32": 4.0, "fp32": 4.0, "fp8": 2.0, "mxfp8": 2.0}
+               "mxfp8": 1.0 + 1.0 / 32.0, "nvfp4": 0.5 + 1.0 / 16.0}
+"""Bytes per A/B element a kernel reads (MXFP8: one 8-bit scale per 32 elements, OCP MX spec;
+NVFP4: 4-bit E2M1 elements with one E4M3 scale per 16, Transformer Engine's NVFP4 docs)."""
+OUTPUT_BYTES = {"bf16": 2.0, "fp16": 2.0, "tf32": 4.0, "fp32": 4.0, "fp8": 2.0, "mxfp8": 2.0, "nvfp4": 2.0}
 """Bytes per C element written (FP8 GEMMs write bf16, as torch._scaled_mm / Transformer Engine)."""
 K_BLOCK_BYTES = 128
 """Bytes of one row of an A/B K-block (64 bf16, 128 fp8 elements): the 128-byte swizzled
 shared-memory row that Hopper TMA / Ampere ldg8 kernels load (cuBLAS names ``...x64_...`` for
 bf16); k rounds up to it."""
+
+
+def k_block_elements(in_bytes: float) -> int:
+    """Elements of one K-block row: 128 bytes of the element type (block scales ride beside the
+    rows: MXFP8's 1/32 and NVFP4's 1/16 byte an element do not count), so 64 bf16, 128 fp8,
+    256 fp4 (E2M1, two to a byte)."""
+    element = 0.5 if in_bytes < 1.0 else float(int(in_bytes))
+    return int(K_BLOCK_BYTES / element)
+
+
 SPLIT_K = (1, 2, 3, 4, 6, 8, 12, 16)
 """Split-K factors a library tries when the output tiles do not fill the SMs."""
 PARTIAL_BYTES = 4.0
@@ -218,7 +229,7 @@ def _plan_time(mc: _Machine, rate: float, m: int, n: int, k: int, tile: tuple[in
     tm, tn, sms = tile
     tiles = output_tiles(m, n, tile, batch)
     slots = mc.sm // sms
-    k_block = K_BLOCK_BYTES // int(mc.in_bytes)  # MXFP8's scales ride beside the 128-byte rows
+    k_block = k_block_elements(mc.in_bytes)
     clock = rate / (mc.sm * mc.flop_per_clock)  # the clock the main-loop rate implies
     per_sm_rate = rate / mc.sm * feed_fraction(mc, tm, tn, sms)
     block_time = 2.0 * tm * tn / sms * k_block / per_sm_rate   # one K block of one tile
@@ -554,7 +565,7 @@ def grouped_gemm_plan(dev: Any, problems: tuple[tuple[int, int, int], ...], prec
     probs = tuple((int(m), int(n), int(k)) for m, n, k in problems if m > 0 and n > 0 and k > 0)
     if not probs:
         return {"time_s": 0.0, "tile": None, "waves": 0, "memory_bound": False, "mainloop_flops": rate}
-    k_block = K_BLOCK_BYTES // int(mc.in_bytes)
+    k_block = k_block_elements(mc.in_bytes)
     clock = rate / (mc.sm * mc.flop_per_clock)
     per_sm_bw = mc.bandwidth / mc.sm
     hidden = mc.mma_style != "warp"

@@ -85,9 +85,11 @@ class TrainingConfig:
     bias-activation, bias-dropout-add each one kernel); false: eager PyTorch op by op (Hugging Face
     modules: more kernels and more HBM passes; ``parsim.costs.memory_ops``)."""
     fp8_recipe: str | None = None
-    """FP8 scaling recipe (``precision = "fp8"``): delayed | current | mxfp8 | blockwise | rowwise
-    (torchao.float8's per-row scales: every tensor cast once per scaling axis); None: the
-    device's default (mxfp8 where it has block-scaled FP8 GEMMs, i.e. Blackwell; current otherwise)."""
+    """Low-precision recipe (``precision = "fp8"``): delayed | current | mxfp8 | blockwise | rowwise
+    (torchao.float8's per-row scales: every tensor cast once per scaling axis) | nvfp4 (Blackwell's
+    4-bit E2M1 with E4M3 scales per 16: Transformer Engine's NVFP4BlockScaling, Megatron's
+    ``--fp4-recipe nvfp4``; the linear layers' GEMMs at the FP4 rate); None: the device's default
+    (mxfp8 where it has block-scaled FP8 GEMMs, i.e. Blackwell; current otherwise)."""
     attention_kernel: str | None = None
     """The fused-attention implementation the framework calls: fa2 | fa3 | fa4 | cudnn (each fitted
     per GPU architecture to published bars, ``parsim.cluster.attention_kernels``); None: the

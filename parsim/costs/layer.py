@@ -97,6 +97,7 @@ def activation_options(inp: LayerInputs) -> ActivationOptions:
                              # torchao's rowwise recipe keeps the 16-bit input: its weight gradient
                              # casts it again along the tokens (memory_ops.rowwise_cast_work)
                              fp8_linear_inputs=o.precision == "fp8" and o.fp8_recipe != "rowwise",
+                             quantized_input_bytes=_memory_ops.saved_input_bytes(o.fp8_recipe),
                              recompute_modules=o.recompute_modules)
 
 

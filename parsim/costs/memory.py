@@ -106,6 +106,9 @@ class ActivationOptions:
     forward GEMM consumed, 1 byte per element (Transformer Engine under FP8: ``Linear`` saves
     the quantised ``inputmat``, ``LayerNormLinear`` its FP8 ``ln_out``; MXFP8 adds one 8-bit
     scale per 32 elements, neglected): the QKV and FC1 inputs, the projection's and FC2's."""
+    quantized_input_bytes: float = 1.0
+    """Bytes of one such saved element (1: FP8; NVFP4 keeps the column-wise 4-bit copy its weight
+    gradient reads, half a byte and one E4M3 scale per 16: 0.5625)."""
     recompute_modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES
     """Under ``recompute = "selective"``: the modules rerun (``parsim.config.scenario.RECOMPUTE_MODULES``; Megatron's
     default is the attention core alone)."""
@@ -148,7 +151,7 @@ def block_stash(spec: ModelSpec, seq_len: int, opts: ActivationOptions, layer_in
 
     h = spec.d_model
     e = opts.bytes_per_element
-    lin = 1.0 if opts.fp8_linear_inputs else e  # a linear layer's saved input, per element
+    lin = opts.quantized_input_bytes if opts.fp8_linear_inputs else e  # a linear layer's saved input, per element
     out: list[Stashed] = [Stashed("attn_norm_in", e * h, "sp")]
     if spec.is_mla:
         heads, qk = spec.n_heads, spec.qk_nope_head_dim + spec.qk_rope_head_dim
@@ -291,11 +294,11 @@ def moe_dispatched_activation_bytes(spec: ModelSpec, rows: float, expert_tp: int
     mlp = (3 * f if spec.ffn == "swiglu" else 2 * f)
     out = rows * (2 * spec.d_model + mlp) * opts.bytes_per_element
     if opts.fp8_linear_inputs:  # the grouped GEMMs' inputs (permuted tokens, FC2's) kept in FP8
-        out -= rows * (spec.d_model + f) * (opts.bytes_per_element - 1)
+        out -= rows * (spec.d_model + f) * (opts.bytes_per_element - opts.quantized_input_bytes)
     if opts.recompute == "selective" and "moe" in opts.recompute_modules:
         return 0.0  # the checkpointed MoE layer keeps only its input (counted with the block)
     if opts.recompute == "selective" and "moe_act" in opts.recompute_modules:
-        out -= rows * f * (1 if opts.fp8_linear_inputs else opts.bytes_per_element)  # FC2's input
+        out -= rows * f * (opts.quantized_input_bytes if opts.fp8_linear_inputs else opts.bytes_per_element)  # FC2's input
     return out
 
 

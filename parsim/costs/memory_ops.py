@@ -31,7 +31,15 @@ copy, 1 kernel); ``blockwise`` (``Float8BlockScaling``, DeepSeek-V3's 1x128 / 12
 scale per 128 elements beside each copy, 1 kernel); ``rowwise`` (torchao.float8's ``ROWWISE``
 recipe, torchtitan's ``recipe_name = "rowwise"``: one fp32 scale per row along the contraction
 dimension, so a tensor used by two GEMMs that contract different dimensions is reduced and cast
-twice, once per axis -- see :func:`rowwise_cast_work`). The attention core and the LM head stay BF16
+twice, once per axis -- see :func:`rowwise_cast_work`); ``nvfp4`` (Blackwell ``NVFP4BlockScaling``,
+Megatron ``--fp4-format e2m1 --fp4-recipe nvfp4``: 4-bit E2M1 elements with one E4M3 scale per 16 and
+a per-tensor FP32 scale from the tensor's amax; the GEMM takes TN layouts only, so both copies
+always exist; the column-wise copy of inputs and gradients, the weight gradient's operands, goes
+through a 16x16 random Hadamard transform first, gradients round stochastically. TE's
+``NVFP4Quantizer::quantize_impl`` runs it as two kernels where the shape allows the fused path:
+``nvte_hadamard_transform_amax`` (the amax before and after the transform, one read) and
+``nvte_quantize_with_hadamard_transform`` (both copies from one read) -- as current scaling, two
+reads and two kernels, writing 2 x 9/16 bytes an element). The attention core and the LM head stay BF16
 (TE recipes keep ``DotProductAttention`` and the output layer out of ``fp8_autocast``).
 FP8 weight casts happen once per optimizer step under Megatron (``is_first_microbatch``
 caching) and are not counted per microbatch here.
@@ -42,13 +50,19 @@ from dataclasses import dataclass
 
 from parsim.model import ModelSpec
 
-FP8_RECIPES = ("delayed", "current", "mxfp8", "blockwise", "rowwise")
+FP8_RECIPES = ("delayed", "current", "mxfp8", "blockwise", "rowwise", "nvfp4")
 SCALE_BYTES_PER_ELEMENT = {"delayed": 0.0, "current": 0.0, "mxfp8": 1.0 / 32, "blockwise": 4.0 / 128,
-                           "rowwise": 0.0}
-"""Scale bytes written per FP8 element (MX: one E8M0 per 32, OCP MX spec; blockwise: fp32 per 128;
-rowwise: one fp32 per row of K >= 1,024 elements, under 0.4%, not counted)."""
-CAST_KERNELS = {"delayed": 1, "current": 2, "mxfp8": 1, "blockwise": 1, "rowwise": 2}
-"""Kernels per cast (current scaling and rowwise: an amax reduction, then the cast)."""
+                           "rowwise": 0.0, "nvfp4": 1.0 / 16}
+"""Scale bytes written per low-precision element (MX: one E8M0 per 32, OCP MX spec; blockwise: fp32
+per 128; rowwise: one fp32 per row of K >= 1,024 elements, under 0.4%, not counted; NVFP4: one E4M3
+per 16)."""
+ELEMENT_BYTES = {"nvfp4": 0.5}
+"""Bytes of one quantized element where it is not one (NVFP4's E2M1: two to a byte)."""
+CAST_KERNELS = {"delayed": 1, "current": 2, "mxfp8": 1, "blockwise": 1, "rowwise": 2, "nvfp4": 2}
+"""Kernels per cast (current scaling, rowwise and NVFP4: an amax reduction, then the cast)."""
+AMAX_PASS = ("current", "nvfp4")
+"""Recipes whose cast reads the 16-bit tensor twice: a per-tensor amax pass, then the cast (rowwise's
+per-row amax is :func:`rowwise_cast_work`'s own)."""
 
 
 @dataclass(frozen=True)
@@ -155,7 +169,26 @@ def fp8_copy_bytes(recipe: str, non_tn: bool) -> float:
         raise ValueError(f"unknown fp8 recipe {recipe!r} (known: {', '.join(FP8_RECIPES)})")
     if recipe in ("delayed", "current"):
         return 1.0 if non_tn else 2.0
-    return 2 * (1.0 + SCALE_BYTES_PER_ELEMENT[recipe])  # rowwise: one copy per scaling axis
+    # rowwise: one copy per scaling axis; NVFP4: TN-only GEMMs, and the column-wise copy differs
+    return 2 * (ELEMENT_BYTES.get(recipe, 1.0) + SCALE_BYTES_PER_ELEMENT[recipe])
+
+
+def saved_input_bytes(recipe: str | None) -> float:
+    """Bytes per element of a linear layer's input kept for its weight gradient under ``recipe``
+    (``parsim.costs.memory``): the FP8 copy's byte (MXFP8's scales neglected there), NVFP4's
+    column-wise copy with its scales (9/16)."""
+    if recipe == "nvfp4":
+        return ELEMENT_BYTES["nvfp4"] + SCALE_BYTES_PER_ELEMENT["nvfp4"]
+    return 1.0
+
+
+def fp8_weight_copy_bytes(recipe: str, non_tn: bool) -> float:
+    """Bytes per parameter of the low-precision weight copies (:func:`fp8_copy_bytes`), except
+    NVFP4's weights, whose scales cover 16x16 blocks (TE's default 2D weight quantization: one
+    E4M3 scale per 256 elements) so that both copies agree."""
+    if recipe == "nvfp4":
+        return 2 * (ELEMENT_BYTES["nvfp4"] + 1.0 / 256)
+    return fp8_copy_bytes(recipe, non_tn)
 
 
 def fp8_cast_work(spec: ModelSpec, tokens_local: int, tp: int, recipe: str, act_bytes: float,
@@ -174,7 +207,7 @@ def fp8_cast_work(spec: ModelSpec, tokens_local: int, tp: int, recipe: str, act_
     qw = spec.n_heads * hd / tp
     kvw = spec.n_kv_heads * hd / max(1, tp if spec.n_kv_heads >= tp else 1)
     _, _, f, fc1 = _local(spec, tp, moe)
-    reads = act_bytes * (2 if recipe == "current" else 1)
+    reads = act_bytes * (2 if recipe in AMAX_PASS else 1)
     per = reads + writes
     n = CAST_KERNELS[recipe]
     fwd_elems = d + qw + d + f
@@ -231,8 +264,10 @@ def default_fp8_recipe(peak_flops: dict) -> str:
 
 
 def fp8_gemm_precision(recipe: str, peak_flops: dict) -> str:
-    """Precision the linear GEMMs run at under ``recipe`` (MXFP8 on the block-scaled path)."""
-    return "mxfp8" if recipe == "mxfp8" and "mxfp8" in peak_flops else "fp8"
+    """Precision the linear GEMMs run at under ``recipe`` (MXFP8 and NVFP4 on the block-scaled path)."""
+    if recipe in ("mxfp8", "nvfp4") and recipe in peak_flops:
+        return recipe
+    return "fp8"
 
 
 def loss_work(logits: float, activation_bytes: float, fused_kernels: bool,

@@ -34,7 +34,7 @@ from parsim.costs.inputs import (
 )
 from parsim.costs.layer import moe_phase
 from parsim.costs.memory import framework_states, nccl_buffer_bytes
-from parsim.costs.memory_ops import fp8_copy_bytes, non_tn_fp8_gemms
+from parsim.costs.memory_ops import fp8_weight_copy_bytes, non_tn_fp8_gemms
 from parsim.costs.moe import all_to_all_bytes
 from parsim.costs.parts import AxisBytes, Parts
 from parsim.costs.stage import (
@@ -243,9 +243,9 @@ class ModelCosts:
             buffers["comm_buffers"] = nccl_buffer_bytes(comms)
             if tr.precision == "fp8" and par.framework != "fsdp":
                 # Transformer Engine's FP8 weight copies beside the 16-bit weight (and its
-                # transpose where the GPU's FP8 GEMMs need one): memory_ops.fp8_copy_bytes
+                # transpose where the GPU's FP8 GEMMs need one): memory_ops.fp8_weight_copy_bytes
                 recipe = _compute.fp8_recipe(self.layer_inputs)
-                buffers["fp8_weights"] = fp8_copy_bytes(recipe, non_tn_fp8_gemms(self.inputs.hardware.device)) * n
+                buffers["fp8_weights"] = fp8_weight_copy_bytes(recipe, non_tn_fp8_gemms(self.inputs.hardware.device)) * n
         out = {"params": ms["params"] + me["params"] + stash, "grads": ms["grads"] + me["grads"],
                "optimizer": ms["optimizer"] + me["optimizer"],
                "buffers": tuple((k, v) for k, v in buffers.items() if v)}

@@ -161,17 +161,24 @@ PERMUTE_KERNELS = (6, 6)
 """Kernels of dispatch + combine bookkeeping per pass: the permute, the sort of received
 chunks by local expert, its inverse, the unpermute (weighted combine), plus the routing-map
 index computation; the same number run their backward."""
-FP8_ROW_ALIGN = {"fp8": 16, "mxfp8": 32}
-"""Rows each expert pads to under FP8 (Megatron-Core ``moe_router_padding_for_fp8``:
-FP8 GEMMs need M a multiple of 16, MXFP8 of 32: one scale block of 32 rows)."""
+FP8_ROW_ALIGN = {"fp8": 16, "mxfp8": 32, "nvfp4": 128}
+"""Rows each expert pads to under FP8 / FP4 (Megatron-Core ``moe_router_padding_for_fp8``:
+FP8 GEMMs need M a multiple of 16, MXFP8 of 32: one scale block of 32 rows; NVFP4 128,
+``megatron/core/fp4_utils.get_fp4_align_size``: the grouped quantize with its Hadamard
+transform wants 64 and runs faster at 128, and a 128-row padding spares the host the token
+counts the scale layout would need)."""
+
+
 def quant_bytes_per_element(precision: str, non_tn: bool) -> float | None:
-    """Bytes per element of one quantization pass before an FP8 grouped GEMM (Transformer
-    Engine): read the bf16 tensor (2), write the FP8 copies the GEMMs need
-    (``memory_ops.fp8_copy_bytes``: row-wise, and column-wise where the layout requires it;
-    MXFP8 with its scales); None for a 16-bit GEMM."""
+    """Bytes per element of one quantization pass before an FP8 / FP4 grouped GEMM (Transformer
+    Engine): read the bf16 tensor (2; NVFP4 twice: its per-tensor amax first), write the copies
+    the GEMMs need (``memory_ops.fp8_copy_bytes``: row-wise, and column-wise where the layout
+    requires it; MXFP8 and NVFP4 with their scales); None for a 16-bit GEMM."""
     p = canonical_precision(precision)
-    if p not in ("fp8", "mxfp8"):
+    if p not in ("fp8", "mxfp8", "nvfp4"):
         return None
+    if p == "nvfp4":
+        return 2 * 2 + fp8_copy_bytes("nvfp4", non_tn)
     return 2 + fp8_copy_bytes("mxfp8" if p == "mxfp8" else "current", non_tn)
 
 

@@ -113,6 +113,10 @@ def _without_effect(v: dict, given: dict) -> list[str]:
         idle.append(("recompute_modules", "no --recompute-granularity selective"))
     if v.get("optimizer") != "sgd":
         idle.append(("sgd_momentum", "not --optimizer sgd"))
+    if not v.get("fp8_format"):
+        idle.append(("fp8_recipe", "no --fp8-format"))
+    if not v.get("fp4_format"):
+        idle.append(("fp4_recipe", "no --fp4-format"))
     if "padded_vocab_size" in v:
         idle += [(d, "--padded-vocab-size given") for d in ("vocab_size", "vocab_divisible_by", "tokenizer_type")]
     out = []
@@ -251,8 +255,15 @@ def _training(v: dict, dp: int, notes: list[str]) -> dict:
     if mbs is None:
         mbs = 1
         notes.append("--micro-batch-size 1 (not given)")
-    if v.get("fp8_format"):
+    recipe = None
+    if v.get("fp8_format") and v.get("fp4_format"):
+        raise ConfigError(SOURCE, "--fp4-format", "given together with --fp8-format (Megatron: choose one)")
+    if v.get("fp4_format"):  # NVFP4 runs through Transformer Engine's FP8 path (NVFP4BlockScaling)
+        precision, recipe = "fp8", "nvfp4"
+    elif v.get("fp8_format"):
+        # TransformerConfig.fp8_recipe defaults to "delayed"; Megatron's "tensorwise" is TE's current scaling
         precision = "fp8"
+        recipe = {"tensorwise": "current"}.get(v.get("fp8_recipe", "delayed"), v.get("fp8_recipe", "delayed"))
     elif v.get("bf16") and v.get("fp16"):
         raise ConfigError(SOURCE, "--bf16", "given together with --fp16")
     else:
@@ -262,7 +273,8 @@ def _training(v: dict, dp: int, notes: list[str]) -> dict:
         opt = "momentum" if v.get("sgd_momentum", 0.9) > 0 else "sgd"  # Megatron's SGD: momentum 0.9
     backend = v.get("attention_backend", "flash" if v.get("use_flash_attn") else "auto")
     return {"global_batch": v.get("global_batch_size", mbs * dp), "microbatch_size": mbs,
-            "seq_len": v["seq_length"], "precision": precision, "optimizer": opt,
+            "seq_len": v["seq_length"], "precision": precision, **({"fp8_recipe": recipe} if recipe else {}),
+            "optimizer": opt,
             "flash_attention": backend not in ("unfused", "local"),
             "dropout": v.get("attention_dropout", 0.1) > 0 or v.get("hidden_dropout", 0.1) > 0,
             "grad_accumulation_fusion": not v.get("no_grad_acc_fusion")}
