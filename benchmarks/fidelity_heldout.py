@@ -24,7 +24,7 @@ Rules
   does not load is skipped with that reason): the H100 96GB HBM2e at its 500 W limit
   (torchtitan's Grand Teton hosts) -> ``grand-teton-h100``; other power-capped parts (a B200
   whose limit is not stated) have no profile -> not expressible; GB300 ->
-  ``gb300-nvl72``; GB200 -> ``gb200-nvl72``; B200 -> ``dgx-b200`` when it loads, else
+  ``gb300-nvl72``; GB200 -> ``gb200-nvl72``; B300 -> ``dgx-b300``; B200 -> ``dgx-b200`` when it loads, else
   ``hgx-b200``; H800 -> ``dgx-h800``; H200 -> ``dgx-h200``; H100 (SXM/DGX/80GB/unqualified)
   -> ``dgx-h100``; A100 80GB -> ``dgx-a100-80g``; A100 40GB -> ``dgx-a100-40g``; "Ampere GPUs" with the SKU unnamed
   (MegaScale: A100-class by the implied 312 TFLOP/s peak) -> ``dgx-a100-80g``, marked as an
@@ -242,6 +242,8 @@ def hardware_for(gpu: str) -> tuple[str | None, Skip | None, list[str]]:
         want = ["gb300-nvl72"]
     elif "gb200" in g:
         want = ["gb200-nvl72"]
+    elif "b300" in g:
+        want = ["dgx-b300"]
     elif "b200" in g:
         want = ["dgx-b200", "hgx-b200"]
     elif "h800" in g:

@@ -90,7 +90,6 @@ def test_mpt_fields_reproduce_the_published_parameter_counts():
     ("deepseekv3-report-h800-2048-pretrain", "global batch not one number", "ramp"),
     ("megatronlm-strongscale-h100-gpt177b-96gpu", "no per-GPU throughput published", "mfu"),
     ("megatronlm-dsv3-gb200-guide-mxfp8", "no GPU count", "number of GPUs"),
-    ("mb-26.06-b300-qwen330ba3b-mxfp8", "hardware: unknown GPU", "B300"),
 ])
 def test_rows_that_must_be_skipped_say_why(rid, kind, words):
     skip = fh.scenario_for(ROWS[rid])
@@ -104,6 +103,11 @@ def test_nvfp4_rows_run_as_nvfp4_not_as_bf16(rid, hardware):
     doc = fh.scenario_for(ROWS[rid])
     assert isinstance(doc, dict) and doc["hardware"] == hardware
     assert doc["training"]["precision"] == "fp8" and doc["training"]["fp8_recipe"] == "nvfp4"
+
+
+def test_b300_rows_run_on_the_dgx_b300_profile():
+    doc = fh.scenario_for(ROWS["mb-26.06-b300-qwen330ba3b-mxfp8"])
+    assert isinstance(doc, dict) and doc["hardware"] == "dgx-b300"
 
 
 def test_a_gpu_count_the_layout_contradicts_is_skipped():

@@ -28,7 +28,7 @@ from parsim.cluster.hardware import (
 from parsim.errors import ConfigError
 
 PUBLISHED_PATH = Path(__file__).resolve().parent / "data" / "published.json"
-BUNDLED = ["cpu-gloo", "dgx-a100-80g", "dgx-a100-40g", "dgx-h100", "dgx-h200", "dgx-h800", "hgx-b200", "dgx-b200",
+BUNDLED = ["cpu-gloo", "dgx-a100-80g", "dgx-a100-40g", "dgx-h100", "dgx-h200", "dgx-h800", "hgx-b200", "dgx-b200", "dgx-b300",
            "gb200-nvl72", "gb300-nvl72", "aws-p3.16xlarge", "dgx2-v100", "grand-teton-h100"]
 GPU_PROFILES = [n for n in BUNDLED if n != "cpu-gloo"]
 GB = 1e9
@@ -449,3 +449,15 @@ def test_grand_teton_h100_is_rated_between_the_sxm_and_nvl_datasheets():
     # a compute-bound GEMM runs at the 500 W clock: slower by the rated ratio
     ratio = gt.device.gemm_time(8192, 8192, 8192) / sxm.device.gemm_time(8192, 8192, 8192)
     assert ratio == pytest.approx(sxm_tf / at_500, rel=0.01)
+
+
+def test_b300_profile_is_blackwell_ultra():
+    """dgx-b300: B200's dense BF16/FP8 rates, 288 GB, twice the exp2 rate (NVIDIA's Blackwell Ultra
+    softmax post), its own measured MAMF."""
+    b300, b200 = (load_profile(n).device for n in ("dgx-b300", "dgx-b200"))
+    assert b300.peak("bf16") == b200.peak("bf16") and b300.peak("fp8") == b200.peak("fp8")
+    assert b300.kernels.sfu_op_per_clock_per_sm == 2 * b200.kernels.sfu_op_per_clock_per_sm
+    assert b300.memory_bytes > 1.45 * b200.memory_bytes
+    burst = b300.burst()
+    m, n, k = 12288, 18432, 1024  # the MAMF table's B300 best shape: 1769.0 TFLOP/s
+    assert 2.0 * m * n * k / burst.gemm_time(m, n, k, "bf16") == pytest.approx(1769.0e12, rel=0.05)
