@@ -453,8 +453,9 @@ def test_grand_teton_h100_is_rated_between_the_sxm_and_nvl_datasheets():
 
 def test_b300_profile_is_blackwell_ultra():
     """dgx-b300: B200's dense BF16/FP8 rates, 288 GB, twice the exp2 rate (NVIDIA's Blackwell Ultra
-    softmax post), its own measured MAMF."""
-    b300, b200 = (load_profile(n).device for n in ("dgx-b300", "dgx-b200"))
+    softmax post; GB300's GPU is the same Blackwell Ultra), its own measured MAMF."""
+    b300, b200, gb300 = (load_profile(n).device for n in ("dgx-b300", "dgx-b200", "gb300-nvl72"))
+    assert gb300.kernels.sfu_op_per_clock_per_sm == b300.kernels.sfu_op_per_clock_per_sm
     assert b300.peak("bf16") == b200.peak("bf16") and b300.peak("fp8") == b200.peak("fp8")
     assert b300.kernels.sfu_op_per_clock_per_sm == 2 * b200.kernels.sfu_op_per_clock_per_sm
     assert b300.memory_bytes > 1.45 * b200.memory_bytes
