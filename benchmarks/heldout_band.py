@@ -35,7 +35,7 @@ from parsim.cluster.hardware import load_profile
 GENERATIONS = {
     "ampere": ("dgx-a100-80g", "dgx-a100-40g"),
     "hopper": ("dgx-h100", "dgx-h200", "dgx-h800", "grand-teton-h100"),
-    "blackwell": ("dgx-b200", "hgx-b200", "gb200-nvl72", "gb300-nvl72"),
+    "blackwell": ("dgx-b200", "hgx-b200", "dgx-b300", "gb200-nvl72", "gb300-nvl72"),
 }
 """Profiles whose rows are pooled: one die and one kernel stack per generation."""
 
