@@ -87,7 +87,7 @@ def _typed(table: dict, key: str, typ, file: str, prefix: str, default=None, req
         raise ConfigError(file, f"{prefix}{key}", f"expected {want}, got {v!r}")
     if typ is float and not math.isfinite(v):
         raise ConfigError(file, f"{prefix}{key}", f"must be a finite number, got {v!r}")
-    if typ in (int, float) and v <= 0 and key not in ("zero", "p2p_s"):
+    if typ in (int, float) and v <= 0 and key not in ("zero", "p2p_s", "bf16_first_layers", "bf16_last_layers"):
         raise ConfigError(file, f"{prefix}{key}", f"must be positive, got {v!r}")
     return v
 
@@ -201,6 +201,10 @@ def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Sc
     check_parallel(parallel, gpus, file)
     check_model_parallel(model, training, parallel, file)
     check_recompute_modules(training, model, file)
+    if training.bf16_first_layers + training.bf16_last_layers > model.n_layers:
+        raise ConfigError(file, "training.bf16_last_layers", f"bf16_first_layers + bf16_last_layers = "
+                          f"{training.bf16_first_layers + training.bf16_last_layers} exceeds the model's "
+                          f"{model.n_layers} blocks")
     layers = _layers(model, parallel, schedule, file)
     costs = _costs(doc["costs"], file, parallel.n_stages) if "costs" in doc else None
     moe = moe_from_table(doc["moe"], file) if "moe" in doc else MoEConfig()
@@ -406,6 +410,8 @@ def _training(t: dict, file: str) -> TrainingConfig:
                           _choice(_typed(t, "recompute_method", str, file, p, None), RECOMPUTE_METHODS, file,
                                   p + "recompute_method")),
         recompute_num_layers=_typed(t, "recompute_num_layers", int, file, p, None),
+        bf16_first_layers=_typed(t, "bf16_first_layers", int, file, p, 0),
+        bf16_last_layers=_typed(t, "bf16_last_layers", int, file, p, 0),
     )
     if tc.seq_len > MAX_SEQ_LEN:
         raise ConfigError(file, p + "seq_len", f"{tc.seq_len:,} tokens is more than parsim models ({MAX_SEQ_LEN:,}: "
@@ -417,6 +423,16 @@ def _training(t: dict, file: str) -> TrainingConfig:
     if tc.recompute_num_layers is not None and tc.recompute_method is None:
         raise ConfigError(file, p + "recompute_num_layers", "needs training.recompute_method (uniform or block), "
                           "as Megatron's --recompute-num-layers needs --recompute-method")
+    for key in ("bf16_first_layers", "bf16_last_layers"):
+        n = getattr(tc, key)
+        if n < 0:
+            raise ConfigError(file, p + key, f"must be >= 0, got {n}")
+        if n and tc.precision != "fp8":
+            raise ConfigError(file, p + key, f"only under precision = \"fp8\" (the other blocks run FP8 or NVFP4), "
+                              f"got precision = {tc.precision!r}")
+        if n and tc.fp8_recipe == "delayed":
+            raise ConfigError(file, p + key, "not with fp8_recipe = \"delayed\" (Megatron: delayed scaling does not "
+                              "support first / last layers in BF16)")
     if tc.recompute_modules is not None and tc.recompute != "selective":
         raise ConfigError(file, p + "recompute_modules", f"only with recompute = \"selective\" (Megatron's "
                           f"--recompute-granularity selective), got recompute = {tc.recompute!r}")

@@ -111,6 +111,14 @@ class TrainingConfig:
     each chunk one by one; the others keep all their activations); None: uniform, one block a unit."""
     recompute_num_layers: int | None = None
     """Megatron's ``--recompute-num-layers`` for ``recompute_method`` (None: 1)."""
+    bf16_first_layers: int = 0
+    """Under ``precision = "fp8"``: this many leading blocks stay BF16 (their GEMMs 16-bit, no casts),
+    as Megatron's ``--first-last-layers-bf16 --num-layers-at-start-in-bf16 N`` keeps them; NVFP4
+    recipes keep a few precision-sensitive blocks (Pretraining LLMs with NVFP4: the first 2 and the
+    last 8 of a 12B model)."""
+    bf16_last_layers: int = 0
+    """Likewise the trailing blocks (``--num-layers-at-end-in-bf16``; torchtitan's NVFP4 recipe:
+    the last ~15%)."""
 
     @property
     def recompute_modules_(self) -> tuple[str, ...]:

@@ -84,7 +84,9 @@ class ModelCosts:
         self.groups = rank_groups(par)
         self.chain_len = par.n_stages // self.traits.n_chains  # stages per model copy
         per_layer = inputs.moe is not None and layer_histograms(inputs.moe) is not None
-        layout = stage_layout(inputs.model, inputs.layers_per_stage, self.chain_len, per_layer)
+        tr = inputs.training
+        layout = stage_layout(inputs.model, inputs.layers_per_stage, self.chain_len, per_layer,
+                              (tr.bf16_first_layers, tr.bf16_last_layers))
         self.layers = layout.layers
         """Per stage: global indices of its transformer blocks."""
         self.shape_of = layout.shape_of
@@ -245,11 +247,24 @@ class ModelCosts:
                 # Transformer Engine's FP8 weight copies beside the 16-bit weight (and its
                 # transpose where the GPU's FP8 GEMMs need one): memory_ops.fp8_weight_copy_bytes
                 recipe = _compute.fp8_recipe(self.layer_inputs)
-                buffers["fp8_weights"] = fp8_weight_copy_bytes(recipe, non_tn_fp8_gemms(self.inputs.hardware.device)) * n
+                copies = fp8_weight_copy_bytes(recipe, non_tn_fp8_gemms(self.inputs.hardware.device))
+                buffers["fp8_weights"] = copies * sum(self._low_precision_params(s) for s in stages)
         out = {"params": ms["params"] + me["params"] + stash, "grads": ms["grads"] + me["grads"],
                "optimizer": ms["optimizer"] + me["optimizer"],
                "buffers": tuple((k, v) for k, v in buffers.items() if v)}
         return _offload_ops.model_states(self, stages, out) if self.inputs.offload.active else out
+
+    def _low_precision_params(self, stage: int) -> float:
+        """Parameters of the stage's blocks that run FP8 / NVFP4 (those kept in BF16 by
+        ``training.bf16_first_layers`` / ``bf16_last_layers`` have no low-precision copies; the
+        stage's parameters are spread evenly over its blocks)."""
+        tr, layers = self.inputs.training, self.layers[stage]
+        sc = self.stage_costs[stage]
+        if not layers or not (tr.bf16_first_layers or tr.bf16_last_layers):
+            return sc.params
+        hi = self.inputs.model.n_layers - tr.bf16_last_layers
+        kept = sum(1 for li in layers if li < tr.bf16_first_layers or li >= hi)
+        return sc.params * (1.0 - kept / len(layers))
 
     def weight_versions(self, rank: int) -> int:
         """Weight versions a pipeline rank holds (1 unless PipeDream / PipeDream-2BW)."""

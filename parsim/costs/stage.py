@@ -59,6 +59,9 @@ class StageShape:
     mtp: int = 0
     """Multi-token prediction depths on this stage (``model.mtp_layers`` on the last stage of a
     model copy: Megatron-Core's default placement, beside the loss)."""
+    bf16: tuple[bool, ...] = ()
+    """Per block (empty: none): kept in BF16 under an FP8 / NVFP4 recipe (``training.bf16_first_layers``,
+    ``bf16_last_layers``: Megatron's ``--first-last-layers-bf16``), costed as a 16-bit block."""
 
 
 @dataclass(frozen=True)
@@ -107,11 +110,12 @@ class StageLayout:
 
 @lru_cache(maxsize=4096)
 def stage_layout(model: ModelSpec, layers_per_stage: tuple[int, ...], chain_len: int,
-                 per_layer_routing: bool = False) -> StageLayout:
+                 per_layer_routing: bool = False, bf16_ends: tuple[int, int] = (0, 0)) -> StageLayout:
     """Blocks and shapes of every stage. ``chain_len``: stages per model copy (a two-copy
     schedule such as DualPipe or Chimera holds the whole model on each chain).
     ``per_layer_routing``: the scenario states each MoE layer's routing, so MoE blocks are told
-    apart by their index among the MoE layers (``StageShape.kinds``)."""
+    apart by their index among the MoE layers (``StageShape.kinds``). ``bf16_ends``: the
+    model's first and last blocks kept in BF16 under a low-precision recipe (``StageShape.bf16``)."""
     moe_index = {li: j for j, li in enumerate(i for i in range(model.n_layers) if is_moe_layer(model, i))}
     n_stages = len(layers_per_stage)
     tied = model.tied_embeddings and n_stages > 1
@@ -125,7 +129,10 @@ def stage_layout(model: ModelSpec, layers_per_stage: tuple[int, ...], chain_len:
         kinds = tuple((moe_index[li] + 1 if li in moe_index else False) if per_layer_routing
                       else is_moe_layer(model, li) for li in layers)
         last = s % chain_len == chain_len - 1
-        shape = StageShape(kinds, s % chain_len == 0, last, tied and last, model.mtp_layers if last else 0)
+        lo, hi = bf16_ends[0], model.n_layers - bf16_ends[1]
+        bf16 = tuple(not lo <= li < hi for li in layers) if any(bf16_ends) else ()
+        shape = StageShape(kinds, s % chain_len == 0, last, tied and last, model.mtp_layers if last else 0,
+                           bf16 if any(bf16) else ())
         shape_of.append(shapes.setdefault(shape, len(shapes)))
         all_layers.append(layers)
     return StageLayout(tuple(shapes), tuple(shape_of), tuple(all_layers))
@@ -175,12 +182,23 @@ def _uniform_blocks(inp: LayerInputs, kind: bool | int, n: int) -> tuple:
     return b
 
 
-def _blocks(inp: LayerInputs, kinds: tuple[bool, ...]) -> tuple:
-    if kinds and all(k == kinds[0] for k in kinds):
+@lru_cache(maxsize=1024)
+def bf16_inputs(inp: LayerInputs) -> LayerInputs:
+    """The inputs of a block kept in BF16 under an FP8 / NVFP4 recipe: 16-bit GEMMs, no casts,
+    16-bit saved inputs (what Megatron's ``--first-last-layers-bf16`` runs outside fp8_autocast)."""
+    return replace(inp, options=replace(inp.options, precision="bf16", fp8_recipe=None))
+
+
+def _block_inputs(inp: LayerInputs, bf16: tuple[bool, ...], j: int) -> LayerInputs:
+    return bf16_inputs(inp) if bf16 and bf16[j] else inp
+
+
+def _blocks(inp: LayerInputs, kinds: tuple[bool, ...], bf16: tuple[bool, ...] = ()) -> tuple:
+    if not any(bf16) and kinds and all(k == kinds[0] for k in kinds):
         return _uniform_blocks(inp, kinds[0], len(kinds))
     b = _NONE
-    for k in kinds:  # in block order: the float sums are the same whatever the cache holds
-        b = tuple(map(add, b, _layer_vector(inp, k)))
+    for j, k in enumerate(kinds):  # in block order: the float sums are the same whatever the cache holds
+        b = tuple(map(add, b, _layer_vector(_block_inputs(inp, bf16, j), k)))
     return b
 
 
@@ -192,8 +210,9 @@ def stage_cost(inp: LayerInputs, shape: StageShape) -> StageCost:
     (:func:`mtp_cost`)."""
     n_blocks, moe_blocks = len(shape.kinds), sum(1 for k in shape.kinds if k)
     if shape.mtp:
-        shape = replace(shape, kinds=shape.kinds + (mtp_block_is_moe(inp.model),) * shape.mtp)
-    bl = _blocks(inp, shape.kinds)
+        shape = replace(shape, kinds=shape.kinds + (mtp_block_is_moe(inp.model),) * shape.mtp,
+                        bf16=shape.bf16 + (False,) * shape.mtp if shape.bf16 else ())
+    bl = _blocks(inp, shape.kinds, shape.bf16)
     params = _position_params(inp, shape, bl[_PARAMS])
     layers_f, layers_fb = Parts(*bl[_F:_I]), AxisBytes(*bl[_FB:_IB])
     f, i, w = layers_f, Parts(*bl[_I:_W]), Parts(*bl[_W:_FLOPS])
@@ -208,7 +227,8 @@ def stage_cost(inp: LayerInputs, shape: StageShape) -> StageCost:
         # Megatron's block method: the chunk's first k blocks are recomputed one by one, the
         # others keep everything they stash
         k = min(o.recompute_num_layers, len(shape.kinds))
-        rb, kept = _blocks(inp, shape.kinds[:k]), _blocks(_no_recompute(inp), shape.kinds[k:])
+        rb = _blocks(inp, shape.kinds[:k], shape.bf16[:k])
+        kept = _blocks(_no_recompute(inp), shape.kinds[k:], shape.bf16[k:])
         i = i + Parts(recompute=Parts(*rb[_F:_I]).total)
         fi += rb[_FLOPS]
         ib = ib + AxisBytes(*rb[_FB:_IB])
@@ -226,11 +246,12 @@ def stage_cost(inp: LayerInputs, shape: StageShape) -> StageCost:
             act += (units - len(shape.kinds)) * bl[_ACT] / len(shape.kinds)
             transient *= k
     elif recompute == "selective":
-        for kind in shape.kinds:  # the rerun modules' forward, and the collectives they send again
-            rerun, flops, sent = module_recompute(*block_inputs(inp, kind))
+        for j, kind in enumerate(shape.kinds):  # the rerun modules' forward, and the collectives they send again
+            rerun, flops, sent = module_recompute(*block_inputs(_block_inputs(inp, shape.bf16, j), kind))
             i, fi, ib = i + rerun, fi + flops, ib + sent
     elif recompute == "op":
-        i = i + Parts(recompute=sum(op_recompute_time(*block_inputs(inp, k)) for k in shape.kinds))
+        i = i + Parts(recompute=sum(op_recompute_time(*block_inputs(_block_inputs(inp, shape.bf16, j), k))
+                                    for j, k in enumerate(shape.kinds)))
     if not o.grad_accumulation_fusion:
         # unfused accumulation: grad += dW reads the gradient buffer and dW, writes the buffer
         # in place
@@ -503,5 +524,5 @@ def with_added_compute(inp: LayerInputs, st: StageCost, seconds: dict[Op, float]
 
 def clear_caches() -> None:
     """Empty this module's caches (a cold start)."""
-    for fn in (stage_layout, _layer_vector, _uniform_blocks, embedding_cost, head_cost, mtp_cost, stage_cost):
+    for fn in (stage_layout, _layer_vector, _uniform_blocks, bf16_inputs, embedding_cost, head_cost, mtp_cost, stage_cost):
         fn.cache_clear()

@@ -117,6 +117,10 @@ def _without_effect(v: dict, given: dict) -> list[str]:
         idle.append(("fp8_recipe", "no --fp8-format"))
     if not v.get("fp4_format"):
         idle.append(("fp4_recipe", "no --fp4-format"))
+    if not (v.get("fp8_format") or v.get("fp4_format")):
+        idle.append(("first_last_bf16", "no --fp8-format or --fp4-format"))
+    if not v.get("first_last_bf16") or not (v.get("fp8_format") or v.get("fp4_format")):
+        idle += [(d, "no --first-last-layers-bf16 under FP8 / FP4") for d in ("bf16_start", "bf16_end")]
     if "padded_vocab_size" in v:
         idle += [(d, "--padded-vocab-size given") for d in ("vocab_size", "vocab_divisible_by", "tokenizer_type")]
     out = []
@@ -272,8 +276,12 @@ def _training(v: dict, dp: int, notes: list[str]) -> dict:
     if opt == "sgd":
         opt = "momentum" if v.get("sgd_momentum", 0.9) > 0 else "sgd"  # Megatron's SGD: momentum 0.9
     backend = v.get("attention_backend", "flash" if v.get("use_flash_attn") else "auto")
+    bf16_ends = {}
+    if v.get("first_last_bf16") and precision == "fp8":  # TransformerConfig: 1 and 1 unless given
+        bf16_ends = {"bf16_first_layers": v.get("bf16_start", 1), "bf16_last_layers": v.get("bf16_end", 1)}
     return {"global_batch": v.get("global_batch_size", mbs * dp), "microbatch_size": mbs,
             "seq_len": v["seq_length"], "precision": precision, **({"fp8_recipe": recipe} if recipe else {}),
+            **bf16_ends,
             "optimizer": opt,
             "flash_attention": backend not in ("unfused", "local"),
             "dropout": v.get("attention_dropout", 0.1) > 0 or v.get("hidden_dropout", 0.1) > 0,

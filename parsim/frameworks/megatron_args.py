@@ -49,6 +49,9 @@ FLAGS: dict[str, tuple[str, str]] = {
     "--fp8-recipe": ("fp8_recipe", "str"),
     "--fp4-format": ("fp4_format", "str"),
     "--fp4-recipe": ("fp4_recipe", "str"),
+    "--first-last-layers-bf16": ("first_last_bf16", "true"),
+    "--num-layers-at-start-in-bf16": ("bf16_start", "int"),
+    "--num-layers-at-end-in-bf16": ("bf16_end", "int"),
     "--swiglu": ("swiglu", "true"),
     "--normalization": ("normalization", "str"),
     "--position-embedding-type": ("position_embedding_type", "str"),
@@ -157,6 +160,10 @@ def parse_args(argv: list[str]) -> tuple[dict, dict, list[str]]:
     return values, given, other
 
 
+ZERO_OK = ("--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16")
+"""Integer flags for which 0 is a value Megatron accepts."""
+
+
 def _convert(flag: str, kind: str, raw: str):
     try:
         v = int(raw) if kind == "int" else float(raw) if kind == "float" else raw
@@ -164,8 +171,9 @@ def _convert(flag: str, kind: str, raw: str):
         raise ConfigError(SOURCE, flag, f"expected {'an integer' if kind == 'int' else 'a number'}, got {raw!r}") from None
     if flag in CHOICES and v not in CHOICES[flag]:
         raise ConfigError(SOURCE, flag, f"{raw!r} is not one of {', '.join(CHOICES[flag])}")
-    if kind == "int" and v < (0 if flag.startswith("--decoder-") else 1):
-        raise ConfigError(SOURCE, flag, f"must be {'>= 0' if flag.startswith('--decoder-') else 'positive'}, got {v}")
+    zero_ok = flag.startswith("--decoder-") or flag in ZERO_OK
+    if kind == "int" and v < (0 if zero_ok else 1):
+        raise ConfigError(SOURCE, flag, f"must be {'>= 0' if zero_ok else 'positive'}, got {v}")
     if kind == "float" and v < 0:
         raise ConfigError(SOURCE, flag, f"must be >= 0, got {v}")
     return v
