@@ -43,6 +43,7 @@ def test_the_step_is_linear_in_the_blocks_kept():
     assert s[2] - s[0] == pytest.approx(3 * (s[1] - s[0]), rel=1e-9)
     # first or last: the same blocks of a uniform model
     assert _run(bf16_first_layers=3)["step_time_s"] == pytest.approx(s[2], rel=1e-12)
+    assert _run(bf16_first_layers=3)["bf16_layers"] == {"first": 3, "last": 0}  # the result says so
 
 
 def test_only_the_stages_holding_the_kept_blocks_change():

@@ -92,6 +92,11 @@ def test_linear_gemms_run_at_nvfp4_and_the_head_stays_bf16():
     # the linear GEMMs (most of a 70B block) run at twice the block-scaled rate: the step is faster,
     # but less than twice (attention, the BF16 head, the casts and the communication stay)
     assert 1.2 < mx["step_time_s"] / nv["step_time_s"] < 2.0
+    # the result says what ran: the recipe and the linear GEMMs' precision (--json and the summary)
+    assert (nv["precision"], nv["fp8_recipe"], nv["linear_gemm_precision"]) == ("fp8", "nvfp4", "nvfp4")
+    assert (mx["fp8_recipe"], mx["linear_gemm_precision"]) == ("mxfp8", "mxfp8")
+    from parsim.results.summary import format_summary
+    assert "recipe nvfp4: linear GEMMs nvfp4" in format_summary(nv)
 
 
 @pytest.mark.parametrize("hardware", ["dgx-h100", "dgx-h200"])

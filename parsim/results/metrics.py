@@ -26,6 +26,7 @@ import pandas as pd
 from parsim.config.scenario import Scenario
 from parsim.costs.inputs import paced_gpus
 from parsim.costs.memory import ALLOCATOR_FRAGMENTATION
+from parsim.costs.memory_ops import default_fp8_recipe, fp8_gemm_precision
 from parsim.costs.parts import PART_NAMES
 from parsim.costs.tables import CostTables
 from parsim.model import active_params, trained_params
@@ -70,6 +71,8 @@ def metrics(sc: Scenario, schedule: Schedule, tables: CostTables, tl: pd.DataFra
         "microbatch_size": tr.microbatch_size,
         "recompute": tr.recompute,
         **recompute_detail(tr),
+        "precision": tr.precision,
+        **precision_detail(sc),
         "params": trained_params(m),  # the multi-token prediction modules are trained too
         "step_time_s": T,
         **throughput(sc, T, hw_flops, pp, tables.moe.dropped_fraction if tables.moe is not None else 0.0),
@@ -109,6 +112,19 @@ def compute_clock(sc: Scenario) -> dict:
     return {"compute_clock": {"saturated_ratio": dev.kernels.saturated_ratio,
                               "slowest_chip_share": dev.kernels.slowest_chip_share(dev.paced_gpus),
                               "paced_gpus": dev.paced_gpus}}
+
+
+def precision_detail(sc: Scenario) -> dict:
+    """Under ``precision = "fp8"``: the recipe in force (the scenario's, else the device's
+    default), the precision the linear layers' GEMMs run at (fp8, mxfp8 or nvfp4; attention, the
+    router and the LM head stay 16-bit) and the blocks kept in BF16 at each end."""
+    tr = sc.training
+    if tr.precision != "fp8":
+        return {}
+    peaks = sc.hardware.device.peak_flops
+    recipe = tr.fp8_recipe or default_fp8_recipe(peaks)
+    return {"fp8_recipe": recipe, "linear_gemm_precision": fp8_gemm_precision(recipe, peaks),
+            "bf16_layers": {"first": tr.bf16_first_layers, "last": tr.bf16_last_layers}}
 
 
 def recompute_detail(tr) -> dict:

@@ -113,6 +113,18 @@ def recompute_text(mx: dict) -> str:
     return mx["recompute"]
 
 
+def precision_text(mx: dict) -> str:
+    """The training precision; under FP8 its recipe, what the linear GEMMs run at and the blocks
+    kept in BF16 (``parsim.results.metrics.precision_detail``)."""
+    p = mx.get("precision", "?")
+    if "fp8_recipe" not in mx:
+        return p
+    kept = mx.get("bf16_layers") or {}
+    ends = ", ".join(f"{k} {v}" for k, v in kept.items() if v)
+    return (f"{p}, recipe {mx['fp8_recipe']}: linear GEMMs {mx['linear_gemm_precision']} (attention, router, "
+            f"LM head 16-bit)" + (f"; blocks kept bf16: {ends}" if ends else ""))
+
+
 def format_summary(mx: dict) -> str:
     par = mx["parallel"]
     T = mx["step_time_s"] or 1.0
@@ -123,6 +135,7 @@ def format_summary(mx: dict) -> str:
         f"  batch             {mx['global_batch']:,} sequences x {mx['seq_len']:,} tokens = "
         f"{fmt_n(mx['tokens_per_step'])} tokens per step",
         f"  params            {fmt_n(mx['params'])}" + (f"  (active {fmt_n(mx['active_params'])})" if "active_params" in mx else ""),
+        f"  precision         {precision_text(mx)}",
         f"  step time         {fmt_s(mx['step_time_s'])}",
         f"  throughput        {fmt_n(mx['tokens_per_s'])} tokens/s, {sig3(mx['tflops_per_gpu'])} TFLOP/s per GPU "
         f"(MFU {pct(mx['mfu'])}, HFU {pct(mx['hfu'])})",
