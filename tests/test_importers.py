@@ -372,6 +372,23 @@ def test_torchtitan_recompute_precision_and_async_tp(tmp_path):
     assert any("recomputes one block in 2" in n for n in imp.notes)
 
 
+@pytest.mark.parametrize("extra, recipe", [
+    ('[float8]\nenable_float8_linear = true\n', "current"),  # torchao's tensorwise dynamic scaling
+    ('[float8]\nenable_float8_linear = true\nrecipe_name = "rowwise"\n', "rowwise"),
+    ('[model]\nconverters = ["mx"]\n', "mxfp8"),
+    ('[model]\nconverters = ["nvfp4"]\n', "nvfp4"),  # torchao's NVFP4 training prototype
+])
+def test_torchtitan_low_precision_recipes(tmp_path, extra, recipe):
+    if extra.startswith("[model]"):  # one [model] table: the converter line joins it
+        text = _job(pp=1).replace('name = "llama3"', 'name = "llama3"\n' + extra.split("\n", 1)[1].rstrip(), 1)
+    else:
+        text = _job(pp=1, extra=extra)
+    p = tmp_path / "job.toml"
+    p.write_text(text)
+    t = import_torchtitan(p, "dgx-b200", 8).doc["training"]
+    assert (t["precision"], t["fp8_recipe"]) == ("fp8", recipe)
+
+
 @pytest.mark.parametrize("text, line", [
     ('[model]\nname = "llama3"\nflavor = "debugmodel"\n', "model.flavor: llama3 debugmodel has no parsim preset"),
     ("[model\n", "neither TOML nor JSON"),

@@ -170,7 +170,8 @@ def import_torchtitan(path: str | Path, hardware: str | None = None, gpus: int |
     if ckey in c.flat:
         keys["training.fused_kernels"] = ckey
     training = {"global_batch": global_batch, "microbatch_size": mbs, "seq_len": seq,
-                "precision": _precision(c, notes), "optimizer": _optimizer(c, notes),
+                "precision": _precision(c, notes), **({"fp8_recipe": _fp8_recipe(c)} if _fp8_recipe(c) else {}),
+                "optimizer": _optimizer(c, notes),
                 "recompute": _recompute(c, notes),
                 # eager autograd adds each further microbatch's weight gradient in a separate kernel
                 "grad_accumulation_fusion": global_batch == deg["dp"] * mbs,
@@ -348,10 +349,30 @@ def _async_tp(c: _Config) -> bool:
     return bool(on) and bool(compiled)  # torchtitan's async TP needs torch.compile
 
 
-def _precision(c: _Config, notes: list[str]) -> str:
+def _converters(c: _Config) -> list[str]:
     conv, _ = c.get("model.converters", default=[])
+    return [str(x) for x in (conv if isinstance(conv, list) else [conv])]
+
+
+def _fp8_recipe(c: _Config) -> str | None:
+    """The low-precision recipe of the Linear converters: torchao's NVFP4 training prototype
+    (an ``nvfp4`` converter) -> ``nvfp4``; MX (``mx``) -> ``mxfp8``; float8 with
+    ``recipe_name = "rowwise"`` (or ``rowwise_with_gw_hp``) -> ``rowwise``, else its default
+    tensorwise dynamic scaling -> ``current`` (per-tensor, on any GPU); None without one."""
+    conv = _converters(c)
+    if any("nvfp4" in x for x in conv):
+        return "nvfp4"
+    if any("mx" in x for x in conv):
+        return "mxfp8"
     f8, _ = c.get("float8.enable_float8_linear", default=False)
-    if f8 or any("float8" in str(x) or "mx" in str(x) for x in (conv if isinstance(conv, list) else [conv])):
+    if f8 or any("float8" in x for x in conv):
+        name, _ = c.get("float8.recipe_name", "quantize.linear.float8.recipe_name", default=None)
+        return "rowwise" if name and str(name).startswith("rowwise") else "current"
+    return None
+
+
+def _precision(c: _Config, notes: list[str]) -> str:
+    if _fp8_recipe(c) is not None:
         return "fp8"
     dtype, _ = c.get("training.dtype", default="float32")
     param, _ = c.get("training.mixed_precision_param", default="bfloat16")
