@@ -766,10 +766,17 @@ MB_DENSE_RECIPES = {
                                        "llama3_70b_pretrain_64gpu_gb200_fp8cs_config"},
     "mb-26.04.01-gb200-llama370b-fp8": {"activation_layers": 40, "where": "perf_recipes/llama/gb200/llama3.py:282-284, "
                                         "llama3_70b_pretrain_64gpu_gb200_fp8cs_config (the 26.x table says FP8)"},
+    # the row's own release (Megatron-Bridge v0.5.0, 2026-06-16): llama31_405b_pretrain_config_gb200/_gb300
+    # set comm_overlap.tp_comm_overlap = False if precision == "nvfp4"
+    "mb-26.06-gb200-llama31405b-nvfp4": {"tp_comm": False, "release": True, "where": "v0.5.0 scripts/performance/"
+                                         "configs/llama/llama31_llm_pretrain.py, llama31_405b_pretrain_config_gb200"},
+    "mb-26.06-gb300-llama31405b-nvfp4": {"tp_comm": False, "release": True, "where": "v0.5.0 scripts/performance/"
+                                         "configs/llama/llama31_llm_pretrain.py, llama31_405b_pretrain_config_gb300"},
 }
 """Dense Megatron-Bridge rows whose perf recipe (HEAD 067f987df, the row's layout) recomputes part of
 the blocks (``--recompute-method``, ``--recompute-num-layers``) or offloads the activations of some
-blocks to the host (``cpu_offloading``, activations only, ``cpu_offloading_num_layers``)."""
+blocks to the host (``cpu_offloading``, activations only, ``cpu_offloading_num_layers``), or whose own
+release's script turns TP communication overlap off (``tp_comm``: the NVFP4 405B rows)."""
 
 
 def _recipe_recompute(row: dict, training: dict, notes: list[str], settings: dict) -> bool:
@@ -800,6 +807,9 @@ def _dense_recipe(row: dict, doc: dict, notes: list[str]) -> list[str]:
         doc["offload"] = {"activations": "cpu", "activation_layers": r["activation_layers"]}
         out.append(f"perf recipe offloads the activations of {r['activation_layers']} blocks to the host "
                    f"({r['where']}; Megatron-Bridge HEAD, not the row's release)")
+    if r.get("tp_comm") is False:
+        doc["overlap"]["tp_comm"] = False
+        out.append(f"perf recipe turns tensor-parallel communication overlap off ({r['where']}, the row's release)")
     return out
 
 
