@@ -250,7 +250,10 @@ commit 606e2b1: shape GEMM model, one attention efficiency, sustained_fraction 0
 BEFORE = {"a100": 6.1, "h100": 6.8, "all": 6.4}
 """This benchmark's MAPE before this round (the same commit, with sustained_fraction fitted on half the rows)."""
 
-KERNEL_GPUS = (("dgx-a100-80g", "fp16"), ("dgx-h100", "bf16"), ("dgx-h200", "bf16"), ("dgx-b200", "bf16"))
+KERNEL_GPUS = (("dgx-a100-80g", "fp16"), ("dgx-h100", "bf16"), ("dgx-h200", "bf16"), ("dgx-b200", "bf16"),
+               ("dgx-b300", "bf16"), ("gb200-nvl72", "bf16"))
+LOW_PRECISION = ("fp8", "mxfp8", "nvfp4")
+"""The 8192^3 GEMM at each low precision the GPU has (the linear layers' rates under FP8 recipes)."""
 KERNEL_GEMMS = ((4096, 2048, 2048), (4096, 6144, 2048), (2048, 3072, 12288), (8192, 8192, 8192))
 
 
@@ -258,11 +261,15 @@ def kernel_table() -> str:
     """The kernels the cost model runs, per GPU: GEMM and fused-attention TFLOP/s at training shapes."""
     from parsim.cluster.hardware import load_profile
     head = ("| GPU | " + " | ".join(f"GEMM {m}x{n}x{k}" for m, n, k in KERNEL_GEMMS)
+            + " | 8192^3 " + " / ".join(LOW_PRECISION)
             + " | attention fwd / bwd, seq 2k | seq 8k | seq 32k | MAMF (measured) |")
-    lines = [head, "|" + "---|" * (len(KERNEL_GEMMS) + 5)]
+    lines = [head, "|" + "---|" * (len(KERNEL_GEMMS) + 6)]
     for hw, p in KERNEL_GPUS:
         d = load_profile(hw).device
         cells = [f"{2 * m * n * k / d.gemm_time(m, n, k, p) / 1e12:.0f}" for m, n, k in KERNEL_GEMMS]
+        big = 2.0 * 8192 ** 3
+        cells.append(" / ".join(f"{big / d.gemm_time(8192, 8192, 8192, q) / 1e12:.0f}" if q in d.peak_flops else "-"
+                                for q in LOW_PRECISION))
         for s in (2048, 8192, 32768):
             fl = 4.0 * s * s * 32 * 128 / 2  # causal forward FLOPs, 32 heads x 128
             f = fl / d.attention_kernel_time(1, s, s, 32, 8, 128, True, False, "bf16") / 1e12
@@ -529,7 +536,9 @@ def _report(rows: list[dict], summary: dict, classic: list[dict]) -> str:
             "GEMM columns: M x N x K through the kernel model (tiles, waves, Stream-K, calibrated to the "
             "MAMF at its measured shape). Attention: causal, 32 heads x 128, 8 KV heads, batch 1, by the "
             "device's kernel (FlashAttention-2 on A100, -3 on Hopper, -4 on Blackwell), forward / "
-            "backward; bf16.\n\n" + kernel_table() + "\n\n"
+            "backward; bf16. All at the power-saturated clock a training run holds (the MAMF column is the "
+            "burst measurement the model is calibrated to); the low-precision column is the 8192^3 GEMM "
+            "at FP8, MXFP8 and NVFP4 where the GPU has them.\n\n" + kernel_table() + "\n\n"
             "## Held-out modern set (benchmarks/fidelity_heldout.py), before and after\n\n"
             "Before: with the shape GEMM model, one attention efficiency and the fitted factor. Now: "
             "the cost model of the tree that generated this report (this round's other work on MoE, "
