@@ -44,6 +44,7 @@ from parsim.config.scenario import (
 )
 from parsim.config.sharding import sharding_from_table, to_parallel_table
 from parsim.config.stragglers import check_stragglers, stragglers_from_table
+from parsim.costs.memory_ops import FP8_RECIPES
 from parsim.errors import ConfigError
 from parsim.files import read_input_text
 from parsim.model import ModelSpec, model_from_table
@@ -357,12 +358,6 @@ def _simple(cls, table: dict, file: str, prefix: str):
         elif not isinstance(v, bool):
             raise ConfigError(file, f"{prefix}{k}", f"expected true/false, got {v!r}")
     return cls(**table)
-
-
-FP8_RECIPES = ("delayed", "current", "mxfp8", "blockwise", "rowwise", "nvfp4")
-"""Transformer Engine's low-precision recipes (DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling,
-Float8BlockScaling, NVFP4BlockScaling -- the last one 4-bit, run by TE's FP8 autocast like the others)
-and torchao.float8's rowwise recipe (torchtitan ``recipe_name = "rowwise"``)."""
 
 
 def _precision(v: str, file: str, key: str) -> str:

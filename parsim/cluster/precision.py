@@ -18,7 +18,7 @@ class Precision:
     name: str
     """The key users type: bf16 | fp16 | fp32 | tf32 | fp8 | mxfp8 | nvfp4."""
     gemm_in_bytes: float
-    """Bytes per element of a GEMM's inputs A and B (NVFP4: half a byte plus its scales)."""
+    """Bytes per element of a GEMM's inputs A and B (NVFP4: half a byte)."""
     gemm_out_bytes: int
     """Bytes per element of a GEMM's output C (fp8 GEMMs write bf16)."""
     activation_bytes: int
@@ -41,10 +41,11 @@ PRECISION_TABLE: dict[str, Precision] = {p.name: p for p in (
     # which the kernel model counts (parsim.cluster.kernels.INPUT_BYTES); elsewhere as fp8
     Precision("mxfp8", 1, 2, 2, 2, 1),
     # NVFP4 (Blackwell block-scaled FP4, Transformer Engine ``NVFP4BlockScaling``): E2M1 elements
-    # (half a byte) with one E4M3 scale per 16 (docs/features/low_precision_training/nvfp4); a
-    # GEMM precision only: the job trains with ``precision = "fp8"``, ``fp8_recipe = "nvfp4"``
-    # (TE runs it through its FP8 autocast), activations and weights 16-bit as under FP8
-    Precision("nvfp4", 0.5 + 1 / 16, 2, 2, 2, 1),
+    # (half a byte) plus one E4M3 scale per 16, which the kernel model counts as it counts MXFP8's
+    # (docs/features/low_precision_training/nvfp4); a GEMM precision only: the job trains with
+    # ``precision = "fp8"``, ``fp8_recipe = "nvfp4"`` (TE runs it through its FP8 autocast),
+    # activations and weights 16-bit as under FP8
+    Precision("nvfp4", 0.5, 2, 2, 2, 1),
 )}
 GEMM_PRECISIONS = tuple(PRECISION_TABLE)
 """Precisions a device profile may give a peak for (``<p>_tflops``)."""

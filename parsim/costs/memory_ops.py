@@ -51,6 +51,9 @@ from dataclasses import dataclass
 from parsim.model import ModelSpec
 
 FP8_RECIPES = ("delayed", "current", "mxfp8", "blockwise", "rowwise", "nvfp4")
+"""Transformer Engine's low-precision recipes (DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling,
+Float8BlockScaling, NVFP4BlockScaling -- the last one 4-bit, run by TE's FP8 autocast like the others)
+and torchao.float8's rowwise recipe (torchtitan ``recipe_name = "rowwise"``): ``training.fp8_recipe``."""
 SCALE_BYTES_PER_ELEMENT = {"delayed": 0.0, "current": 0.0, "mxfp8": 1.0 / 32, "blockwise": 4.0 / 128,
                            "rowwise": 0.0, "nvfp4": 1.0 / 16}
 """Scale bytes written per low-precision element (MX: one E8M0 per 32, OCP MX spec; blockwise: fp32

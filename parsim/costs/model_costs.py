@@ -91,6 +91,8 @@ class ModelCosts:
         """Per stage: global indices of its transformer blocks."""
         self.shape_of = layout.shape_of
         """Per stage: which of the distinct stage shapes it has (equal index: equal costs)."""
+        self.shapes = layout.shapes
+        """The distinct stage shapes (``parsim.costs.stage.StageShape``: blocks' kinds, position)."""
         mc = inputs.measured
         if mc is None:  # equal stages share one StageCost and one DPOps
             shared = [stage_cost(self.layer_inputs, sh) for sh in layout.shapes]
@@ -255,16 +257,12 @@ class ModelCosts:
         return _offload_ops.model_states(self, stages, out) if self.inputs.offload.active else out
 
     def _low_precision_params(self, stage: int) -> float:
-        """Parameters of the stage's blocks that run FP8 / NVFP4 (those kept in BF16 by
-        ``training.bf16_first_layers`` / ``bf16_last_layers`` have no low-precision copies; the
-        stage's parameters are spread evenly over its blocks)."""
-        tr, layers = self.inputs.training, self.layers[stage]
+        """Parameters of the stage's blocks that run FP8 / NVFP4 (those its shape keeps in BF16,
+        ``StageShape.bf16``, have no low-precision copies; the stage's parameters are spread
+        evenly over its blocks)."""
+        kept = self.shapes[self.shape_of[stage]].bf16
         sc = self.stage_costs[stage]
-        if not layers or not (tr.bf16_first_layers or tr.bf16_last_layers):
-            return sc.params
-        hi = self.inputs.model.n_layers - tr.bf16_last_layers
-        kept = sum(1 for li in layers if li < tr.bf16_first_layers or li >= hi)
-        return sc.params * (1.0 - kept / len(layers))
+        return sc.params * (1.0 - sum(kept) / len(kept)) if kept else sc.params
 
     def weight_versions(self, rank: int) -> int:
         """Weight versions a pipeline rank holds (1 unless PipeDream / PipeDream-2BW)."""

@@ -117,9 +117,10 @@ def _without_effect(v: dict, given: dict) -> list[str]:
         idle.append(("fp8_recipe", "no --fp8-format"))
     if not v.get("fp4_format"):
         idle.append(("fp4_recipe", "no --fp4-format"))
-    if not (v.get("fp8_format") or v.get("fp4_format")):
+    low = v.get("fp8_format") or v.get("fp4_format")
+    if not low:
         idle.append(("first_last_bf16", "no --fp8-format or --fp4-format"))
-    if not v.get("first_last_bf16") or not (v.get("fp8_format") or v.get("fp4_format")):
+    if not (low and v.get("first_last_bf16")):
         idle += [(d, "no --first-last-layers-bf16 under FP8 / FP4") for d in ("bf16_start", "bf16_end")]
     if "padded_vocab_size" in v:
         idle += [(d, "--padded-vocab-size given") for d in ("vocab_size", "vocab_divisible_by", "tokenizer_type")]
@@ -266,8 +267,8 @@ def _training(v: dict, dp: int, notes: list[str]) -> dict:
         precision, recipe = "fp8", "nvfp4"
     elif v.get("fp8_format"):
         # TransformerConfig.fp8_recipe defaults to "delayed"; Megatron's "tensorwise" is TE's current scaling
-        precision = "fp8"
-        recipe = {"tensorwise": "current"}.get(v.get("fp8_recipe", "delayed"), v.get("fp8_recipe", "delayed"))
+        precision, given = "fp8", v.get("fp8_recipe", "delayed")
+        recipe = "current" if given == "tensorwise" else given
     elif v.get("bf16") and v.get("fp16"):
         raise ConfigError(SOURCE, "--bf16", "given together with --fp16")
     else:

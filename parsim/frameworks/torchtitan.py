@@ -169,8 +169,9 @@ def import_torchtitan(path: str | Path, hardware: str | None = None, gpus: int |
     compiled, ckey = _compiled(c)
     if ckey in c.flat:
         keys["training.fused_kernels"] = ckey
+    recipe = _fp8_recipe(c)
     training = {"global_batch": global_batch, "microbatch_size": mbs, "seq_len": seq,
-                "precision": _precision(c, notes), **({"fp8_recipe": _fp8_recipe(c)} if _fp8_recipe(c) else {}),
+                "precision": "fp8" if recipe else _precision(c, notes), **({"fp8_recipe": recipe} if recipe else {}),
                 "optimizer": _optimizer(c, notes),
                 "recompute": _recompute(c, notes),
                 # eager autograd adds each further microbatch's weight gradient in a separate kernel
@@ -372,8 +373,7 @@ def _fp8_recipe(c: _Config) -> str | None:
 
 
 def _precision(c: _Config, notes: list[str]) -> str:
-    if _fp8_recipe(c) is not None:
-        return "fp8"
+    """The 16- or 32-bit training precision (a Linear converter's recipe makes it fp8: :func:`_fp8_recipe`)."""
     dtype, _ = c.get("training.dtype", default="float32")
     param, _ = c.get("training.mixed_precision_param", default="bfloat16")
     if dtype == "bfloat16":
