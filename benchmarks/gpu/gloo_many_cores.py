@@ -53,9 +53,39 @@ def cases() -> list[tuple[str, str, list[str]]]:
     return out
 
 
+def summarise(dirs: list[Path]) -> str:
+    """One table over several runs' ``accuracy.json`` (same calibrated profile): per case, each
+    launch's median step, the median over the launches, and its error against the prediction."""
+    import statistics
+    per: dict[str, dict] = {}
+    for d in dirs:
+        for r in json.loads((d / "accuracy.json").read_text())["rows"]:
+            if "error" in r and "predicted_step_s" not in r:
+                continue
+            c = per.setdefault(r["case"], {"schedule": r["schedule"], "world": r["world"], "pred": set(), "launches": []})
+            c["pred"].add(round(r["predicted_step_s"], 9))
+            c["launches"] += r["launch_medians_s"]
+    lines = ["| case | schedule | ranks | predicted step (ms) | per-launch medians (ms) | median over launches (ms) "
+             "| step error | within 15% |", "|---|---|---:|---:|---|---:|---:|---|"]
+    errs = []
+    for case, c in per.items():
+        (pred,) = c["pred"]  # one profile, one prediction
+        med = statistics.median(c["launches"])
+        e = pred / med - 1
+        errs.append(e)
+        lines.append(f"| {case} | {c['schedule']} | {c['world']} | {pred * 1e3:.1f} | "
+                     f"{', '.join(f'{t * 1e3:.1f}' for t in c['launches'])} | {med * 1e3:.1f} | {e:+.1%} | "
+                     f"{'yes' if abs(e) <= 0.15 else 'no'} |")
+    lines += ["", f"{sum(abs(e) <= 0.15 for e in errs)} of {len(errs)} cases within 15%; mean |error| "
+              f"{statistics.fmean(abs(e) for e in errs):.1%}, median error {statistics.median(errs):+.1%}."]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
+    ap.add_argument("--summarise", nargs="+", metavar="DIR", help="instead of running: one table over these runs' "
+                    "accuracy.json (written to --out/summary.md)")
     ap.add_argument("--budget-s", type=float, default=420.0)
     ap.add_argument("--passes", type=int, default=7)
     ap.add_argument("--steps", type=int, default=4)
@@ -63,6 +93,11 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", default=None, help="comma-separated case names (default: all)")
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args(argv)
+    if args.summarise:
+        text = summarise([Path(d) for d in args.summarise])
+        Path(args.out, "summary.md").write_text(text)
+        print(text)
+        return 0
     t_start = time.monotonic()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
