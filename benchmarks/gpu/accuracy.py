@@ -16,9 +16,10 @@ Rows (``accuracy.json``: a list; every row has ``case`` and ``kind``):
   compiled block (norm, rotary, SwiGLU and residual as one generated kernel each) against
   ``fused_kernels = true``; SDPA's cuDNN backend against ``attention_kernel = "cudnn"``;
 * ``memory``: ``predicted_bytes`` (the block's activation stash, parsim.costs.memory) against
-  ``measured_bytes`` (``torch.cuda.memory_allocated`` after one forward minus before, the block's
-  output included and its input, allocated before, not: in a stack each block keeps its input and
-  hands its output on, so the two are the same size and the difference is the stash).
+  ``measured_bytes``: what the block keeps in a stack, from ``torch.cuda.memory_allocated`` after
+  one forward minus before, less the block's output (the next block's input) plus its input where
+  the block keeps it (fused-style norms and checkpoints do; the eager norm keeps its fp32 upcast
+  instead).
 
 Nothing is fitted here; the profile is used as it ships.
 """
@@ -44,9 +45,11 @@ LAYER_MODELS = {  # measure.py's LAYERS, as ModelSpecs of one TP rank's block
     "llama3-70b-tp8": dict(d_model=8192, n_heads=8, n_kv_heads=1, d_ff=3584, head_dim=128),
 }
 LLAMA = dict(ffn="swiglu", position="rope", norm="rmsnorm", bias=False, tied_embeddings=False, vocab_size=32768)
-STYLE_FUSED = {"eager": False, "compiled": True}
-"""The measured block style -> parsim's ``training.fused_kernels`` (the ``fused`` style, fused
-kernels' saved tensors with eager arithmetic inside, is a memory case only)."""
+STYLE_FUSED = {"eager": False, "compiled": True, "fused": True}
+"""The measured block style -> parsim's ``training.fused_kernels``."""
+TIMED_STYLES = ("eager", "compiled")
+"""Styles whose times are layer rows: the ``fused`` style (fused kernels' saved tensors, eager
+arithmetic inside autograd functions) is no framework's speed, a memory case only."""
 BACKEND_KERNEL = {"cudnn": "cudnn", "flash": "fa2"}
 """SDPA backend -> parsim's attention implementation (torch's flash backend is FlashAttention-2)."""
 
@@ -180,10 +183,10 @@ def layer_rows(d: Path, hardware: str) -> list[dict]:
     df = pd.read_csv(d / "layers.csv")
     for (name, seq, style, backend, rc), g in df.groupby(["layer", "seq", "style", "backend", "recompute"], sort=False):
         by = {r.pass_: r for r in g.itertuples()}
-        fused = STYLE_FUSED.get(style, False)
+        fused = STYLE_FUSED[style]
         pred = predicted_layer(name, int(seq), hardware, fused, BACKEND_KERNEL[backend], rc)
         tag = f"{name} seq {seq} {style} {backend} recompute {rc}"
-        if style in STYLE_FUSED:
+        if style in TIMED_STYLES:
             for pass_, op in (("fwd", "F"), ("bwd", "B"), ("bwd_input", "I")):
                 if pass_ in by:
                     rows.append({"case": f"layer {tag} {op}", "kind": "layer", "layer": name, "seq": int(seq),
@@ -191,9 +194,14 @@ def layer_rows(d: Path, hardware: str) -> list[dict]:
                                  "fused_kernels": fused, "predicted_s": pred[op], "measured_s": float(by[pass_].time_s),
                                  "breakdown_s": pred["breakdown_s"]})
         m = by["fwd"]
+        # the stash a block keeps in a stack: what its forward left allocated, less its output (the
+        # next block's input), plus its own input where it keeps it (a fused norm and a checkpoint
+        # keep it; the eager norm keeps its fp32 upcast instead, and nothing else holds the input)
+        keeps_input = style != "eager" or rc == "full"
+        stash = float(m.allocated_after_fwd_bytes - m.output_bytes + (m.input_bytes if keeps_input else 0))
         rows.append({"case": f"memory {tag}", "kind": "memory", "layer": name, "seq": int(seq), "style": style,
                      "backend": backend, "recompute": rc, "predicted_bytes": pred["activation_bytes"],
-                     "measured_bytes": float(m.allocated_after_fwd_bytes), "peak_forward_bytes": float(m.peak_fwd_bytes)})
+                     "measured_bytes": stash, "peak_forward_bytes": float(m.peak_fwd_bytes)})
     return rows
 
 

@@ -98,7 +98,7 @@ def activation_options(inp: LayerInputs) -> ActivationOptions:
                              # casts it again along the tokens (memory_ops.rowwise_cast_work)
                              fp8_linear_inputs=o.precision == "fp8" and o.fp8_recipe != "rowwise",
                              quantized_input_bytes=_memory_ops.saved_input_bytes(o.fp8_recipe),
-                             recompute_modules=o.recompute_modules)
+                             recompute_modules=o.recompute_modules, eager_modules=not o.fused_kernels)
 
 
 @lru_cache(maxsize=1024)

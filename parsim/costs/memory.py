@@ -112,6 +112,13 @@ class ActivationOptions:
     recompute_modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES
     """Under ``recompute = "selective"``: the modules rerun (``parsim.config.scenario.RECOMPUTE_MODULES``; Megatron's
     default is the attention core alone)."""
+    eager_modules: bool = False
+    """The block runs as eager PyTorch modules (``training.fused_kernels = false``: Hugging Face's
+    ``LlamaRMSNorm`` and ``act(gate) * up``), so autograd keeps what those ops save: each RMSNorm its
+    fp32 upcast and its normalised output instead of the input alone (4 bytes a hidden element
+    more), SwiGLU the SiLU output beside gate and up (one element of f more). Measured on an H200
+    (reports/gpu/h200/accuracy.md): the eager Llama-3-8B and 70B TP-8 blocks keep exactly
+    8 d + 2 f bytes a token more than the same blocks with fused-style saves."""
 
 
 @dataclass(frozen=True)
@@ -191,6 +198,15 @@ def block_stash(spec: ModelSpec, seq_len: int, opts: ActivationOptions, layer_in
             out.append(Stashed("shared_act", (2 * f if gated else f) * e + f * lin, "tp", ("moe", "shared_experts")))
     if opts.dropout:
         out.append(Stashed("mlp_mask", 1.0 * h, "sp"))
+    if opts.eager_modules:
+        # LlamaRMSNorm keeps its fp32 upcast (pow's and the scaling's input) and its normalised output
+        # (the weight product's input) where a fused norm keeps the input: 4 bytes an element more
+        # (under fp32 training the upcast is the input itself and the normalised output the extra)
+        if spec.norm == "rmsnorm":
+            out.append(Stashed("attn_norm_fp32", 4.0 * h, "sp"))
+            out.append(Stashed("mlp_norm_fp32", 4.0 * h, "sp"))
+        if gated and not moe:  # act(gate) * up keeps act(gate) for the product's gradient
+            out.append(Stashed("mlp_silu", e * spec.d_ff, "tp", ("mlp",)))
     return tuple(out)
 
 
