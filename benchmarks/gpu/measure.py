@@ -35,7 +35,6 @@ import argparse
 import csv
 import json
 import math
-import os
 import shutil
 import statistics
 import subprocess
@@ -694,7 +693,7 @@ def environment() -> dict:
         exe = shutil.which("nvidia-smi")
         if exe:
             q = "driver_version,power.limit,clocks.max.sm,clocks.max.mem,name"
-            env["nvidia_smi"] = subprocess.run([exe, f"--query-gpu={q}", "--format=csv"], capture_output=True,
+            env["nvidia_smi"] = subprocess.run([exe, f"--query-gpu={q}", "--format=csv"], check=False, capture_output=True,
                                                text=True).stdout.strip()
     return env
 
