@@ -54,7 +54,9 @@ class Sink:
         self.path, self.rows = path, []
 
     def add(self, **row) -> None:
-        self.rows.append(row)
+        # wall-clock time of the row, to join with clocks.csv's SM clock and power: the chip sits
+        # at its power cap through long GEMM runs, so a row's clock is part of its measurement
+        self.rows.append({**row, "t_unix": round(time.time(), 3)})
         keys = list(dict.fromkeys(k for r in self.rows for k in r))
         tmp = self.path.with_suffix(".tmp")
         with tmp.open("w", newline="") as f:
