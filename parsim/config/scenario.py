@@ -83,7 +83,9 @@ class TrainingConfig:
     fused_kernels: bool = True
     """Memory-bound work runs as the fused kernels of Megatron-Core / Transformer Engine (norm, rotary,
     bias-activation, bias-dropout-add each one kernel); false: eager PyTorch op by op (Hugging Face
-    modules: more kernels and more HBM passes; ``parsim.costs.memory_ops``)."""
+    modules: more kernels and more HBM passes; ``parsim.costs.memory_ops``), keeping what those ops
+    save for the backward (RMSNorm's fp32 upcast, SwiGLU's SiLU output:
+    ``parsim.costs.memory.ActivationOptions.eager_modules``)."""
     fp8_recipe: str | None = None
     """Low-precision recipe (``precision = "fp8"``): delayed | current | mxfp8 | blockwise | rowwise
     (torchao.float8's per-row scales: every tensor cast once per scaling axis) | nvfp4 (Blackwell's
