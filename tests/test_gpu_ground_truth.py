@@ -145,3 +145,20 @@ def test_gloo_16_core_summary_regenerates():
     g = _module("gloo_many_cores")
     d = DATA / "gloo-16cores"
     assert g.summarise([d / "launch1", d / "launch2"]) == (d / "summary.md").read_text()
+
+
+def test_row_clocks_join_rows_to_the_sampled_sm_clock():
+    """accuracy.py gives each row the median SM clock nvidia-smi sampled while it was timed (rows
+    written by measure.py carry ``t_unix``): on the committed H200 clocks, a row timed in the idle
+    stretch at 01:47:36-01:47:41 reads the boost clock, one timed in the power-capped sustained loop
+    at 01:49:00-01:49:05 the capped 1,455-1,485 MHz; rows without timestamps get None."""
+    from datetime import datetime, timezone
+    acc = _module("accuracy")
+    clocks = acc.read_clocks(DATA / "clocks.csv")
+    t = lambda hms: datetime.strptime(f"2026-11-30 {hms}", "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
+    assert clocks["t_unix"].iloc[0] == pytest.approx(t("01:47:11") + 0.470, abs=1e-3)
+    rows = pd.DataFrame({"t_unix": [t("01:47:36"), t("01:47:41"), t("01:49:00"), t("01:49:05")]})
+    mhz = acc.row_clocks(rows, clocks)
+    assert mhz[1] == 1980.0
+    assert 1455.0 <= mhz[3] <= 1485.0
+    assert acc.row_clocks(pd.DataFrame({"time_s": [1.0]}), clocks) == [None]

@@ -8,7 +8,9 @@ Rows (``accuracy.json``: a list; every row has ``case`` and ``kind``):
 * ``gemm`` / ``attention`` / ``elementwise``: ``predicted_s`` (the kernel model's burst time, what
   ``parsim kernel`` prints first and what the tests hold it to), ``predicted_sustained_s`` (the
   same kernel at the power-saturated clock the profile's MSMF/MAMF ratio gives), ``measured_s``
-  (the median of the timed launches);
+  (the median of the timed launches); ``sm_clock_mhz``, the median SM clock nvidia-smi sampled
+  while the row was timed, where the CSV rows carry their time (measure.py writes ``t_unix`` since
+  the first H200 run, whose GEMM sweep sat at the 700 W cap, 1,440-1,845 MHz, unrecorded per row);
 * ``layer``: one block's forward (``F``), whole backward (``B``) and input-gradient backward
   (``I``) as parsim's cost model prices them inside ``parsim simulate`` (the per-layer difference
   of a 2-layer and a 1-layer one-GPU job: embedding and head cancel), against the measured block:
@@ -58,12 +60,43 @@ def _rel(p: float, m: float) -> float:
     return p / m - 1.0
 
 
+# ---------------------------------------------------------------- clocks
+def read_clocks(path: Path) -> pd.DataFrame | None:
+    """``clocks.csv`` (nvidia-smi's ``timestamp`` in the machine's time, UTC on the device machines)
+    as ``t_unix``, ``sm_mhz``, ``power_w`` rows; None when there is none."""
+    if not path.is_file():
+        return None
+    c = pd.read_csv(path, skipinitialspace=True)
+    c.columns = [x.strip() for x in c.columns]
+    t = pd.to_datetime(c["timestamp"], format="%Y/%m/%d %H:%M:%S.%f", utc=True)
+    secs = (t - pd.Timestamp("1970-01-01", tz="UTC")).dt.total_seconds()  # whatever unit pandas parsed to
+    return pd.DataFrame({"t_unix": secs, "sm_mhz": pd.to_numeric(c.iloc[:, 1], errors="coerce"),
+                         "power_w": pd.to_numeric(c.iloc[:, 3], errors="coerce")})
+
+
+def row_clocks(rows: pd.DataFrame, clocks: pd.DataFrame | None) -> list[float | None]:
+    """Median SM clock (MHz) over each row's window: from the row before it was written to its own
+    write time (``t_unix``, measure.py records it), the nearest sample when none falls inside.
+    None without timestamps or clocks (data measured before rows carried their time)."""
+    if clocks is None or "t_unix" not in rows.columns or clocks.empty:
+        return [None] * len(rows)
+    out, prev = [], None
+    ts, mhz = clocks["t_unix"].to_numpy(), clocks["sm_mhz"].to_numpy()
+    for t in rows["t_unix"]:
+        lo = prev if prev is not None else t - 1.0
+        inside = mhz[(ts > lo) & (ts <= t)]
+        out.append(float(statistics.median(inside)) if len(inside) else float(mhz[abs(ts - t).argmin()]))
+        prev = t
+    return out
+
+
 # ---------------------------------------------------------------- kernels
 def gemm_rows(d: Path, hw) -> list[dict]:
     from parsim.cluster.kernels import grouped_gemm_time
     burst, sus = hw.device.burst(), hw.device
     out = []
-    for r in pd.read_csv(d / "gemm.csv").itertuples():
+    df = pd.read_csv(d / "gemm.csv")
+    for r, mhz in zip(df.itertuples(), row_clocks(df, read_clocks(d / "clocks.csv"))):
         prec = "bf16" if r.precision in ("bf16", "bfloat16") else r.precision
         if r.group == "grouped":
             problems = ((int(r.rows_per_expert), int(r.n), int(r.k)),) * int(r.experts)
@@ -73,14 +106,16 @@ def gemm_rows(d: Path, hw) -> list[dict]:
             ps = sus.kernel_gemm_plan(int(r.m), int(r.n), int(r.k), prec)["time_s"]
         out.append({"case": f"gemm {r.group} {r.case} {prec}", "kind": "gemm", "group": r.group, "precision": prec,
                     "shape": [int(r.m), int(r.n), int(r.k)], "predicted_s": pb, "predicted_sustained_s": ps,
-                    "measured_s": float(r.time_s), "measured_tflops": float(r.tflops)})
+                    "measured_s": float(r.time_s), "measured_tflops": float(r.tflops),
+                    **({"sm_clock_mhz": mhz} if mhz is not None else {})})
     return out
 
 
 def attention_rows(d: Path, hw) -> list[dict]:
     burst, sus = hw.device.burst(), hw.device
     out = []
-    for r in pd.read_csv(d / "attention.csv").itertuples():
+    df = pd.read_csv(d / "attention.csv")
+    for r, mhz in zip(df.itertuples(), row_clocks(df, read_clocks(d / "clocks.csv"))):
         if r.pass_ == "error":
             continue
         bwd = r.pass_ == "bwd"
@@ -91,7 +126,8 @@ def attention_rows(d: Path, hw) -> list[dict]:
                     "backend": r.backend, "pass": r.pass_, "seq": int(r.seq), "head_dim": int(r.head_dim),
                     "causal": bool(r.causal), "gqa": int(r.kv_heads) != int(r.heads),
                     "predicted_s": burst.attention_kernel_time(*args), "predicted_sustained_s": sus.attention_kernel_time(*args),
-                    "measured_s": float(r.time_s), "measured_tflops": float(r.tflops)})
+                    "measured_s": float(r.time_s), "measured_tflops": float(r.tflops),
+                    **({"sm_clock_mhz": mhz} if mhz is not None else {})})
     return out
 
 
