@@ -85,14 +85,48 @@ def test_fused_kernel_blocks_are_predicted_within_five_percent(rows):
     assert max(abs(r["error"]) for r in comp) <= 0.12
 
 
-def test_eager_blocks_miss_by_the_stated_margin_and_only_fast(rows):
-    """Eager (Hugging Face op-for-op) blocks: within 10% MAPE, and every forward predicted fast --
-    the eager memory-bound kernels run below the copy bandwidth the model prices them at."""
+def test_eager_blocks_with_the_measured_norm_and_rotary_chains(rows):
+    """Eager (Hugging Face op-for-op) blocks: with the eager RMSNorm and rotary chains at their
+    measured rates (``eager_norm_efficiency``, ``eager_rotary_efficiency``, taken from the elementwise
+    microbenchmarks, not from these blocks) within 6% MAPE; the shipped profile, which streams them
+    at the copy rate, predicts every forward fast and misses by more."""
     regenerated, _ = rows
     eager = _layer(regenerated, "eager")
     assert len(eager) == 36
-    assert statistics.fmean(abs(r["error"]) for r in eager) <= 0.10
-    assert all(r["error"] < 0 for r in eager if r["pass"] == "F")
+    assert statistics.fmean(abs(r["error"]) for r in eager) <= 0.06
+    shipped = [r["predicted_shipped_s"] / r["measured_s"] - 1 for r in eager]
+    assert statistics.fmean(abs(e) for e in shipped) >= 0.08
+    assert all(r["predicted_shipped_s"] < r["measured_s"] for r in eager if r["pass"] == "F")
+
+
+def test_eager_chain_rates_change_only_the_chains_they_name():
+    """``memory_ops.work_time``: without the profile keys every byte streams at ``memory_efficiency``
+    (the shipped profiles: unchanged); with them the norm and rotary bytes run at their own rates."""
+    from parsim.costs.memory_ops import MemoryWork, work_time
+    shipped, measured = load_profile("dgx-h200").device, load_profile("dgx-h200-measured").device
+    w = MemoryWork(10e9, 8, norm_bytes=3e9, rotary_bytes=2e9)
+    assert work_time(shipped, w) == pytest.approx(shipped.memory_time(10e9))
+    bw = measured.memory_bandwidth
+    assert work_time(measured, w) == pytest.approx(
+        5e9 / (bw * measured.memory_efficiency) + 3e9 / (bw * measured.eager_norm_efficiency)
+        + 2e9 / (bw * measured.eager_rotary_efficiency))
+    assert (w + w).norm_bytes == 6e9 and w.scaled(2).rotary_bytes == 4e9 and w.scaled_bytes(3).norm_bytes == 9e9
+
+
+def test_eager_chain_rates_are_the_microbenchmarks():
+    """The profile's two rates are the elementwise rows' forward + backward bytes (as the cost
+    model counts them) over their measured times."""
+    from parsim.costs import memory_ops as mo
+    from parsim.model import ModelSpec
+    dev = load_profile("dgx-h200-measured").device
+    ew = pd.read_csv(DATA / "elementwise.csv").set_index(["case", "variant", "pass_"])
+    spec = ModelSpec(name="x", n_layers=1, d_model=4096, n_heads=32, n_kv_heads=8, d_ff=14336, vocab_size=32768,
+                     ffn="swiglu", position="rope", norm="rmsnorm", bias=False, max_seq_len=8192, head_dim=128)
+    pieces = mo.forward_pieces(spec, 8192, 1, False, 2.0, False, False)
+    for case, piece, eff in (("rmsnorm", "norm", dev.eager_norm_efficiency), ("rotary", "rotary", dev.eager_rotary_efficiency)):
+        w = pieces[piece]
+        t = ew.loc[(case, "hf", "fwd")].time_s + ew.loc[(case, "hf", "bwd")].time_s
+        assert eff == pytest.approx(3 * w.bytes / t / dev.memory_bandwidth, abs=0.0005)
 
 
 def test_host_bound_rows_are_the_small_compiled_70b_block_only(rows):

@@ -175,7 +175,7 @@ def elementwise_rows(d: Path, hw) -> list[dict]:
             if pair is None:
                 continue
             w = pair[0] if r.pass_ == "fwd" else pair[1]
-        p = [dev.memory_time(w.bytes) + w.kernels * dev.kernel_launch_s for dev in (burst, sus)]
+        p = [mo.work_time(dev, w) + w.kernels * dev.kernel_launch_s for dev in (burst, sus)]
         out.append({"case": f"elementwise {case} {variant} {r.pass_}", "kind": "elementwise", "op": case.split()[0],
                     "variant": variant, "bytes_model": w.bytes, "kernels_model": w.kernels,
                     "predicted_s": p[0], "predicted_sustained_s": p[1], "measured_s": float(r.time_s)})
@@ -280,6 +280,9 @@ def markdown(rows: list[dict], env: dict, hardware: str, shipped: str | None = N
             key = "bytes" if k == "memory" else "s"
             row += f" {statistics.fmean(abs(_rel(r[f'predicted_shipped_{key}'], r[f'measured_{key}'])) for r in rs):.1%} |"
         lines.append(row)
+    fit = [r["case"] for r in rows if r.get("used_by_profile")]
+    lines += ["", f"Rows the `{hardware}` profile takes a number from (`used_by_profile`): {len(fit)} "
+              f"({', '.join(fit)}); every layer and memory row is held out of it."]
     gpu = [r for r in rows if r["kind"] == "layer" and not r.get("host_bound")]
     lines += ["", f"Layer rows the GPU paced (without the host-bound ones, `host_bound`: measured backward under 1.5 "
               f"times the forward): {len(gpu)}, MAPE {mape(gpu):.1%}; eager blocks "
@@ -331,6 +334,22 @@ def _flag_host_bound(rows: list[dict]) -> None:
             r["host_bound"] = meas.get(key + ("B",), 1.0) < 1.5 * meas.get(key + ("F",), 0.0)
 
 
+FIT_ROWS = ("elementwise copy eager fwd", "elementwise rmsnorm hf fwd", "elementwise rmsnorm hf bwd",
+            "elementwise rotary hf fwd", "elementwise rotary hf bwd")
+"""Rows ``dgx-h200-measured`` takes a number from (with the two MAMF grid maxima and the fused
+AdamW row): marked ``used_by_profile``; every layer and memory row is held out of it."""
+
+
+def _mark_fit(rows: list[dict], d: Path) -> None:
+    gemm = pd.read_csv(d / "gemm.csv")
+    best = {f"gemm mamf {r.case} {r.precision}" for prec in ("bf16", "fp8")
+            for r in [gemm.loc[gemm[(gemm.group == "mamf") & (gemm.precision == prec)].tflops.idxmax()]]}
+    for r in rows:
+        c = r["case"]
+        if c in FIT_ROWS or c in best or (c.startswith("elementwise adamw") and " fused " in c):
+            r["used_by_profile"] = True
+
+
 def build(d: Path, hardware: str, shipped: str | None = None) -> tuple[list[dict], str]:
     """Rows predicted with ``hardware`` (``predicted_s``) and, when given, with the ``shipped``
     profile beside (``predicted_shipped_s``), and the markdown report."""
@@ -340,6 +359,7 @@ def build(d: Path, hardware: str, shipped: str | None = None) -> tuple[list[dict
             assert r["case"] == o["case"]
             key = "predicted_bytes" if r["kind"] == "memory" else "predicted_s"
             r[key.replace("predicted", "predicted_shipped")] = o[key]
+    _mark_fit(rows, d)
     for r in rows:
         r["error"] = _err(r)
     env = json.loads((d / "env.json").read_text())

@@ -128,6 +128,16 @@ class Device:
     arithmetic (a square root, a division) holds it lower. Optional key
     ``device.optimizer_efficiency`` (``parsim calibrate`` times the fused step); ``None``: the
     in-place rate (``update_efficiency``)."""
+    eager_norm_efficiency: float | None = None
+    """Fraction of ``memory_bandwidth`` eager PyTorch's RMSNorm reaches over the bytes
+    ``parsim.costs.memory_ops`` counts for it (Hugging Face's ``LlamaRMSNorm``: upcast, ``pow``,
+    ``mean``, ``rsqrt``, scale, downcast, weight -- a row reduction among pointwise kernels, below a
+    copy's rate). Optional key ``device.eager_norm_efficiency`` (measured by
+    benchmarks/gpu/measure.py); ``None``: ``memory_efficiency``."""
+    eager_rotary_efficiency: float | None = None
+    """The same for Hugging Face's ``apply_rotary_pos_emb`` (``q * cos``, ``rotate_half``'s negated
+    half and ``cat``, ``* sin``, ``+``: broadcasts of cos / sin over the heads and half-width slices).
+    Optional key ``device.eager_rotary_efficiency``; ``None``: ``memory_efficiency``."""
     transport_core_share: float | None = None
     """Fraction of a rank's compute rate that an asynchronous data-parallel collective takes
     while it is in flight, on a device whose transport runs on the rank's own processor: gloo
@@ -482,6 +492,7 @@ _SCHEMA: dict[str, dict[str, tuple[str, bool]]] = {
         "unfused_attention_efficiency": ("frac", _OPT), "update_efficiency": ("frac", _OPT),
         "attention_backward_efficiency": ("frac", _OPT), "unfused_attention_backward_efficiency": ("frac", _OPT),
         "optimizer_efficiency": ("frac", _OPT), "transport_core_share": ("frac", _OPT),
+        "eager_norm_efficiency": ("frac", _OPT), "eager_rotary_efficiency": ("frac", _OPT),
         "eager_op_forward_us": ("pos", _OPT), "eager_op_backward_us": ("pos", _OPT),
         "mxfp8_tflops": ("pos", _OPT), "nvfp4_tflops": ("pos", _OPT), "ds07_decode_gemm_tflops": ("pos", _OPT),
         # kernel-model facts (parsim.cluster.kernels, attention_kernels): all or none
@@ -638,6 +649,7 @@ def parse_profile(data: Mapping[str, Any], file: str = "<profile>") -> HardwareP
         unfused_attention_backward_efficiency=d.get("unfused_attention_backward_efficiency"),
         update_efficiency=d.get("update_efficiency"), optimizer_efficiency=d.get("optimizer_efficiency"),
         transport_core_share=d.get("transport_core_share"),
+        eager_norm_efficiency=d.get("eager_norm_efficiency"), eager_rotary_efficiency=d.get("eager_rotary_efficiency"),
         eager_op_forward_s=None if "eager_op_forward_us" not in d else to_si("eager_op_forward_us", d["eager_op_forward_us"]),
         eager_op_backward_s=None if "eager_op_backward_us" not in d else to_si("eager_op_backward_us", d["eager_op_backward_us"]),
         kernels=kernels.facts_from_table(d, peaks, PRECISIONS, file), gemm_model=d.get("gemm_model", "kernel"),
@@ -769,6 +781,9 @@ def profile_to_tables(profile: HardwareProfile) -> dict[str, dict[str, Any]]:
         dev["optimizer_efficiency"] = d.optimizer_efficiency
     if d.transport_core_share is not None:
         dev["transport_core_share"] = d.transport_core_share
+    for key in ("eager_norm_efficiency", "eager_rotary_efficiency"):
+        if getattr(d, key) is not None:
+            dev[key] = getattr(d, key)
     for key in ("eager_op_forward", "eager_op_backward"):
         if getattr(d, f"{key}_s") is not None:
             dev[f"{key}_us"] = getattr(d, f"{key}_s") / US

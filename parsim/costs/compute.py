@@ -34,6 +34,7 @@ from parsim.costs.memory_ops import (
     fp8_cast_work,
     fp8_gemm_precision,
     non_tn_fp8_gemms,
+    work_time,
 )
 from parsim.model import attention_kind, causal_pairs
 
@@ -218,7 +219,7 @@ def block_compute(inp: LayerInputs, gemms: tuple, moe_layer: bool) -> BlockCompu
     # two TP collectives per pass launch kernels too (NCCL), counted with the block's gaps
     tp_kernels = 2 if inp.shard.tp > 1 else 0
     kernels = (n_f + k_attn[0] + mf.kernels + tp_kernels, n_i + k_attn[1] + mb.kernels + tp_kernels, n_gemm)
-    return BlockCompute((g_f, g_i, g_w), (a_f, a_i), (dev.memory_time(mf.bytes), dev.memory_time(mb.bytes)), kernels)
+    return BlockCompute((g_f, g_i, g_w), (a_f, a_i), (work_time(dev, mf), work_time(dev, mb)), kernels)
 
 
 def clear_caches() -> None:

@@ -518,7 +518,7 @@ def module_recompute(inp: LayerInputs, moe_layer: bool) -> tuple[Parts, float, A
         return t, float(sum(g.flops for g in chosen))
 
     def mem_s(*works) -> float:
-        return sum(dev.memory_time(w.bytes) + (w.kernels * dev.kernel_launch_s if kernels else 0.0) for w in works)
+        return sum(_memory_ops.work_time(dev, w) + (w.kernels * dev.kernel_launch_s if kernels else 0.0) for w in works)
 
     out, flops, sent = Parts(), 0.0, AxisBytes()
     if "core_attn" in mods:  # Megatron's checkpoint reruns the core's forward, fused or not

@@ -76,17 +76,33 @@ class MemoryWork:
     """HBM bytes read + written."""
     kernels: int
     """Kernel launches."""
+    norm_bytes: float = 0.0
+    """Of ``bytes``, those eager RMSNorm chains move (at ``Device.eager_norm_efficiency``)."""
+    rotary_bytes: float = 0.0
+    """Of ``bytes``, those eager rotary chains move (at ``Device.eager_rotary_efficiency``)."""
 
     def __add__(self, other: "MemoryWork") -> "MemoryWork":
-        return MemoryWork(self.bytes + other.bytes, self.kernels + other.kernels)
+        return MemoryWork(self.bytes + other.bytes, self.kernels + other.kernels,
+                          self.norm_bytes + other.norm_bytes, self.rotary_bytes + other.rotary_bytes)
 
     def scaled(self, k: float) -> "MemoryWork":
         """k times the work (bytes and kernels; a backward is ``scaled(2)``)."""
-        return MemoryWork(self.bytes * k, int(round(self.kernels * k)))
+        return MemoryWork(self.bytes * k, int(round(self.kernels * k)), self.norm_bytes * k, self.rotary_bytes * k)
 
     def scaled_bytes(self, k: float) -> "MemoryWork":
         """The same kernels over k times the bytes (per-token work -> a microbatch)."""
-        return MemoryWork(self.bytes * k, self.kernels)
+        return MemoryWork(self.bytes * k, self.kernels, self.norm_bytes * k, self.rotary_bytes * k)
+
+
+def work_time(dev, w: MemoryWork) -> float:
+    """Seconds of ``w``'s kernels on ``dev`` (launches aside): its bytes at the streaming rate
+    (``memory_efficiency``), the eager norm and rotary chains' at their own measured rates where the
+    profile gives them (``eager_norm_efficiency``, ``eager_rotary_efficiency``)."""
+    t = dev.memory_time(max(0.0, w.bytes - w.norm_bytes - w.rotary_bytes))
+    for part, eff in ((w.norm_bytes, dev.eager_norm_efficiency), (w.rotary_bytes, dev.eager_rotary_efficiency)):
+        if part:
+            t += part / (dev.memory_bandwidth * eff) if eff is not None else dev.memory_time(part)
+    return t
 
 
 def _local(spec: ModelSpec, tp: int, moe: bool) -> tuple[float, float, float, float]:
@@ -131,12 +147,13 @@ def forward_pieces(spec: ModelSpec, tokens: int, tp: int, sp: bool, act_bytes: f
         }
     else:
         if rms:  # LlamaRMSNorm, per element: to fp32 (r a w 4), pow (r4 w4), mean (r4), mul (r4 w4), to (r4 w a), weight* (r a w a)
-            norm = MemoryWork(d * ((a + 4) + 8 + 4 + 8 + (4 + a) + 2 * a), 8)
+            nb = d * ((a + 4) + 8 + 4 + 8 + (4 + a) + 2 * a)
+            norm = MemoryWork(nb, 8, norm_bytes=nb)
         else:    # nn.LayerNorm: one native kernel
             norm = MemoryWork(2 * d * a, 1)
         pieces = {
             "norm": norm,
-            "rotary": MemoryWork(10 * (q + k) * a, 10) if rope else none,
+            "rotary": MemoryWork(10 * (q + k) * a, 10, rotary_bytes=10 * (q + k) * a) if rope else none,
             "activation": MemoryWork(5 * f * a, 2) if swiglu else MemoryWork(2 * f * a, 1),
             "residual": MemoryWork(2 * 3 * d * a, 2),
             "dropout": MemoryWork(2 * (2 * d * a + d), 2) if dropout else none,
