@@ -499,7 +499,7 @@ _SCHEMA: dict[str, dict[str, tuple[str, bool]]] = {
         "sm_count": ("int", _OPT), "tensor_flop_per_clock_per_sm": ("pos", _OPT),
         "sfu_op_per_clock_per_sm": ("pos", _OPT), "smem_byte_per_clock_per_sm": ("pos", _OPT),
         "gemm_tiles": ("tiles", _OPT), "mma_style": ("mma_style", _OPT), "gemm_stream_k": ("bool", _OPT),
-        "gemm_latency_us": ("nonneg", _OPT),
+        "gemm_latency_us": ("nonneg", _OPT), "grouped_gemm_setup_us": ("nonneg", _OPT),
         "msmf_bf16_tflops": ("pos", _OPT), "msmf_mamf_bf16_tflops": ("pos", _OPT),
         "msmf_chip_range_pct": ("pos", _OPT), "msmf_chip_range_gpus": ("int", _OPT),
         "collective_ctas": ("int", _OPT), "collective_ctas_net": ("int", _OPT),

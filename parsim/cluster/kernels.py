@@ -101,6 +101,12 @@ class KernelFacts:
     the prologue (TMA descriptors, the first operands in flight) and the drain of the last
     stores -- what a tiny GEMM costs. Fitted per device to measured GEMM tables (profile key
     ``gemm_latency_us``; tests/test_gemm_tables.py holds the fit and its held-out error)."""
+    grouped_gemm_setup_s: float = 0.0
+    """Fixed device time a grouped launch over several problems takes beyond one GEMM's
+    ``gemm_latency_s`` (``torch._grouped_mm``: the group offsets turned into per-problem arguments
+    and each problem's TMA descriptors set before its tiles run), what a fine-grained expert layer
+    pays per launch. Profile key ``grouped_gemm_setup_us`` (measured: benchmarks/gpu/measure.py's
+    grouped rows, fitted on half of them, the other half held out); 0: not known."""
     collective_ctas: int = 0
     """SMs one NCCL collective holds while it runs inside the node (one CTA per channel): what
     overlapped compute loses while it is in flight (``parsim.cluster.contention``); 0: not known,
@@ -375,7 +381,8 @@ def facts_from_table(d: Mapping[str, Any], peaks: Mapping[str, float], precision
     if not any(k in d for k in KERNEL_FACT_KEYS):
         for k, v in d.items():
             if (k.startswith(("mamf_", "msmf_")) or k in ("attention_kernel", "mma_style", "gemm_stream_k", "gemm_latency_us",
-                                                                  "collective_ctas", "collective_ctas_net")
+                                                                  "grouped_gemm_setup_us", "collective_ctas",
+                                                                  "collective_ctas_net")
                     or (k == "gemm_model" and v == "kernel")):
                 raise ConfigError(file, f"device.{k}",
                                   f"needs the kernel facts ({', '.join('device.' + x for x in KERNEL_FACT_KEYS)})")
@@ -407,6 +414,7 @@ def facts_from_table(d: Mapping[str, Any], peaks: Mapping[str, float], precision
                        gemm_tiles=d["gemm_tiles"], mma_style=d.get("mma_style", "warp"),
                        stream_k=d.get("gemm_stream_k", False), mamf=mamf, attention_kernel=d.get("attention_kernel"),
                        gemm_latency_s=to_si("gemm_latency_us", d.get("gemm_latency_us", 0.0)),
+                       grouped_gemm_setup_s=to_si("grouped_gemm_setup_us", d.get("grouped_gemm_setup_us", 0.0)),
                        collective_ctas=_ctas(d, "collective_ctas", file),
                        collective_ctas_net=_ctas(d, "collective_ctas_net", file), msmf=msmf,
                        msmf_chip_range=_chip_range(d, msmf, file))
@@ -488,6 +496,8 @@ def facts_to_table(kf: KernelFacts | None) -> dict[str, Any]:
         out["attention_kernel"] = kf.attention_kernel
     if kf.gemm_latency_s:
         out["gemm_latency_us"] = kf.gemm_latency_s * 1e6
+    if kf.grouped_gemm_setup_s:
+        out["grouped_gemm_setup_us"] = kf.grouped_gemm_setup_s * 1e6
     if kf.collective_ctas:
         out["collective_ctas"] = kf.collective_ctas
     if kf.collective_ctas_net:
@@ -581,7 +591,8 @@ def grouped_gemm_plan(dev: Any, problems: tuple[tuple[int, int, int], ...], prec
         if t < best[0]:
             best = (t, tile, tiles)
     floor = grouped_gemm_bytes(probs, precision) / mc.bandwidth
-    return {"time_s": max(best[0], floor + mc.latency), "tile": format_tile(best[1]), "waves": best[2],
+    setup = dev.kernels.grouped_gemm_setup_s if len(probs) > 1 else 0.0  # one problem: a plain GEMM's launch
+    return {"time_s": max(best[0], floor + mc.latency) + setup, "tile": format_tile(best[1]), "waves": best[2],
             "memory_bound": floor > best[0], "mainloop_flops": rate}
 
 
