@@ -24,8 +24,9 @@ limit still leaves its rows):
   forward, backward (input gradient alone and whole), recompute none / selective / full, eager
   (Hugging Face-style ops) and with the memory-bound pieces compiled (one kernel each, as fused
   kernels run them), plus the activation bytes each forward leaves allocated;
-* ``sustained.csv``: a GEMM loop for ``--sustain-s`` seconds, TFLOP/s per second (the clock under
-  power);
+* ``sustained.csv``: six workloads each back to back for ``--sustain-s`` seconds (GEMMs of three
+  shapes in BF16 and one in FP8, a Llama-3-8B block forward + backward, a device copy), the rate per
+  wall-clock second: with clocks.csv, the clock and power each kind of work settles at under the cap;
 * ``clocks.csv``: nvidia-smi sampled every 200 ms through the run; ``env.json``: device, driver,
   versions, each phase's wall time.
 """
@@ -655,23 +656,59 @@ def phase_layers(out: Path, clock: Clock, quick: bool, styles: tuple[str, ...]) 
 
 
 # ---------------------------------------------------------------- sustained clock
-def phase_sustained(out: Path, seconds: float, quick: bool) -> None:
-    sink = Sink(out / "sustained.csv")
-    dtype = torch.bfloat16 if CUDA else torch.float32
-    m = 256 if quick else 8192
-    a = torch.randn(m, m, device=DEV, dtype=dtype)
-    b = torch.randn(m, m, device=DEV, dtype=dtype)
-    flops = 2.0 * m ** 3
+def _sustain(sink: Sink, workload: str, fn, work: float, unit: str, seconds: float) -> None:
+    """``fn`` back to back for ``seconds``: one row per wall-clock second, the rate in ``unit``
+    (``work`` per call: FLOP or bytes) -- joined with clocks.csv's SM clock and power by ``t_unix``."""
     t_start = time.perf_counter()
     while time.perf_counter() - t_start < seconds:
         calls, t0 = 0, time.perf_counter()
         while time.perf_counter() - t0 < 1.0:
-            for _ in range(10):
-                a @ b
+            for _ in range(4):
+                fn()
             sync()
-            calls += 10
+            calls += 4
         dt = time.perf_counter() - t0
-        sink.add(shape=f"{m}x{m}x{m}", t_s=round(time.perf_counter() - t_start, 3), tflops=calls * flops / dt / 1e12)
+        sink.add(workload=workload, t_s=round(time.perf_counter() - t_start, 3), rate=calls * work / dt / 1e12,
+                 unit=unit, calls_per_s=calls / dt)
+
+
+def phase_sustained(out: Path, seconds: float, quick: bool) -> None:
+    """What the power cap does to each kind of work: every workload back to back for ``seconds``
+    (GEMMs of three shapes in BF16, one in FP8, a Llama-3-8B block forward + backward, a device
+    copy), so the SM clock and power each settles at (clocks.csv) say whether one sustained/burst
+    ratio holds for every kernel, as the profiles' MSMF/MAMF pair assumes, or depends on the work."""
+    sink = Sink(out / "sustained.csv")
+    dtype = torch.bfloat16 if CUDA else torch.float32
+    shapes = ((256, 256, 256),) if quick else ((8192, 8192, 8192), (2048, 2048, 13312), (4096, 28672, 4096))
+    for m, n, k in shapes:
+        a, b = torch.randn(m, k, device=DEV, dtype=dtype), torch.randn(n, k, device=DEV, dtype=dtype)
+        _sustain(sink, f"gemm {m}x{n}x{k} {str(dtype)[6:]}", lambda a=a, b=b: F.linear(a, b), 2.0 * m * n * k,
+                 "TFLOP/s", seconds)
+        del a, b
+    if CUDA and hasattr(torch, "_scaled_mm"):
+        one = torch.ones((), device=DEV)
+        a = torch.randn(8192, 8192, device=DEV).to(torch.float8_e4m3fn)
+        b = torch.randn(8192, 8192, device=DEV).to(torch.float8_e4m3fn)
+        _sustain(sink, "gemm 8192x8192x8192 fp8", lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one,
+                 out_dtype=torch.bfloat16), 2.0 * 8192 ** 3, "TFLOP/s", seconds)
+        del a, b
+    name = "tiny" if quick else "llama3-8b"
+    if quick:
+        LAYERS.setdefault("tiny", (128, 4, 2, 32, 256))
+    d, h, kv, hd, ff = LAYERS[name]
+    seq = 64 if quick else 8192
+    backend = "cudnn" if _gqa_runs("cudnn", dtype) else next(iter(_sdpa_backends()))
+    layer = Layer(d, h, kv, hd, ff, seq, dtype, "fused", _sdpa_backends()[backend], "none")
+    x = torch.randn(1, seq, d, device=DEV, dtype=dtype, requires_grad=True)
+    dy = torch.randn(1, seq, d, device=DEV, dtype=dtype)
+    params = list(layer.parameters())
+    fwd = 2.0 * seq * ((h + 2 * kv) * hd * d + h * hd * d + 3 * ff * d) + 2.0 * seq * seq * h * hd  # causal
+    _sustain(sink, f"{name} block fwd+bwd seq {seq}", lambda: torch.autograd.grad(layer(x), [x, *params], dy),
+             3.0 * fwd, "TFLOP/s", seconds)
+    del layer, x, dy, params
+    n = (1 << 20) if quick else (1 << 30)
+    src, dst = torch.empty(n, dtype=torch.uint8, device=DEV), torch.empty(n, dtype=torch.uint8, device=DEV)
+    _sustain(sink, f"copy {n >> 20} MiB", lambda: dst.copy_(src), 2.0 * n, "TB/s", seconds)
 
 
 # ---------------------------------------------------------------- driver
@@ -707,7 +744,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget-s", type=float, default=420.0, help="the whole run's wall-clock budget")
-    ap.add_argument("--sustain-s", type=float, default=25.0)
+    ap.add_argument("--sustain-s", type=float, default=12.0, help="seconds for each sustained workload (six of them)")
     ap.add_argument("--phases", default=",".join(PHASES))
     ap.add_argument("--quick", action="store_true", help="CPU smoke run: tiny shapes")
     args = ap.parse_args(argv)
