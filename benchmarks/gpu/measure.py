@@ -351,7 +351,6 @@ def phase_elementwise(out: Path, clock: Clock, quick: bool, compile_share_s: flo
     n = (1 << 20) if quick else (1 << 30)
     src, dst = torch.empty(n, dtype=torch.uint8, device=DEV), torch.empty(n, dtype=torch.uint8, device=DEV)
     add("copy", "eager", "fwd", 2 * n, 1, timed(lambda: dst.copy_(src)))
-    del src, dst
 
     def fwd_bwd(case, variant, fn, inputs, nbytes_f, kernels_f, nbytes_b, kernels_b):
         y = fn(*inputs)
