@@ -12,7 +12,8 @@ Rows (``accuracy.json``: a list; every row has ``case`` and ``kind``):
   while the row was timed, where the CSV rows carry their time (measure.py writes ``t_unix`` since
   the first H200 run, whose GEMM sweep sat at the 700 W cap, 1,440-1,845 MHz, unrecorded per row);
 * ``layer``: one block's forward (``F``), whole backward (``B``) and input-gradient backward
-  (``I``) as parsim's cost model prices them inside ``parsim simulate`` (the per-layer difference
+  (``I``) as parsim's cost model prices them (``layer_w``: the weight gradient ``W``, measured as
+  B - I, a difference of two medians) inside ``parsim simulate`` (the per-layer difference
   of a 2-layer and a 1-layer one-GPU job: embedding and head cancel), against the measured block:
   the eager (Hugging Face op-for-op) block against ``training.fused_kernels = false``, the
   compiled block (norm, rotary, SwiGLU and residual as one generated kernel each) against
@@ -229,6 +230,11 @@ def layer_rows(d: Path, hardware: str) -> list[dict]:
                                  "style": style, "backend": backend, "recompute": rc, "pass": op,
                                  "fused_kernels": fused, "predicted_s": pred[op], "measured_s": float(by[pass_].time_s),
                                  "breakdown_s": pred["breakdown_s"]})
+            if "bwd" in by and "bwd_input" in by:  # the weight gradient: no pass of its own to time
+                rows.append({"case": f"layer_w {tag} W", "kind": "layer_w", "layer": name, "seq": int(seq),
+                             "style": style, "backend": backend, "recompute": rc, "pass": "W", "derived": "B - I",
+                             "fused_kernels": fused, "predicted_s": pred["W"],
+                             "measured_s": float(by["bwd"].time_s - by["bwd_input"].time_s)})
         m = by["fwd"]
         # the stash a block keeps in a stack: what its forward left allocated, less its output (the
         # next block's input), plus its own input where it keeps it (a fused norm and a checkpoint
@@ -254,7 +260,7 @@ def mape(rows: list[dict]) -> float:
 
 def markdown(rows: list[dict], env: dict, hardware: str, shipped: str | None = None) -> str:
     pct = lambda x: f"{x:+.1%}"
-    kinds = ["gemm", "attention", "elementwise", "layer", "memory"]
+    kinds = ["gemm", "attention", "elementwise", "layer", "layer_w", "memory"]
     smi = env.get("nvidia_smi", "").splitlines()
     lines = [f"# parsim against one {env.get('device', 'GPU')}", "",
              f"Measured by `benchmarks/gpu/measure.py` (torch {env.get('torch')}, CUDA {env.get('cuda')}, "
@@ -287,7 +293,8 @@ def markdown(rows: list[dict], env: dict, hardware: str, shipped: str | None = N
     lines += ["", f"Layer rows the GPU paced (without the host-bound ones, `host_bound`: measured backward under 1.5 "
               f"times the forward): {len(gpu)}, MAPE {mape(gpu):.1%}; eager blocks "
               f"{mape([r for r in gpu if r['style'] == 'eager']):.1%}, compiled blocks "
-              f"{mape([r for r in gpu if r['style'] == 'compiled']):.1%}."]
+              f"{mape([r for r in gpu if r['style'] == 'compiled']):.1%}. Weight gradients (B - I) of those blocks: "
+              f"{mape([r for r in rows if r['kind'] == 'layer_w' and not r.get('host_bound')]):.1%}."]
     sus = [r for r in rows if "predicted_sustained_s" in r]
     if sus:
         lines += ["", "At the sustained clock instead (the same kernel rows): "
@@ -298,6 +305,14 @@ def markdown(rows: list[dict], env: dict, hardware: str, shipped: str | None = N
         if r["kind"] == "layer":
             lines.append(f"| {r['case'][6:]}{' (host-bound)' if r.get('host_bound') else ''} | {r['predicted_s'] * 1e3:.3f} | "
                          f"{r['measured_s'] * 1e3:.3f} | {pct(_err(r))} |")
+    lines += ["", "## Weight gradients (derived)", "",
+              "W has no pass of its own to time: measured W is the whole backward less the input-gradient "
+              "backward (B - I), two medians from separate loops, so a few percent of noise in either is "
+              "tens of percent here.", "", "| case | predicted (ms) | measured B - I (ms) | error |", "|---|---:|---:|---:|"]
+    for r in rows:
+        if r["kind"] == "layer_w":
+            lines.append(f"| {r['case'][8:]}{' (host-bound)' if r.get('host_bound') else ''} | "
+                         f"{r['predicted_s'] * 1e3:.3f} | {r['measured_s'] * 1e3:.3f} | {pct(_err(r))} |")
     lines += ["", "## Activation memory", "", "| case | predicted (MB) | measured (MB) | error |", "|---|---:|---:|---:|"]
     for r in rows:
         if r["kind"] == "memory":
@@ -329,7 +344,7 @@ def _flag_host_bound(rows: list[dict]) -> None:
         if r["kind"] == "layer":
             meas[(r["layer"], r["seq"], r["style"], r["backend"], r["recompute"], r["pass"])] = r["measured_s"]
     for r in rows:
-        if r["kind"] == "layer":
+        if r["kind"] in ("layer", "layer_w"):
             key = (r["layer"], r["seq"], r["style"], r["backend"], r["recompute"])
             r["host_bound"] = meas.get(key + ("B",), 1.0) < 1.5 * meas.get(key + ("F",), 0.0)
 
