@@ -92,43 +92,45 @@ def row_clocks(rows: pd.DataFrame, clocks: pd.DataFrame | None) -> list[float | 
 
 
 # ---------------------------------------------------------------- kernels
-def gemm_rows(d: Path, hw) -> list[dict]:
+def timed_rows(d: Path, name: str, clocks: pd.DataFrame | None):
+    """``name``'s CSV rows, each with its SM-clock field (``{"sm_clock_mhz": ...}`` where the rows
+    carry their time, else empty)."""
+    df = pd.read_csv(d / name)
+    for r, mhz in zip(df.itertuples(), row_clocks(df, clocks)):
+        yield r, ({"sm_clock_mhz": mhz} if mhz is not None else {})
+
+
+def gemm_rows(d: Path, hw, clocks: pd.DataFrame | None) -> list[dict]:
     from parsim.cluster.kernels import grouped_gemm_time
-    burst, sus = hw.device.burst(), hw.device
     out = []
-    df = pd.read_csv(d / "gemm.csv")
-    for r, mhz in zip(df.itertuples(), row_clocks(df, read_clocks(d / "clocks.csv"))):
+    for r, clock in timed_rows(d, "gemm.csv", clocks):
         prec = "bf16" if r.precision in ("bf16", "bfloat16") else r.precision
         if r.group == "grouped":
             problems = ((int(r.rows_per_expert), int(r.n), int(r.k)),) * int(r.experts)
-            pb, ps = grouped_gemm_time(burst, problems, prec), grouped_gemm_time(sus, problems, prec)
+            pb, ps = (grouped_gemm_time(dev, problems, prec) for dev in (hw.device.burst(), hw.device))
         else:
-            pb = burst.kernel_gemm_plan(int(r.m), int(r.n), int(r.k), prec)["time_s"]
-            ps = sus.kernel_gemm_plan(int(r.m), int(r.n), int(r.k), prec)["time_s"]
+            pb, ps = (dev.kernel_gemm_plan(int(r.m), int(r.n), int(r.k), prec)["time_s"]
+                      for dev in (hw.device.burst(), hw.device))
         out.append({"case": f"gemm {r.group} {r.case} {prec}", "kind": "gemm", "group": r.group, "precision": prec,
                     "shape": [int(r.m), int(r.n), int(r.k)], "predicted_s": pb, "predicted_sustained_s": ps,
-                    "measured_s": float(r.time_s), "measured_tflops": float(r.tflops),
-                    **({"sm_clock_mhz": mhz} if mhz is not None else {})})
+                    "measured_s": float(r.time_s), "measured_tflops": float(r.tflops), **clock})
     return out
 
 
-def attention_rows(d: Path, hw) -> list[dict]:
-    burst, sus = hw.device.burst(), hw.device
+def attention_rows(d: Path, hw, clocks: pd.DataFrame | None) -> list[dict]:
     out = []
-    df = pd.read_csv(d / "attention.csv")
-    for r, mhz in zip(df.itertuples(), row_clocks(df, read_clocks(d / "clocks.csv"))):
+    for r, clock in timed_rows(d, "attention.csv", clocks):
         if r.pass_ == "error":
             continue
-        bwd = r.pass_ == "bwd"
         args = (int(r.batch), int(r.seq), int(r.seq), int(r.heads), int(r.kv_heads), int(r.head_dim), bool(r.causal),
-                bwd, "bf16", BACKEND_KERNEL[r.backend])
+                r.pass_ == "bwd", "bf16", BACKEND_KERNEL[r.backend])
+        pb, ps = (dev.attention_kernel_time(*args) for dev in (hw.device.burst(), hw.device))
         out.append({"case": f"attention {r.backend} {r.pass_} b{r.batch} s{r.seq} h{r.heads}/{r.kv_heads} "
                             f"d{r.head_dim}{' causal' if r.causal else ''}", "kind": "attention",
                     "backend": r.backend, "pass": r.pass_, "seq": int(r.seq), "head_dim": int(r.head_dim),
                     "causal": bool(r.causal), "gqa": int(r.kv_heads) != int(r.heads),
-                    "predicted_s": burst.attention_kernel_time(*args), "predicted_sustained_s": sus.attention_kernel_time(*args),
-                    "measured_s": float(r.time_s), "measured_tflops": float(r.tflops),
-                    **({"sm_clock_mhz": mhz} if mhz is not None else {})})
+                    "predicted_s": pb, "predicted_sustained_s": ps,
+                    "measured_s": float(r.time_s), "measured_tflops": float(r.tflops), **clock})
     return out
 
 
@@ -329,7 +331,9 @@ def markdown(rows: list[dict], env: dict, hardware: str, shipped: str | None = N
 
 def rows_for(d: Path, hardware: str) -> list[dict]:
     hw = load_profile(hardware)
-    rows = gemm_rows(d, hw) + attention_rows(d, hw) + elementwise_rows(d, hw) + layer_rows(d, hardware)
+    clocks = read_clocks(d / "clocks.csv")  # read once, joined to each kernel CSV's rows
+    rows = (gemm_rows(d, hw, clocks) + attention_rows(d, hw, clocks) + elementwise_rows(d, hw)
+            + layer_rows(d, hardware))
     _flag_host_bound(rows)
     return rows
 
