@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from parsim.cluster.collectives import BUSBW_FACTOR, HOPS, alpha_beta_time
+from parsim.cluster.collectives import BUSBW_FACTOR, HOPS, alpha_beta_time, at_gap
 from parsim.cluster.hardware import Device, HardwareProfile, LinkTier
 from parsim.costs.layer import scores_pass_bytes
 
@@ -113,6 +113,53 @@ def collective_fit_time(fits: tuple[CollectiveFit, ...], kind: str, nbytes: floa
 
 
 @dataclass(frozen=True)
+class CollectiveGap:
+    """How one collective's in-situ cost on one group size grows with the compute before it."""
+
+    kind: str
+    """all_reduce | all_gather | reduce_scatter | all_to_all."""
+    group: int
+    """Ranks in the group."""
+    reference_s: float
+    """The gap the collective fits were timed after (``parsim.validate.bench.COMM_GAP_S``, each
+    row's ``reference_gap_s``)."""
+    shortest_s: float
+    """Shortest gap measured (the slope is not extrapolated below it)."""
+    longest_s: float
+    """Longest gap measured (nor above it)."""
+    slope: float
+    """Seconds a call adds per second of compute before it: least squares through the reference
+    point, (t(gap) - t(reference)) against (gap - reference)."""
+
+    def as_row(self) -> list[float]:
+        """[reference gap us, shortest gap us, longest gap us, slope]: the profile's ``comm_gap_<kind>_<n>``."""
+        return [self.reference_s * 1e6, self.shortest_s * 1e6, self.longest_s * 1e6, self.slope]
+
+    def as_profile_row(self) -> tuple[str, int, float, float, float, float]:
+        """The ``HardwareProfile.collective_gaps`` entry."""
+        return (self.kind, self.group, self.reference_s, self.shortest_s, self.longest_s, self.slope)
+
+
+def fit_collective_gaps(rows: pd.DataFrame) -> tuple[CollectiveGap, ...]:
+    """Per (kind, group size) of the ``collective_gap`` rows (``Bench.collective_gaps``): the
+    slope of the call's in-situ time over the compute before it, through the row timed after
+    the reference gap (each row's ``reference_gap_s``: the one the collective fits were timed
+    after), least squares on the other gaps. A kind without the reference row or another gap
+    is left out."""
+    out = []
+    for (kind, n), g in rows.groupby(["name", "group"]):
+        reference_s = float(g["reference_gap_s"].iloc[0])
+        gaps, secs = g["gap_s"].to_numpy(float), g["seconds"].to_numpy(float)
+        ref = np.isclose(gaps, reference_s, rtol=1e-6)
+        if not ref.any() or ref.all():
+            continue
+        x, y = gaps[~ref] - reference_s, secs[~ref] - float(secs[ref].mean())
+        out.append(CollectiveGap(str(kind), int(n), reference_s, float(gaps.min()), float(gaps.max()),
+                                 float((x * y).sum() / (x * x).sum())))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
 class Fit:
     """A calibrated profile with what it was fitted on and how well."""
 
@@ -125,13 +172,18 @@ class Fit:
     """The data rows with the fitted model's prediction and relative error."""
     collectives: tuple[CollectiveFit, ...] = ()
     """Per collective kind, group size and size range: the fitted alpha-beta line."""
+    gaps: tuple[CollectiveGap, ...] = ()
+    """Per collective kind and group size: its in-situ cost's slope over the compute before it."""
 
     def calibration_table(self) -> dict[str, list]:
         """The collective fits as ``[calibration]`` keys: ``collective_<kind>_<n>`` =
-        [[max bytes, latency us, GB/s], ...] in size order."""
+        [[max bytes, latency us, GB/s], ...] in size order; the gap slopes as
+        ``comm_gap_<kind>_<n>`` = [reference gap us, shortest us, longest us, slope]."""
         out: dict[str, list] = {}
         for f in sorted(self.collectives, key=lambda f: (f.kind, f.group, f.max_bytes)):
             out.setdefault(f"collective_{f.kind}_{f.group}", []).append(f.as_row())
+        for gp in sorted(self.gaps, key=lambda gp: (gp.kind, gp.group)):
+            out[f"comm_gap_{gp.kind}_{gp.group}"] = gp.as_row()
         return out
 
 
@@ -343,13 +395,16 @@ def fit_profile(base: HardwareProfile, data: pd.DataFrame, name: str, precision:
                "(both ranks computing, then sending to each other, one of them later)")
         src.update({"node.send_post_us": msg, "node.send_post_gbyte_per_s": msg})
     colls = fit_collectives(kinds["collective"]) if "collective" in kinds else ()
+    gaps = fit_collective_gaps(kinds["collective_gap"]) if "collective_gap" in kinds else ()
+    if gaps:
+        prof = dataclasses.replace(prof, collective_gaps=tuple(gp.as_profile_row() for gp in gaps))
     pred = predictions(prof, data, precision, colls)
     quality = {k: float(np.median(np.abs(g["relative_error"]))) for k, g in pred.groupby("kind")}
     if "ring_relative_error" in pred:
         ring = pred["ring_relative_error"].dropna()
         if len(ring):
             quality["collective_ring"] = float(np.median(np.abs(ring)))
-    return Fit(prof, src, quality, pred, colls)
+    return Fit(prof, src, quality, pred, colls, gaps)
 
 
 def predictions(prof: HardwareProfile, data: pd.DataFrame, precision: str,
@@ -391,6 +446,12 @@ def predictions(prof: HardwareProfile, data: pd.DataFrame, precision: str,
             fitted = collective_fit_time(collectives, r["name"], float(r["bytes"]), int(r["group"]))
             out.append({**r.to_dict(), "predicted_s": ring if fitted is None else fitted, "ring_predicted_s": ring})
             continue
+        elif kind == "collective_gap":  # the fit at this size, moved by the slope to this gap
+            ranks = list(range(int(r["group"])))
+            fitted = collective_fit_time(collectives, r["name"], float(r["bytes"]), len(ranks))
+            if fitted is None:
+                continue
+            p = at_gap(prof, str(r["name"]), ranks, fitted, float(r["gap_s"]))
         else:
             continue
         out.append({**r.to_dict(), "predicted_s": p})

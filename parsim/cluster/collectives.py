@@ -275,6 +275,37 @@ def collective_time(hw: HardwareProfile, kind: str, nbytes: float, ranks: list[i
     return select_algorithm(hw, kind, nbytes, ranks, concurrent)[1]
 
 
+def in_pass_time(hw: HardwareProfile, kind: str, nbytes: float, ranks: list[int], calls: int,
+                 gap_s: float) -> float:
+    """Seconds ``calls`` blocking ``kind`` collectives of ``nbytes`` cost a rank that computes
+    ``gap_s`` on average before each of them (a block's F or B with its tensor- or
+    expert-parallel collectives: the pass's compute over its calls). Where the profile measured
+    how a call's in-situ cost grows with the compute before it (``HardwareProfile.collective_gaps``:
+    gloo on CPU ranks, whose transport threads wake on cores the compute has held, and whose
+    ranks arrive further apart after more work), ``calls`` x (the fitted time + slope x (gap -
+    the reference gap the fit was timed at)), the gap clamped to the measured ones; with a
+    linear slope the sum does not depend on how the pass's compute splits between its calls.
+    Otherwise ``calls`` x :func:`collective_time`."""
+    if calls <= 0 or len(ranks) <= 1:
+        return 0.0
+    return calls * at_gap(hw, kind, ranks, collective_time(hw, kind, nbytes, ranks), gap_s)
+
+
+def at_gap(hw: HardwareProfile, kind: str, ranks: list[int] | tuple[int, ...], base_s: float, gap_s: float) -> float:
+    """One blocking ``kind`` call on ``ranks`` after ``gap_s`` of compute, from ``base_s``, its
+    time at the reference gap (:func:`in_pass_time`); ``base_s`` where the profile did not
+    measure the dependence for this kind and group size."""
+    for k, n, ref, lo, hi, slope in hw.collective_gaps:
+        if k == kind and n == len(ranks) and placement(hw, list(ranks)).nodes <= 1:
+            return max(FLOOR_S, base_s + slope * (min(hi, max(lo, gap_s)) - ref))
+    return base_s
+
+
+FLOOR_S = 1e-7
+"""Least seconds :func:`in_pass_time` prices one call at (a measured slope extrapolated to a short
+gap could otherwise come out at or below zero)."""
+
+
 def n_buckets(nbytes: float, bucket_bytes: float) -> int:
     """Buckets a gradient buffer of ``nbytes`` is reduced in (``bucket_bytes`` <= 0: one)."""
     if nbytes <= 0:

@@ -391,6 +391,14 @@ class HardwareProfile:
     ``collective_<kind>_<n>`` = [[max bytes, latency us, GB/s], ...]): (kind, group size, max
     bytes, per-step latency s, link bandwidth B/s) in the ring formulas' terms. A group inside
     one node with a fit for its kind and size is priced by it (``parsim.cluster.collectives``)."""
+    collective_gaps: tuple[tuple[str, int, float, float, float, float], ...] = ()
+    """How a blocking collective's in-situ cost grows with the compute before it, measured by
+    ``parsim calibrate`` (``[calibration]`` keys ``comm_gap_<kind>_<n>`` = [reference gap us,
+    shortest gap us, longest gap us, slope]): (kind, group size, reference gap s, shortest and
+    longest measured gap s, slope: seconds the call adds per second of compute before it). The
+    ``collective_fits`` rows were timed after the reference gap; a call after a longer stretch
+    of compute costs ``slope`` x the difference more (``parsim.cluster.collectives.in_pass_time``).
+    Empty: not measured (every GPU profile), the fits are used as they are."""
     host: HostTier | None = None
     """Host memory, CPU, NVMe and C2C per node (optional ``[host]`` table; None: not given)."""
     nvlink_links: nvlink_mesh.Links | None = None
@@ -672,6 +680,7 @@ def parse_profile(data: Mapping[str, Any], file: str = "<profile>") -> HardwareP
         source_path="" if file.startswith("<") else file,
         nvls_bandwidth=to_si("nvls_gbyte_per_s", nd["nvls_gbyte_per_s"]) if "nvls_gbyte_per_s" in nd else 0.0,
         collective_fits=_collective_fits(data.get("calibration", {}), file),
+        collective_gaps=_collective_gaps(data.get("calibration", {}), file),
         host=parse_host(data.get("host"), file),
         nvlink_links=links,
         send_post_latency_s=to_si("send_post_us", nd.get("send_post_us", 0.0)),
@@ -700,6 +709,24 @@ def _collective_fits(cal: Mapping[str, Any], file: str) -> tuple[tuple[str, int,
                               "bandwidths of 1e-4 to 1e7 GB/s")
         out += [(kind, int(n), float(r[0]), r[1] * 1e-6, r[2] * 1e9) for r in sorted(rows)]
     return tuple(out)
+
+
+def _collective_gaps(cal: Mapping[str, Any], file: str) -> tuple[tuple[str, int, float, float, float, float], ...]:
+    """The ``comm_gap_<kind>_<n>`` keys of a ``[calibration]`` table (see HardwareProfile)."""
+    out = []
+    for key, row in cal.items():
+        if not key.startswith("comm_gap_"):
+            continue
+        kind, _, n = key[len("comm_gap_"):].rpartition("_")
+        ok = (n.isdigit() and int(n) >= 2 and kind != "" and isinstance(row, list) and len(row) == 4
+              and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in row)
+              and 0 < row[1] <= row[0] <= row[2] <= 1e6 and -10.0 <= row[3] <= 10.0)
+        if not ok:
+            raise ConfigError(file, f"calibration.{key}", "expected comm_gap_<kind>_<group size> = [reference gap us, "
+                              "shortest gap us, longest gap us, slope] with 0 < shortest <= reference <= longest <= "
+                              "10^6 us and a slope (seconds per second of compute) from -10 to 10")
+        out.append((kind, int(n), row[0] * 1e-6, row[1] * 1e-6, row[2] * 1e-6, float(row[3])))
+    return tuple(sorted(out))
 
 
 # --------------------------------------------------------------------------- loading

@@ -24,7 +24,7 @@ import parsim.costs.compute as _compute
 import parsim.costs.context as _context
 import parsim.costs.memory_ops as _memory_ops
 import parsim.costs.moe as _moe
-from parsim.cluster.collectives import bytes_sent_per_rank, collective_time
+from parsim.cluster.collectives import at_gap, bytes_sent_per_rank, collective_time, in_pass_time
 from parsim.cluster.precision import PRECISION_TABLE
 from parsim.costs.inputs import Cluster, LayerInputs, Ranks
 from parsim.costs.memory import (
@@ -168,9 +168,10 @@ def layer_cost(inp: LayerInputs, moe_layer: bool) -> LayerCost:
         f_attn, i_attn = attention_times(inp)
         i_mem = 2 * f_mem
     act_bytes = tokens * m.d_model * PRECISION_TABLE[prec].wire_bytes
-    tp_fwd, f_slow = tp_layer_comm(inp, act_bytes, f_gemm)
+    tp_fwd, f_slow = tp_layer_comm(inp, act_bytes, f_gemm, pass_s=f_gemm + f_attn + f_mem)
     tp_bwd, i_slow = tp_layer_comm(inp, act_bytes, i_gemm, backward=True,
-                                   regather_windows=regather_windows_s(inp, gemms))
+                                   regather_windows=regather_windows_s(inp, gemms),
+                                   pass_s=i_gemm + i_attn + i_mem + w_gemm)
     # context parallelism (parsim.costs.context): the K/V ring (or gather / all-to-all) and its
     # attention -- with the kernel model per-block kernels in place of the 1/cp share, without
     # it that share spread over the ring's steps, each later step paying its merge
@@ -256,10 +257,17 @@ def _moe_parts(inp: LayerInputs, ph, fwd: Parts, bwd_in: Parts, wgt: Parts, flop
     fwd = fwd + Parts(compute=ph.forward_s - counted_f)
     bwd_in = bwd_in + Parts(compute=ph.backward_input_s - counted_i)
     wgt = wgt + Parts(compute=ph.backward_weight_s)
-    a2a = 2 * ph.all_to_all_s
     hide = inp.options.overlap.ep_comm
-    # the forward first exchanges the token counts that size its dispatch (the backward reuses them)
-    comm_f, comm_i = a2a + ph.count_exchange_s, a2a
+    # the forward first exchanges the token counts that size its dispatch (the backward reuses
+    # them); blocking, each call's in-situ price may depend on the compute before it (at_gap:
+    # the pass's compute over its calls, on a profile that measured that dependence)
+    hw, calls_f = inp.cluster.profile, 2 + (ph.count_exchange_s > 0)
+    gap_f, gap_i = fwd.compute / calls_f, (bwd_in.compute + wgt.compute) / 2
+    a2a_f, a2a_i, counts = ph.all_to_all_s, ph.all_to_all_s, ph.count_exchange_s
+    if not hide and hw.collective_gaps:
+        a2a_f, a2a_i = (at_gap(hw, "all_to_all", ph.group, ph.all_to_all_s, g) for g in (gap_f, gap_i))
+        counts = at_gap(hw, "all_gather", ph.group, counts, gap_f) if counts > 0 else 0.0
+    comm_f, comm_i = 2 * a2a_f + counts, 2 * a2a_i
     if not hide:
         return (fwd + Parts(ep_comm=comm_f), bwd_in + Parts(ep_comm=comm_i), wgt, flops + ph.forward_flops)
     # Megatron-Core's combined 1F1B (overlap_moe_expert_parallel_comm) runs one microbatch's
@@ -303,6 +311,16 @@ def tp_collective_time(inp: LayerInputs, kind: str, nbytes: float) -> float:
     return cached_collective_time(inp.cluster, kind, nbytes, inp.shard.tp_group)
 
 
+def in_pass_calls_time(inp: LayerInputs, kind: str, nbytes: float, group: Ranks, calls: int, gap_s: float) -> float:
+    """``calls`` blocking ``kind`` collectives inside one pass of a block, ``gap_s`` of its compute
+    before each on average (``parsim.cluster.collectives.in_pass_time``: a profile that measured
+    how the in-situ cost grows with the compute before the call prices them at that gap; the
+    others at ``calls`` x the collective's time)."""
+    if not inp.cluster.profile.collective_gaps:
+        return calls * cached_collective_time(inp.cluster, kind, nbytes, group)
+    return in_pass_time(inp.cluster.profile, kind, nbytes, list(group), calls, gap_s)
+
+
 def regather_windows_s(inp: LayerInputs, gemms: tuple) -> tuple[float, ...]:
     """Seconds of each site's input-gradient GEMMs (:data:`parsim.costs.compute.SEQUENCE_GATHERED_GEMMS`): what
     Megatron's backward re-gather of that site's input runs beside."""
@@ -316,7 +334,7 @@ def regather_windows_s(inp: LayerInputs, gemms: tuple) -> tuple[float, ...]:
 
 
 def tp_layer_comm(inp: LayerInputs, act_bytes: float, gemm_s: float, backward: bool = False,
-                  regather_windows: tuple[float, ...] = (0.0, 0.0)) -> tuple[float, float]:
+                  regather_windows: tuple[float, ...] = (0.0, 0.0), pass_s: float = 0.0) -> tuple[float, float]:
     """(exposed TP communication, compute slowed by the hidden part) of one block in one pass
     (Megatron f/g operators).
 
@@ -337,6 +355,9 @@ def tp_layer_comm(inp: LayerInputs, act_bytes: float, gemm_s: float, backward: b
     parallelism Transformer Engine's userbuffers (forward: ring-exchange all-gathers and
     pipelined reduce-scatters; backward: ring-exchange and bulk overlaps, half each), else
     NCCL's CTAs.
+
+    ``pass_s``: the pass's compute, which the calls' in-situ price may depend on
+    (:func:`in_pass_calls_time`; the blocking calls only, the mean gap before each).
     """
     sh = inp.shard
     if sh.tp <= 1:
@@ -344,9 +365,11 @@ def tp_layer_comm(inp: LayerInputs, act_bytes: float, gemm_s: float, backward: b
     gather = tp_collective_time(inp, "all_gather", act_bytes) if sh.sequence_parallel else 0.0
     regathers = (gather,) * len(regather_windows) if backward else ()
     if sh.sequence_parallel:
-        comm = 2 * (gather + tp_collective_time(inp, "reduce_scatter", act_bytes))
+        gap = pass_s / 4
+        comm = (in_pass_calls_time(inp, "all_gather", act_bytes, sh.tp_group, 2, gap)
+                + in_pass_calls_time(inp, "reduce_scatter", act_bytes, sh.tp_group, 2, gap))
     else:
-        comm = 2 * tp_collective_time(inp, "all_reduce", act_bytes)
+        comm = in_pass_calls_time(inp, "all_reduce", act_bytes, sh.tp_group, 2, pass_s / 2)
     dev = inp.hardware.device
     if not inp.options.overlap.tp_comm:
         slow = 0.0

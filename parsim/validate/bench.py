@@ -194,6 +194,17 @@ COMM_GAP_S = 1.5e-3
 between two blocking collectives inside F/B (the tiny GPT at tp=2: ~1 ms forward, ~2 ms backward)."""
 
 
+GAP_SWEEP_S = (0.5 * COMM_GAP_S, COMM_GAP_S, 2 * COMM_GAP_S, 4 * COMM_GAP_S)
+"""Compute before each call in :meth:`Bench.collective_gaps` (the reference gap among them): the
+tiny models' blocks compute ~1-7 ms between their tensor- and expert-parallel collectives."""
+GAP_SWEEP_BYTES = 256 * 2 ** 10
+"""Size of the gap sweep's calls: the tiny GPT's activation (2 x 128 tokens x 256 x fp32)."""
+GAP_SWEEP_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+"""The blocking kinds a block calls inside F/B: tensor parallelism's all-reduce (and with sequence
+parallelism all-gather and reduce-scatter), the expert all-to-all and its count all-gather. The
+context-parallel ring step is not one: it runs beside its block's attention (``parsim.costs.context``)."""
+
+
 def _comm_calls(nbytes: int) -> int:
     return max(10, min(100, int(4e6 / max(nbytes, 4e4))))
 
@@ -567,23 +578,11 @@ class Bench:
         came to 0.9 ms at 2 x 128 KiB where the ring paid ~2 ms a step. ``bytes``: nccl-tests'
         size convention (the all-reduce buffer, all-gather's output, reduce-scatter's input,
         the all-to-all send buffer; the ring step's K + V)."""
-        from parsim.validate.comm import all_gather_flat, reduce_scatter_flat
         gap = self.compute_gap(COMM_GAP_S)
         for n in range(2, self.world + 1):
             group = dist.new_group(list(range(n)))
             for nbytes in sizes:
-                el = max(n, (nbytes // 4) // n * n)
-                buf = torch.zeros(el, dtype=torch.float32, device=self.dev)
-                out = torch.zeros(el, dtype=torch.float32, device=self.dev)
-                shard = torch.zeros(el // n, dtype=torch.float32, device=self.dev)
-                half = el // 2
-                kv, kv_in = (buf[:half], buf[half:2 * half]), (out[:half], out[half:2 * half])
-                cases = {"all_reduce": lambda: dist.all_reduce(buf, group=group),
-                         "all_gather": lambda: all_gather_flat(out, shard, group),
-                         "reduce_scatter": lambda: reduce_scatter_flat(shard, buf, group),
-                         "all_to_all": lambda: dist.all_to_all_single(out, buf, group=group),
-                         "broadcast": lambda: dist.broadcast(buf, 0, group=group),
-                         "p2p": lambda kv=kv, kv_in=kv_in, n=n, group=group: ring_step(kv, kv_in, n, group)}
+                el, cases = self._collective_calls(n, nbytes, group)
                 for name, fn in cases.items():
                     dist.barrier()
                     if self.rank < n:  # inside F/B (or waited on at STEP): what it adds to the rank
@@ -591,6 +590,45 @@ class Bench:
                                                   calls=max(IN_SITU_CALLS, _comm_calls(nbytes)))
                         if self.rank == 0:
                             self.add("collective", name, t, bytes=float(el * 4), group=n,
+                                     repeat_sigma=robust_sigma([math.log(x / t) for x in ts]))
+
+    def _collective_calls(self, n: int, nbytes: int, group) -> tuple[int, dict]:
+        """(elements, {kind: one call}) of ``nbytes`` on the group of the first ``n`` ranks, each
+        called as the runtime calls it (:meth:`collectives`)."""
+        from parsim.validate.comm import all_gather_flat, reduce_scatter_flat
+        el = max(n, (nbytes // 4) // n * n)
+        buf = torch.zeros(el, dtype=torch.float32, device=self.dev)
+        out = torch.zeros(el, dtype=torch.float32, device=self.dev)
+        shard = torch.zeros(el // n, dtype=torch.float32, device=self.dev)
+        half = el // 2
+        kv, kv_in = (buf[:half], buf[half:2 * half]), (out[:half], out[half:2 * half])
+        return el, {"all_reduce": lambda: dist.all_reduce(buf, group=group),
+                    "all_gather": lambda: all_gather_flat(out, shard, group),
+                    "reduce_scatter": lambda: reduce_scatter_flat(shard, buf, group),
+                    "all_to_all": lambda: dist.all_to_all_single(out, buf, group=group),
+                    "broadcast": lambda: dist.broadcast(buf, 0, group=group),
+                    "p2p": lambda: ring_step(kv, kv_in, n, group)}
+
+    def collective_gaps(self, nbytes: int = GAP_SWEEP_BYTES, gaps_s: tuple[float, ...] = GAP_SWEEP_S) -> None:
+        """The blocking collectives a block calls inside F/B (``GAP_SWEEP_KINDS``) timed in situ
+        after several lengths of compute (``gaps_s``; :meth:`collectives` times every size after
+        ``COMM_GAP_S``): on CPU ranks a call costs more after more compute -- its transport
+        threads wake on cores the compute has held longer, and the ranks arrive further apart.
+        Rows ``collective_gap`` (name = kind, ``gap_s``) at one size, the reference gap among
+        them; ``parsim.calibrate.fit.fit_collective_gaps`` turns them into the profile's slope."""
+        for n in range(2, self.world + 1):
+            group = dist.new_group(list(range(n)))
+            el, cases = self._collective_calls(n, nbytes, group)
+            for gap_s in gaps_s:
+                gap = self.compute_gap(gap_s)  # every rank: it broadcasts the count
+                for name in GAP_SWEEP_KINDS:
+                    dist.barrier()
+                    if self.rank < n:
+                        t, ts = in_situ_call_time(cases[name], gap, self.sync, repeats=COMM_REPEATS,
+                                                  calls=IN_SITU_CALLS)
+                        if self.rank == 0:
+                            self.add("collective_gap", name, t, bytes=float(el * 4), group=n, gap_s=gap_s,
+                                     reference_gap_s=COMM_GAP_S,
                                      repeat_sigma=robust_sigma([math.log(x / t) for x in ts]))
 
     def core_share(self, sizes, trials: int = 9) -> None:
@@ -727,6 +765,8 @@ def main(job_file: str) -> int:
             b.p2p_busy_sender(p2p_sizes)
         b.p2p_post(p2p_sizes)
         b.collectives(sizes)
+        if not quick:
+            b.collective_gaps()
         b.core_share(CORE_SHARE_BYTES[:1] if quick else CORE_SHARE_BYTES)
     (Path(job["out"]) / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "rows": b.rows}))
     dist.barrier()
