@@ -168,10 +168,10 @@ def layer_cost(inp: LayerInputs, moe_layer: bool) -> LayerCost:
         f_attn, i_attn = attention_times(inp)
         i_mem = 2 * f_mem
     act_bytes = tokens * m.d_model * PRECISION_TABLE[prec].wire_bytes
-    tp_fwd, f_slow = tp_layer_comm(inp, act_bytes, f_gemm, pass_s=f_gemm + f_attn + f_mem)
+    tp_fwd, f_slow = tp_layer_comm(inp, act_bytes, f_gemm, pass_s=f_gemm + f_attn + f_mem, memory_s=f_mem)
     tp_bwd, i_slow = tp_layer_comm(inp, act_bytes, i_gemm, backward=True,
                                    regather_windows=regather_windows_s(inp, gemms),
-                                   pass_s=i_gemm + i_attn + i_mem + w_gemm)
+                                   pass_s=i_gemm + i_attn + i_mem + w_gemm, memory_s=i_mem)
     # context parallelism (parsim.costs.context): the K/V ring (or gather / all-to-all) and its
     # attention -- with the kernel model per-block kernels in place of the 1/cp share, without
     # it that share spread over the ring's steps, each later step paying its merge
@@ -334,7 +334,8 @@ def regather_windows_s(inp: LayerInputs, gemms: tuple) -> tuple[float, ...]:
 
 
 def tp_layer_comm(inp: LayerInputs, act_bytes: float, gemm_s: float, backward: bool = False,
-                  regather_windows: tuple[float, ...] = (0.0, 0.0), pass_s: float = 0.0) -> tuple[float, float]:
+                  regather_windows: tuple[float, ...] = (0.0, 0.0), pass_s: float = 0.0,
+                  memory_s: float = 0.0) -> tuple[float, float]:
     """(exposed TP communication, compute slowed by the hidden part) of one block in one pass
     (Megatron f/g operators).
 
@@ -356,8 +357,12 @@ def tp_layer_comm(inp: LayerInputs, act_bytes: float, gemm_s: float, backward: b
     pipelined reduce-scatters; backward: ring-exchange and bulk overlaps, half each), else
     NCCL's CTAs.
 
-    ``pass_s``: the pass's compute, which the calls' in-situ price may depend on
-    (:func:`in_pass_calls_time`; the blocking calls only, the mean gap before each).
+    ``pass_s``: the pass's compute, ``memory_s`` its memory-bound part, which the calls'
+    in-situ price may depend on (:func:`in_pass_calls_time`, the blocking calls only): the two
+    all-reduces each follow half the pass; under sequence parallelism the all-gathers follow
+    the norms and residual adds (half the memory-bound part each) and the reduce-scatters the
+    GEMMs and attention between them (half the rest each; in the backward the re-gathers
+    split those GEMMs too: a quarter each).
     """
     sh = inp.shard
     if sh.tp <= 1:
@@ -365,9 +370,9 @@ def tp_layer_comm(inp: LayerInputs, act_bytes: float, gemm_s: float, backward: b
     gather = tp_collective_time(inp, "all_gather", act_bytes) if sh.sequence_parallel else 0.0
     regathers = (gather,) * len(regather_windows) if backward else ()
     if sh.sequence_parallel:
-        gap = pass_s / 4
-        comm = (in_pass_calls_time(inp, "all_gather", act_bytes, sh.tp_group, 2, gap)
-                + in_pass_calls_time(inp, "reduce_scatter", act_bytes, sh.tp_group, 2, gap))
+        comm = (in_pass_calls_time(inp, "all_gather", act_bytes, sh.tp_group, 2, memory_s / 2)
+                + in_pass_calls_time(inp, "reduce_scatter", act_bytes, sh.tp_group, 2,
+                                     (pass_s - memory_s) / (2 + len(regathers))))
     else:
         comm = in_pass_calls_time(inp, "all_reduce", act_bytes, sh.tp_group, 2, pass_s / 2)
     dev = inp.hardware.device
