@@ -135,3 +135,28 @@ def test_an_expert_layer_pays_its_all_to_alls_at_their_gaps(tmp_path):
     assert a.forward.ep_comm - b.forward.ep_comm == pytest.approx(2 * SLOPE * (clamp(a.forward.compute / 3) - REF))
     back = a.backward_input.compute + a.backward_weight.compute
     assert a.backward_input.ep_comm - b.backward_input.ep_comm == pytest.approx(2 * SLOPE * (clamp(back / 2) - REF))
+
+
+def test_sequence_parallel_gathers_follow_the_norms_and_scatters_the_gemms(tmp_path):
+    """Hand-computed on tp2 + sp: the forward's two all-gathers are priced at half its
+    memory-bound time each, its two reduce-scatters at half the rest; the backward's
+    reduce-scatters at a quarter of the rest (the re-gathers, priced at the reference gap as
+    before, split those GEMMs too)."""
+    from parsim.costs import cost_inputs, layer_inputs
+    from parsim.costs.layer import tp_layer_comm
+    from parsim.scenario import load_scenario
+    cal = {"comm_gap_all_gather_2": [REF * 1e6, LO * 1e6, HI * 1e6, 0.05],
+           "comm_gap_reduce_scatter_2": [REF * 1e6, LO * 1e6, HI * 1e6, 0.2]}
+    prof = _gapped(load_profile("cpu-gloo"), tmp_path, cal)
+    flat = dataclasses.replace(prof, collective_gaps=())
+    over = ["parallel.pp=1", "parallel.tp=2", "parallel.sequence_parallel=true"]
+    act, gemm, mem, total = 262144.0, 2e-3, 1.2e-3, 7e-3
+    clamp = lambda g: min(HI, max(LO, g))  # noqa: E731
+
+    def comm(hw, backward):
+        inp = layer_inputs(cost_inputs(dataclasses.replace(load_scenario("scenarios/tiny-cpu.toml", over), hardware=hw)))
+        return tp_layer_comm(inp, act, gemm, backward=backward, pass_s=total, memory_s=mem)[0]
+    fwd = comm(prof, False) - comm(flat, False)
+    assert fwd == pytest.approx(2 * 0.05 * (clamp(mem / 2) - REF) + 2 * 0.2 * (clamp((total - mem) / 2) - REF))
+    bwd = comm(prof, True) - comm(flat, True)
+    assert bwd == pytest.approx(2 * 0.05 * (clamp(mem / 2) - REF) + 2 * 0.2 * (clamp((total - mem) / 4) - REF))
