@@ -69,6 +69,9 @@ class DPInputs:
     """The stage's forward (F) seconds for one microbatch: what ZeRO-3's prefetched gathers hide under."""
     moe_layers: int = 0
     """Of the stage's blocks, how many are MoE layers (Muon's matrices differ)."""
+    tied_sync_s: float = 0.0
+    """Seconds of the tied embedding's gradient all-reduce between the pipeline's first and last
+    stage (:func:`tied_embedding_sync_s`; 0 on every other stage or without a copy)."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,8 @@ def dp_ops(inp: DPInputs) -> DPOps:
     reduce_s, grad_bytes, rest = _stage_dp(inp.setting, inp.params, inp.expert_params, inp.n_layers,
                                            inp.forward_s if needs_forward else 0.0, inp.moe_layers)
     if reduce_s is None:
+        if inp.tied_sync_s > 0.0:  # no data parallelism: the tied copies' sync is the stage's only reduction
+            return DPOps({Op.REDUCE_GRAD: OpCost(inp.tied_sync_s), **rest.ops}, rest.sent)
         return rest
     t = reduce_s
     par = inp.setting.parallel
@@ -117,7 +122,25 @@ def dp_ops(inp: DPInputs) -> DPOps:
             tail = reduce_s / n
         return DPOps({Op.REDUCE_GRAD: OpCost(reduce_s, bytes=grad_bytes, lead_s=lead, tail_s=tail), **rest.ops},
                      rest.sent)
-    return DPOps({Op.REDUCE_GRAD: OpCost(t, bytes=grad_bytes), **rest.ops}, rest.sent)
+    # the tied copies sync after the data-parallel reduction has finished (finalize_model_grads)
+    return DPOps({Op.REDUCE_GRAD: OpCost(t + inp.tied_sync_s, bytes=grad_bytes), **rest.ops}, rest.sent)
+
+
+def tied_embedding_sync_s(cluster, model, par, precision: str, first: bool, head_copy: bool, tied_split: bool) -> float:
+    """Seconds of the all-reduce that keeps a tied embedding's two copies equal when the
+    pipeline splits them (the first stage's embedding, the last stage's LM head: ``tied_split``):
+    Megatron's ``_allreduce_word_embedding_grads`` (megatron/core/distributed/finalize_model_grads.py,
+    core_v0.8.0; Megatron-LM 2021's ``allreduce_word_embedding_grads`` in train_step) sums the two
+    stages' gradients of the vocab x hidden / tp matrix, in the gradient buffer's dtype, over
+    the embedding group (those two ranks), blocking, after the data-parallel reduction and
+    before the optimizer step; DeepSpeed's pipeline engine reduces its tied modules' gradients
+    the same way. 0 on the other stages, where the copies are not split, and where gradients
+    are reduced per microbatch (FSDP's default; no pipeline framework of that kind splits them)."""
+    if not tied_split or not (first or head_copy) or par.grad_per_microbatch:
+        return 0.0
+    pipe = rank_groups(par).pipeline
+    nbytes = model.vocab_size * model.d_model / par.tp * par.grad_bytes(precision)
+    return cached_collective_time(cluster, "all_reduce", nbytes, Ranks((pipe[0], pipe[-1])))
 
 
 @lru_cache(maxsize=65536)

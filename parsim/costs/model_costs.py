@@ -24,7 +24,7 @@ import parsim.costs.stage as _stage
 from parsim.cluster.precision import PRECISION_TABLE
 from parsim.config.moe import layer_histograms
 from parsim.config.scenario import Scenario
-from parsim.costs.dp import DPInputs, DPOps, DPSetting, dp_ops, dp_sms, fsdp2_copy_bytes
+from parsim.costs.dp import DPInputs, DPOps, DPSetting, dp_ops, dp_sms, fsdp2_copy_bytes, tied_embedding_sync_s
 from parsim.costs.inputs import (
     CostInputs,
     cost_inputs,
@@ -107,7 +107,8 @@ class ModelCosts:
                 shared = [with_added_compute(self.layer_inputs, st, {op: dev.memory_time(b * st.params)
                                                                      for op, b in copies.items()})
                           for st in shared]
-            dp = [self._dp_of(setting, st) for st in shared]
+            tied_split = any(sh.head_copy for sh in layout.shapes)
+            dp = [self._dp_of(setting, st, sh, tied_split) for st, sh in zip(shared, layout.shapes)]
             costs = [shared[i] for i in layout.shape_of]
             self.dp_ops: tuple[DPOps | None, ...] = tuple(dp[i] for i in layout.shape_of)
             """Per stage: data-parallel and optimizer ops (None with measured costs: pipeline only)."""
@@ -133,9 +134,12 @@ class ModelCosts:
         """The cost model of a scenario (``ModelCosts(cost_inputs(sc))``)."""
         return cls(cost_inputs(sc))
 
-    def _dp_of(self, setting: DPSetting, st: StageCost) -> DPOps:
+    def _dp_of(self, setting: DPSetting, st: StageCost, shape=None, tied_split: bool = False) -> DPOps:
+        inp = self.inputs
+        tied = 0.0 if shape is None else tied_embedding_sync_s(
+            inp.cluster, inp.model, setting.parallel, setting.precision, shape.first, shape.head_copy, tied_split)
         return dp_ops(DPInputs(setting, st.params, st.expert_params, st.parts[Op.B].total, st.n_layers,
-                               st.parts[Op.F].total, moe_layers=st.moe_layers))
+                               st.parts[Op.F].total, moe_layers=st.moe_layers, tied_sync_s=tied))
 
     # ---- CostTable protocol (the engine's questions) -------------------------
     def stage_ops(self, stage: int) -> dict[Op, OpCost]:
