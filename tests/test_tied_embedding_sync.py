@@ -48,3 +48,22 @@ def test_gpt3_syncs_its_embedding_shard_between_the_pipeline_ends_only():
     middle = _reduce(sc, 3)
     assert _reduce(sc, 4) == middle
     assert _reduce(sc, 0) > middle and _reduce(sc, par.pp - 1) > middle
+
+
+def test_the_full_engine_runs_the_sync_after_the_stage_s_reduction():
+    """simulation.mode = "full" times the data-parallel part as flows and then the tied sync as
+    a fixed span: with dp = 1 the two engines agree to the nanosecond, the end stages' REDUCE_GRAD
+    spans exactly the sync."""
+    import pandas as pd
+
+    from parsim.simulate import simulate
+    want = collective_time(load_scenario("scenarios/tiny-cpu.toml").hardware, "all_reduce", 1024 * 256 * 4.0, [0, 1])
+    steps = {}
+    for mode in ("fast", "full"):
+        sc = load_scenario("scenarios/tiny-cpu.toml", ["model.tied_embeddings=true", f'simulation.mode="{mode}"'])
+        r = simulate(sc)
+        rows = pd.DataFrame(r.timeline)
+        spans = rows[rows.op == "REDUCE_GRAD"]
+        assert len(spans) == 2 and ((spans.end_s - spans.start_s) - want).abs().max() < 1e-12
+        steps[mode] = r.metrics["step_time_s"]
+    assert steps["full"] == pytest.approx(steps["fast"], abs=1e-9)

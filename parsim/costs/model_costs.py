@@ -94,6 +94,8 @@ class ModelCosts:
         self.shapes = layout.shapes
         """The distinct stage shapes (``parsim.costs.stage.StageShape``: blocks' kinds, position)."""
         mc = inputs.measured
+        self.tied_sync: tuple[float, ...] = (0.0,) * len(layout.shape_of)
+        """Per stage: its tied-embedding gradient sync, seconds (:meth:`tied_sync_s`; 0 with measured costs)."""
         if mc is None:  # equal stages share one StageCost and one DPOps
             shared = [stage_cost(self.layer_inputs, sh) for sh in layout.shapes]
             tr = inputs.training
@@ -108,7 +110,10 @@ class ModelCosts:
                                                                      for op, b in copies.items()})
                           for st in shared]
             tied_split = any(sh.head_copy for sh in layout.shapes)
-            dp = [self._dp_of(setting, st, sh, tied_split) for st, sh in zip(shared, layout.shapes)]
+            tied = [tied_embedding_sync_s(inputs.cluster, inputs.model, par, tr.precision, sh.first, sh.head_copy,
+                                          tied_split) for sh in layout.shapes]
+            self.tied_sync = tuple(tied[i] for i in layout.shape_of)
+            dp = [self._dp_of(setting, st, t) for st, t in zip(shared, tied)]
             costs = [shared[i] for i in layout.shape_of]
             self.dp_ops: tuple[DPOps | None, ...] = tuple(dp[i] for i in layout.shape_of)
             """Per stage: data-parallel and optimizer ops (None with measured costs: pipeline only)."""
@@ -134,12 +139,15 @@ class ModelCosts:
         """The cost model of a scenario (``ModelCosts(cost_inputs(sc))``)."""
         return cls(cost_inputs(sc))
 
-    def _dp_of(self, setting: DPSetting, st: StageCost, shape=None, tied_split: bool = False) -> DPOps:
-        inp = self.inputs
-        tied = 0.0 if shape is None else tied_embedding_sync_s(
-            inp.cluster, inp.model, setting.parallel, setting.precision, shape.first, shape.head_copy, tied_split)
+    def _dp_of(self, setting: DPSetting, st: StageCost, tied_sync_s: float = 0.0) -> DPOps:
         return dp_ops(DPInputs(setting, st.params, st.expert_params, st.parts[Op.B].total, st.n_layers,
-                               st.parts[Op.F].total, moe_layers=st.moe_layers, tied_sync_s=tied))
+                               st.parts[Op.F].total, moe_layers=st.moe_layers, tied_sync_s=tied_sync_s))
+
+    def tied_sync_s(self, stage: int) -> float:
+        """Seconds of ``stage``'s tied-embedding gradient all-reduce with the other end of its
+        pipeline (``parsim.costs.dp.tied_embedding_sync_s``), inside its REDUCE_GRAD: the full
+        engine, which times the data-parallel part as flows, adds it after them."""
+        return self.tied_sync[stage]
 
     # ---- CostTable protocol (the engine's questions) -------------------------
     def stage_ops(self, stage: int) -> dict[Op, OpCost]:

@@ -359,13 +359,19 @@ def _rank(job: _Job, rep: int, rank: int, actions):
         env.process(go())
         return ev if early is None else early
 
+    def tied_of(stage: int) -> float:
+        """The tied embedding's sync after the stage's reduction (``ModelCosts.tied_sync_s``):
+        a fixed span on the dp stream, not flows (a two-rank all-reduce between the pipeline's ends)."""
+        of = getattr(costs, "tied_sync_s", None)
+        return of(stage) if of is not None else 0.0
+
     def reduce_under(stage: int, start: float, duration: float) -> None:
         """overlap.grad_reduce: the stage's bucketed reduction, under the backward just started."""
         g = costs.op_cost(stage, Op.REDUCE_GRAD)
         if g.bytes > 0 and not under.get(stage):
             under[stage] = True
             pending[(stage, "REDUCE_GRAD")] = dp_op("REDUCE_GRAD", stage, Op.REDUCE_GRAD, g.bytes,
-                                                    window=(start, duration))
+                                                    window=(start, duration), fixed_s=tied_of(stage))
 
     for idx, a in enumerate(actions):
         op = a.op
@@ -415,7 +421,8 @@ def _rank(job: _Job, rep: int, rank: int, actions):
             # microbatch's reduction is what is pending (ZeRO-2/3 reduce every microbatch;
             # the dp stream runs in order, so STEP waits for the newest)
             if not under.pop(a.stage, False):
-                pending[(a.stage, "REDUCE_GRAD")] = dp_op("REDUCE_GRAD", a.stage, op, c.bytes, mb=a.microbatch)
+                pending[(a.stage, "REDUCE_GRAD")] = dp_op("REDUCE_GRAD", a.stage, op, c.bytes, mb=a.microbatch,
+                                                          fixed_s=tied_of(a.stage) if a.microbatch is None else 0.0)
             continue
         if op is Op.UNSHARD:
             pending[(a.stage, "UNSHARD")] = dp_op("UNSHARD", a.stage, op, c.bytes, mb=a.microbatch, wait_s=c.wait_s)
