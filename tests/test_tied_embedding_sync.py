@@ -67,3 +67,13 @@ def test_the_full_engine_runs_the_sync_after_the_stage_s_reduction():
         assert len(spans) == 2 and ((spans.end_s - spans.start_s) - want).abs().max() < 1e-12
         steps[mode] = r.metrics["step_time_s"]
     assert steps["full"] == pytest.approx(steps["fast"], abs=1e-9)
+
+
+def test_the_validation_runtime_refuses_a_tied_embedding_in_one_line():
+    """The runtime builds the embedding and the LM head as two matrices: validating a tied model
+    would compare a shared matrix (and its pipeline sync) with a run that has neither."""
+    from parsim.errors import ConfigError
+    from parsim.validate.scale import check_supported
+    with pytest.raises(ConfigError, match="model.tied_embeddings"):
+        check_supported(load_scenario("scenarios/tiny-cpu.toml", ["model.tied_embeddings=true"]))
+    check_supported(load_scenario("scenarios/tiny-cpu.toml"))
