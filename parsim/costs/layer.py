@@ -24,7 +24,7 @@ import parsim.costs.compute as _compute
 import parsim.costs.context as _context
 import parsim.costs.memory_ops as _memory_ops
 import parsim.costs.moe as _moe
-from parsim.cluster.collectives import at_gap, bytes_sent_per_rank, collective_time, in_pass_time
+from parsim.cluster.collectives import at_gap, bytes_sent_per_rank, collective_time
 from parsim.cluster.precision import PRECISION_TABLE
 from parsim.costs.inputs import Cluster, LayerInputs, Ranks
 from parsim.costs.memory import (
@@ -261,12 +261,16 @@ def _moe_parts(inp: LayerInputs, ph, fwd: Parts, bwd_in: Parts, wgt: Parts, flop
     # the forward first exchanges the token counts that size its dispatch (the backward reuses
     # them); blocking, each call's in-situ price may depend on the compute before it (at_gap:
     # the pass's compute over its calls, on a profile that measured that dependence)
-    hw, calls_f = inp.cluster.profile, 2 + (ph.count_exchange_s > 0)
-    gap_f, gap_i = fwd.compute / calls_f, (bwd_in.compute + wgt.compute) / 2
-    a2a_f, a2a_i, counts = ph.all_to_all_s, ph.all_to_all_s, ph.count_exchange_s
-    if not hide and hw.collective_gaps:
-        a2a_f, a2a_i = (at_gap(hw, "all_to_all", ph.group, ph.all_to_all_s, g) for g in (gap_f, gap_i))
-        counts = at_gap(hw, "all_gather", ph.group, counts, gap_f) if counts > 0 else 0.0
+    a2a_f = a2a_i = ph.all_to_all_s
+    counts = ph.count_exchange_s
+    if not hide:
+        hw = inp.cluster.profile
+        gap_f = fwd.compute / (2 + (counts > 0))
+        gap_i = (bwd_in.compute + wgt.compute) / 2
+        a2a_f = at_gap(hw, "all_to_all", ph.group, a2a_f, gap_f)
+        a2a_i = at_gap(hw, "all_to_all", ph.group, a2a_i, gap_i)
+        if counts > 0:
+            counts = at_gap(hw, "all_gather", ph.group, counts, gap_f)
     comm_f, comm_i = 2 * a2a_f + counts, 2 * a2a_i
     if not hide:
         return (fwd + Parts(ep_comm=comm_f), bwd_in + Parts(ep_comm=comm_i), wgt, flops + ph.forward_flops)
@@ -313,12 +317,12 @@ def tp_collective_time(inp: LayerInputs, kind: str, nbytes: float) -> float:
 
 def in_pass_calls_time(inp: LayerInputs, kind: str, nbytes: float, group: Ranks, calls: int, gap_s: float) -> float:
     """``calls`` blocking ``kind`` collectives inside one pass of a block, ``gap_s`` of its compute
-    before each on average (``parsim.cluster.collectives.in_pass_time``: a profile that measured
-    how the in-situ cost grows with the compute before the call prices them at that gap; the
-    others at ``calls`` x the collective's time)."""
-    if not inp.cluster.profile.collective_gaps:
-        return calls * cached_collective_time(inp.cluster, kind, nbytes, group)
-    return in_pass_time(inp.cluster.profile, kind, nbytes, list(group), calls, gap_s)
+    before each on average: ``parsim.cluster.collectives.in_pass_time`` on the memoised collective
+    time (a profile that measured how the in-situ cost grows with the compute before the call
+    prices them at that gap, :func:`~parsim.cluster.collectives.at_gap`; the others at ``calls`` x
+    the collective's time)."""
+    return calls * at_gap(inp.cluster.profile, kind, group, cached_collective_time(inp.cluster, kind, nbytes, group),
+                          gap_s)
 
 
 def regather_windows_s(inp: LayerInputs, gemms: tuple) -> tuple[float, ...]:
