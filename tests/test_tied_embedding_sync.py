@@ -69,11 +69,12 @@ def test_the_full_engine_runs_the_sync_after_the_stage_s_reduction():
     assert steps["full"] == pytest.approx(steps["fast"], abs=1e-9)
 
 
-def test_the_validation_runtime_refuses_a_tied_embedding_in_one_line():
-    """The runtime builds the embedding and the LM head as two matrices: validating a tied model
-    would compare a shared matrix (and its pipeline sync) with a run that has neither."""
+def test_the_validation_runtime_runs_a_tied_embedding_where_its_ends_sum_once_a_step():
+    """The runtime ties the matrix (one parameter in a stage holding both ends, a copy per end
+    summed at REDUCE_GRAD where the pipeline cuts it: tests/test_validate_tied.py); schedules
+    whose ends cannot sum once a step (two model copies, weight versions) are refused in one line."""
     from parsim.errors import ConfigError
     from parsim.validate.scale import check_supported
+    check_supported(load_scenario("scenarios/tiny-cpu.toml", ["model.tied_embeddings=true"]))
     with pytest.raises(ConfigError, match="model.tied_embeddings"):
-        check_supported(load_scenario("scenarios/tiny-cpu.toml", ["model.tied_embeddings=true"]))
-    check_supported(load_scenario("scenarios/tiny-cpu.toml"))
+        check_supported(load_scenario("scenarios/tiny-cpu.toml", ["model.tied_embeddings=true", "schedule.name=Chimera"]))

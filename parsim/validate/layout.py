@@ -13,7 +13,11 @@ Groups (each a sorted list of global ranks):
   peer (each saw other tokens), and for a two-copy schedule (DualPipe, Chimera) also the
   ranks holding the other copy of the same model piece (pipeline rank p-1-r);
 * ``ep``: the expert-parallel group (routed experts sharded over it, all-to-all inside it);
-* ``edp``: the ranks holding the same experts (their gradients' reduction group).
+* ``edp``: the ranks holding the same experts (their gradients' reduction group);
+* ``tied``: with a tied embedding cut by the pipeline (``tied``, pp > 1), the first and the
+  last pipeline rank's data x context parallel ranks: the embedding's copy on one end and the
+  LM head's on the other, reduced together (Megatron's embedding group, which all-reduces the
+  two ends' gradients after the data-parallel reduction: one collective here, the same sum).
 """
 from __future__ import annotations
 
@@ -60,10 +64,10 @@ def _plane(par: ParallelConfig, pps: tuple[int, ...], tp: int, keep) -> list[int
                   if keep(d * par.cp + c))
 
 
-def all_groups(par: ParallelConfig, n_chains: int = 1) -> dict[str, list[list[int]]]:
+def all_groups(par: ParallelConfig, n_chains: int = 1, tied: bool = False) -> dict[str, list[list[int]]]:
     """Every group of every kind, each once, in one deterministic order (every process must
-    create them in the same order)."""
-    out: dict[str, list[list[int]]] = {k: [] for k in ("tp", "cp", "grad", "ep", "edp")}
+    create them in the same order). ``tied``: the model ties its embedding and LM head."""
+    out: dict[str, list[list[int]]] = {k: [] for k in ("tp", "cp", "grad", "ep", "edp", "tied")}
     seen: dict[str, set] = {k: set() for k in out}
 
     def add(kind: str, ranks: list[int]) -> None:
@@ -80,7 +84,15 @@ def all_groups(par: ParallelConfig, n_chains: int = 1) -> dict[str, list[list[in
         if par.ep > 1:
             add("ep", ep_ranks(par, c))
             add("edp", edp_ranks(par, c, n_chains))
+        if tied and par.pp > 1 and c.pp in (0, par.pp - 1):
+            add("tied", tied_ranks(par, c))
     return out
+
+
+def tied_ranks(par: ParallelConfig, c: Coords) -> list[int]:
+    """The reduction group of a tied embedding's copies: both pipeline ends' data x context
+    parallel ranks at this tensor-parallel index (the same vocabulary rows)."""
+    return _plane(par, (0, par.pp - 1), c.tp, lambda j: True)
 
 
 def pair_of(par: ParallelConfig, pp: int, n_chains: int) -> tuple[int, ...]:

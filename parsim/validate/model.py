@@ -333,12 +333,15 @@ def build_stages(spec: ModelSpec, layers_per_stage: tuple[int, ...], seq_len: in
         for p in [*embed.parameters(), *(p for b in blocks for p in b.parameters()), *head.parameters()]:
             if p.dim() >= 2:
                 p.normal_(0.0, 0.02)
+    if spec.tied_embeddings:  # one matrix: the LM head multiplies by the embedding table
+        head.out.weight = embed.tok.weight
+        embed.tok.weight.tied = True
     stages, first, n = [], 0, chain_len
     for s, k in enumerate(layers_per_stage):
         pos = s % n
         if pos == 0:
             first = 0
-            if s:  # the next model copy: the same initial weights, its own tensors
+            if s:  # the next model copy: the same initial weights, its own tensors (a tie kept)
                 embed, blocks, head = copy.deepcopy((embed, blocks, head))
         stages.append(Stage(spec, blocks[first:first + k], pos == 0, pos == n - 1, seq_len, dtype,
                             embed if pos == 0 else None, head if pos == n - 1 else None))

@@ -21,16 +21,25 @@ from collections import deque
 
 import torch
 
-REDUCTION_GROUP = {"dense": "grad", "expert": "edp"}
+REDUCTION_GROUP = {"dense": "grad", "expert": "edp", "tied": "tied"}
 """Parameter kind -> the group its gradients are reduced over (``parsim.validate.layout``): the
-dense ones over the data x context parallel ranks, routed experts over their expert-data-parallel ranks."""
+dense ones over the data x context parallel ranks, routed experts over their expert-data-parallel
+ranks, a tied embedding's copy at either end of the pipeline over both ends' data x context
+parallel ranks (one collective sums the two copies' gradients and the replicas')."""
+
+
+def kind_of(p) -> str:
+    """The reduction kind of one parameter (:data:`REDUCTION_GROUP`)."""
+    if getattr(p, "expert", False):
+        return "expert"
+    return "tied" if getattr(p, "tied", False) else "dense"
 
 
 def params_by_kind(stage) -> dict[str, list]:
     """A stage's trainable parameters by kind (:data:`REDUCTION_GROUP`; kinds without any left
     out), each list in the module's order: the layout of that kind's flat buffer."""
     ps = [p for p in stage.parameters() if p.requires_grad]
-    out = {kind: [p for p in ps if getattr(p, "expert", False) == (kind == "expert")] for kind in REDUCTION_GROUP}
+    out = {kind: [p for p in ps if kind_of(p) == kind] for kind in REDUCTION_GROUP}
     return {k: v for k, v in out.items() if v}
 
 

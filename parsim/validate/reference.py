@@ -33,7 +33,9 @@ def reference_steps(sc: Scenario, n_steps: int = 1, seed: int = 0, optimizer=Non
     stages = [set_token_dropping(st, sc.moe.drop_tokens) for st in
               build_stages(sc.model, sc.layers_per_stage[:_chain_len(sc)], tr.seq_len, tr.flash_attention, seed)]
     t = traits(sc.schedule.name)
-    params = [[p for p in st.parameters() if p.requires_grad] for st in stages]
+    seen: set[int] = set()  # a tied embedding is one parameter of two stages: updated once
+    params = [[p for p in st.parameters() if p.requires_grad and not (id(p) in seen or seen.add(id(p)))]
+              for st in stages]
     make = optimizer or optimizer_factory(tr.optimizer)
     opts = [make(ps) for ps in params]
     # the weight version each stage computes on: ``delay`` updates old (PipeDream: p - s - 1; 2BW: 1)

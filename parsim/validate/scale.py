@@ -85,9 +85,13 @@ def check_supported(sc: Scenario) -> None:
         raise ConfigError(f, "model", "the validation runtime builds multi-head / grouped-query attention, not MLA")
     if sc.costs is not None:
         raise ConfigError(f, "costs", "a [costs] table replaces the cost model; validate needs the model")
-    if m.tied_embeddings:  # the prediction shares the matrix (and syncs its pipeline copies): the runtime would not
-        raise ConfigError(f, "model.tied_embeddings", "the validation runtime keeps the embedding and the LM head as "
-                          "two matrices (no tie, no sync between the pipeline's ends): set model.tied_embeddings = false")
+    sem = traits(sc.schedule.name)
+    if m.tied_embeddings and par.pp > 1 and (sem.n_chains > 1 or sem.weight_versions is not None or sem.message_driven):
+        # the runtime sums the two ends' copies once a step, on the step's weights
+        how = ("two model copies put both ends on each end rank" if sem.n_chains > 1 else
+               "the two ends compute on different weight versions")
+        raise ConfigError(f, "model.tied_embeddings", f"the validation runtime syncs a tied embedding's pipeline "
+                          f"copies once a step; {sc.schedule.name}: {how}: set model.tied_embeddings = false")
     if m.is_moe and m.n_moe_layers and par.tp > 1:
         raise ConfigError(f, "parallel.tp", f"the validation runtime's experts are not tensor-parallel: MoE needs tp=1, got {par.tp}")
     if m.is_moe and m.n_moe_layers and par.cp > 1:

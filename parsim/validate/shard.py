@@ -14,7 +14,11 @@ parity check cuts the reference's gradients the same way.
   the row-parallel biases, the position table) get ``param.partial = "tp"``: their gradient
   is summed over tp before the data-parallel reduction;
 * expert parallelism: each rank keeps its experts (``E / ep`` contiguous), marked
-  ``param.expert = True`` (reduced over the expert-data-parallel group).
+  ``param.expert = True`` (reduced over the expert-data-parallel group);
+* a tied embedding (``model.tied_embeddings``): a stage holding both ends keeps one matrix
+  (a dense parameter); with the ends on different pipeline ranks each keeps its copy,
+  marked ``param.tied = True`` (reduced over both ends' data-parallel ranks at once:
+  ``parsim.validate.layout``'s ``tied`` group).
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ def _keep(module: nn.Module, name: str, dim: int, index: torch.Tensor) -> None:
         return
     kept = nn.Parameter(p.detach().index_select(dim, index).clone())
     kept.shard = (dim, index)
+    kept.tied = getattr(p, "tied", False)
     setattr(module, name, kept)
 
 
@@ -85,6 +90,7 @@ def shard_stage(stage: Stage, par: Par, seq_len: int) -> Stage:
     for blk in stage.blocks:
         _shard_block(blk, par)
     tp = par.tp
+    both = stage.embed is not None and stage.head is not None and stage.head.out.weight is stage.embed.tok.weight
     for end in (stage.embed, stage.head):
         if end is None:
             continue
@@ -94,6 +100,9 @@ def shard_stage(stage: Stage, par: Par, seq_len: int) -> Stage:
             rows = _span(table.weight.shape[0], tp.size, tp.index)
             _keep(table, "weight", 0, rows)
             end.vocab_start = int(rows[0])
+    if both:  # the stage holds both ends of a tied embedding: one matrix, a dense parameter
+        stage.head.out.weight = stage.embed.tok.weight
+        stage.embed.tok.weight.tied = False
     if stage.embed is not None:
         pos = torch.arange(seq_len)
         if par.cp is not None:

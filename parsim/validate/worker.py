@@ -75,11 +75,11 @@ def main(job_file: str) -> int:
     return 0
 
 
-def make_groups(par, rank: int, n_chains: int, backend: str) -> dict:
+def make_groups(par, rank: int, n_chains: int, backend: str, tied: bool = False) -> dict:
     """Create every group of every kind on this process (all ranks, same order); keep its own."""
     mine = {}
-    for kind, groups in all_groups(par, n_chains).items():
-        stream = {"grad": "dp", "edp": "dp"}.get(kind, kind)
+    for kind, groups in all_groups(par, n_chains, tied).items():
+        stream = {"grad": "dp", "edp": "dp", "tied": "dp"}.get(kind, kind)
         for ranks in groups:
             pg = dist.new_group(ranks) if len(ranks) > 1 else None
             if rank in ranks:
@@ -101,7 +101,7 @@ def run_variant(job: dict, overrides: list, rank: int, world: int, device, index
     if job["backend"] == "nccl":
         check_p2p_order(sched)
     lay = Layout(par, rank, device, DTYPES[sc.training.precision], job["backend"])
-    lay.groups = make_groups(par, rank, sched.n_chains, job["backend"])
+    lay.groups = make_groups(par, rank, sched.n_chains, job["backend"], sc.model.tied_embeddings)
     return run({**job, "variant": index}, sc, sched, lay)
 
 
