@@ -42,3 +42,12 @@ def launch_parity(scenario: str, variants, n_ranks: int, out, timeout: float, de
     if steps is not None:
         job["parity_steps"] = steps
     return launch(job, n_ranks, out, deadline)
+
+
+def variant_parity(scenario: str, variants: dict, name: str, out, ranks: list[dict]) -> dict:
+    """Gradient parity of variant ``name`` (a key of ``variants``, the override lists one
+    :func:`launch_parity` ran in that order) against the single-process reference."""
+    from parsim.validate.reference import check_parity
+    from parsim.validate.scale import prepare
+    i = list(variants).index(name)
+    return check_parity(prepare(scenario, variants[name], "gloo"), out, [r["variants"][i] for r in ranks], variant=i)

@@ -12,14 +12,13 @@ import math
 from pathlib import Path
 
 import pytest
-from helpers import launch_parity
+from helpers import launch_parity, variant_parity
 
 torch = pytest.importorskip("torch")
 torch.set_num_threads(1)
 
 from parsim.config.parallel import ParallelConfig  # noqa: E402
 from parsim.validate.layout import all_groups, coords  # noqa: E402
-from parsim.validate.reference import check_parity  # noqa: E402
 from parsim.validate.ring import zigzag_positions  # noqa: E402
 from parsim.validate.scale import prepare  # noqa: E402
 
@@ -69,18 +68,16 @@ def two_ranks(tmp_path_factory):
     return out, ranks
 
 
-@pytest.mark.parametrize("i,name", list(enumerate(TWO)))
-def test_sharded_gradients_equal_the_unsharded_model(two_ranks, i, name):
-    out, ranks = two_ranks
-    res = check_parity(prepare(TINY, TWO[name], "gloo"), out, [r["variants"][i] for r in ranks], variant=i)
-    assert res["max_abs_diff"] < 1e-6
+@pytest.mark.parametrize("name", list(TWO))
+def test_sharded_gradients_equal_the_unsharded_model(two_ranks, name):
+    assert variant_parity(TINY, TWO, name, *two_ranks)["max_abs_diff"] < 1e-6
 
 
 @pytest.mark.slow
 def test_parallel_axes_compose_with_pipelines_on_four_ranks(tmp_path):
     ranks = launch_parity(TINY, FOUR.values(), 4, tmp_path, 90, 200)
-    for i, name in enumerate(FOUR):
-        check_parity(prepare(TINY, FOUR[name], "gloo"), tmp_path, [r["variants"][i] for r in ranks], variant=i)
+    for name in FOUR:
+        variant_parity(TINY, FOUR, name, tmp_path, ranks)
 
 
 def test_zigzag_split_by_hand():

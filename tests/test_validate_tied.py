@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import launch_parity
+from helpers import launch_parity, variant_parity
 
 torch = pytest.importorskip("torch")
 torch.set_num_threads(1)
@@ -51,18 +51,16 @@ def two_ranks(tmp_path_factory):
     return out, launch_parity(TINY, TWO.values(), 2, out, 60, 120, steps=2)
 
 
-@pytest.mark.parametrize("i,name", list(enumerate(TWO)))
-def test_tied_gradients_equal_the_one_matrix_model(two_ranks, i, name):
-    out, ranks = two_ranks
-    res = check_parity(prepare(TINY, TWO[name], "gloo"), out, [r["variants"][i] for r in ranks], variant=i)
-    assert res["max_abs_diff"] < 1e-6
+@pytest.mark.parametrize("name", list(TWO))
+def test_tied_gradients_equal_the_one_matrix_model(two_ranks, name):
+    assert variant_parity(TINY, TWO, name, *two_ranks)["max_abs_diff"] < 1e-6
 
 
 @pytest.mark.slow
 def test_tied_embedding_composes_with_dp_zero_and_tp_on_four_ranks(tmp_path):
     ranks = launch_parity(TINY, FOUR.values(), 4, tmp_path, 90, 200, steps=2)
-    for i, name in enumerate(FOUR):
-        check_parity(prepare(TINY, FOUR[name], "gloo"), tmp_path, [r["variants"][i] for r in ranks], variant=i)
+    for name in FOUR:
+        variant_parity(TINY, FOUR, name, tmp_path, ranks)
 
 
 def test_the_check_tells_summed_copies_from_an_untied_model(two_ranks):
