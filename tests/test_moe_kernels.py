@@ -86,7 +86,7 @@ def test_128_expert_top8_layer_is_slower_per_flop_than_dense():
     # 128 x 2048 x 1536 x 2 bytes = 805 MB against the dense GEMM's 6.3 MB, so the grouped
     # launch is held at the HBM roofline
     floor = e * ((rows * k + k * n) * 2 + rows * n * 2) / dev.effective_memory_bandwidth
-    floor += dev.kernels.gemm_latency_s  # one launch's fixed time
+    floor += dev.kernels.gemm_latency_s + dev.kernels.grouped_gemm_setup_s  # one launch's fixed time and setup
     assert grouped["memory_bound"] and grouped["time_s"] == pytest.approx(floor)
     # by how much: the floor over the dense time (the dense GEMM runs at its tile time, 12
     # waves of 128x256 tiles, compute-bound): about 1.35x the time per FLOP on an H100
@@ -95,10 +95,12 @@ def test_128_expert_top8_layer_is_slower_per_flop_than_dense():
     assert ratio == pytest.approx(floor / dense["time_s"]) and 1.2 < ratio < 1.5, ratio
     assert flops / grouped["time_s"] < 0.8 * flops / dense["time_s"]
     # the same FLOPs as 8 experts of 4096 rows (EP16's share of a 16x larger batch) is the
-    # same 1536 tiles in 12 waves and now compute-bound: within 5% of the dense GEMM
+    # same 1536 tiles in 12 waves and now compute-bound: within 5% of the dense GEMM but for the
+    # grouped launch's setup (grouped_gemm_setup_us, measured: about 12% of this 0.2 ms launch)
     ep16 = K.grouped_gemm_plan(dev, ((4096, n, k),) * 8, "bf16")
     assert not ep16["memory_bound"] and ep16["waves"] == 12 == math.ceil(1536 / 132)
-    assert ep16["time_s"] / dense["time_s"] == pytest.approx(1.0, abs=0.05)
+    setup = dev.kernels.grouped_gemm_setup_s
+    assert setup > 0 and (ep16["time_s"] - setup) / dense["time_s"] == pytest.approx(1.0, abs=0.05)
 
 
 def test_grouped_time_grows_with_rows_and_single_problem_matches_tiles():
@@ -260,11 +262,13 @@ def test_multi_stream_matches_te_grouped_linear_measurements(shape):
     measured_ms, measured_cutlass = TE_2045[shape]
     ms = flops / K.multi_stream_gemm_time(dev, ((m, n, k),) * g, "bf16") / 1e12
     assert ms == pytest.approx(measured_ms, rel=0.10), ms
-    # the one-kernel grouped model is what TE does not run by default: it is further off, and
-    # faster than even the CUTLASS grouped kernel measured beside it
+    # the one-kernel grouped model is what TE does not run by default: it is further off from
+    # the multi-stream measurement, and (with the grouped launch's setup measured on an H200's
+    # torch._grouped_mm, dgx-h100's grouped_gemm_setup_us: no TE figure was used for it) within 3%
+    # of the CUTLASS grouped kernel measured beside it (-1.7% and +0.4%; 16% and 19% faster without it)
     grouped = flops / K.grouped_gemm_time(dev, ((m, n, k),) * g, "bf16") / 1e12
     assert abs(grouped / measured_ms - 1) > abs(ms / measured_ms - 1)
-    assert grouped > measured_cutlass
+    assert grouped == pytest.approx(measured_cutlass, rel=0.03)
 
 
 def test_expert_gemm_implementations_by_hand():
