@@ -32,10 +32,13 @@ TWO = {
     "pp2-1F1B": [TIED],  # the copies on ranks 0 and 1, summed at REDUCE_GRAD
     "pp2-interleaved": [TIED, "schedule.name=Interleaved1F1B", "parallel.vpp=2"],
     "pp2-ZBH1": [TIED, "schedule.name=ZBH1"],  # the head's weight gradient deferred to W
+    "pp2-ZBV": [TIED, "schedule.name=ZBV"],  # V-shaped: both ends on rank 0, one matrix there
+    "pp2-DualPipeV": [TIED, "schedule.name=DualPipeV"],
 }
 FOUR = {
     "pp2-dp2-zero1": ["gpus=4", "parallel.dp=2", "parallel.zero=1", TIED],
     "pp2-tp2-sp": ["gpus=4", "parallel.tp=2", "parallel.sequence_parallel=true", TIED],
+    "pp2-tp2-ZBV": ["gpus=4", "parallel.tp=2", TIED, "schedule.name=ZBV"],  # both ends' shards on rank 0's stages
 }
 
 

@@ -35,10 +35,14 @@ def kind_of(p) -> str:
     return "tied" if getattr(p, "tied", False) else "dense"
 
 
-def params_by_kind(stage) -> dict[str, list]:
+def params_by_kind(stage, claimed: set | None = None) -> dict[str, list]:
     """A stage's trainable parameters by kind (:data:`REDUCTION_GROUP`; kinds without any left
-    out), each list in the module's order: the layout of that kind's flat buffer."""
+    out), each list in the module's order: the layout of that kind's flat buffer. ``claimed``
+    (ids, updated): parameters an earlier stage of the rank holds already are left out."""
     ps = [p for p in stage.parameters() if p.requires_grad]
+    if claimed is not None:
+        ps = [p for p in ps if id(p) not in claimed]
+        claimed.update(id(p) for p in ps)
     out = {kind: [p for p in ps if kind_of(p) == kind] for kind in REDUCTION_GROUP}
     return {k: v for k, v in out.items() if v}
 

@@ -152,11 +152,12 @@ class RankRuntime:
         self.flat: dict[int, list[FlatParams]] = {}
         self.partial: dict[int, list] = {}
         self.versions: dict[int, Versions] = {}
-        for s, st in stages.items():
+        claimed: set[int] = set()  # a parameter two of this rank's stages share (a tied embedding's
+        for s, st in stages.items():  # ends) is reduced and stepped once, with the first of them
             ps = [p for p in st.parameters() if p.requires_grad]
             self.partial[s] = [p for p in ps if getattr(p, "partial", None) == "tp"]
             self.flat[s] = []
-            for kind, mine in params_by_kind(st).items():
+            for kind, mine in params_by_kind(st, claimed).items():
                 g = layout.group(REDUCTION_GROUP[kind])
                 self.flat[s].append(FlatParams(mine, g.pg, g.size, g.index, zero, opt_factory, kind))
             delay = staleness_steps(t, schedule.pp, layout.pp_rank)

@@ -15,8 +15,9 @@ parity check cuts the reference's gradients the same way.
   is summed over tp before the data-parallel reduction;
 * expert parallelism: each rank keeps its experts (``E / ep`` contiguous), marked
   ``param.expert = True`` (reduced over the expert-data-parallel group);
-* a tied embedding (``model.tied_embeddings``): a stage holding both ends keeps one matrix
-  (a dense parameter); with the ends on different pipeline ranks each keeps its copy,
+* a tied embedding (``model.tied_embeddings``): a rank holding both ends (in one stage, or as
+  a V-shaped schedule's first and last) keeps one matrix (a dense parameter, claimed by the first
+  of its stages); with the ends on different pipeline ranks each keeps its copy,
   marked ``param.tied = True`` (reduced over both ends' data-parallel ranks at once:
   ``parsim.validate.layout``'s ``tied`` group).
 """
@@ -30,13 +31,20 @@ from parsim.validate.ring import zigzag_positions
 from parsim.validate.tensor_parallel import Par
 
 
-def _keep(module: nn.Module, name: str, dim: int, index: torch.Tensor) -> None:
+def _keep(module: nn.Module, name: str, dim: int, index: torch.Tensor, memo: dict | None = None) -> None:
+    """Replace ``module.name`` by its slice along ``dim``; a parameter another module shares
+    (``memo``: original id -> kept slice, over a rank's stages) gets the same kept slice."""
     p = getattr(module, name)
     if p is None:
+        return
+    if memo is not None and id(p) in memo:
+        setattr(module, name, memo[id(p)])
         return
     kept = nn.Parameter(p.detach().index_select(dim, index).clone())
     kept.shard = (dim, index)
     kept.tied = getattr(p, "tied", False)
+    if memo is not None:
+        memo[id(p)] = kept
     setattr(module, name, kept)
 
 
@@ -85,12 +93,14 @@ def _shard_block(blk: Block, par: Par) -> None:
             p.expert = True
 
 
-def shard_stage(stage: Stage, par: Par, seq_len: int) -> Stage:
-    """Keep this rank's shard of ``stage`` (in place) and wire its collectives to ``par``."""
+def shard_stage(stage: Stage, par: Par, seq_len: int, memo: dict | None = None) -> Stage:
+    """Keep this rank's shard of ``stage`` (in place) and wire its collectives to ``par``;
+    ``memo`` (shared over a rank's stages) keeps a tied embedding one matrix where both ends
+    are on the rank (:func:`untie_remote_ends` then makes it a dense parameter)."""
+    memo = {} if memo is None else memo
     for blk in stage.blocks:
         _shard_block(blk, par)
     tp = par.tp
-    both = stage.embed is not None and stage.head is not None and stage.head.out.weight is stage.embed.tok.weight
     for end in (stage.embed, stage.head):
         if end is None:
             continue
@@ -98,11 +108,8 @@ def shard_stage(stage: Stage, par: Par, seq_len: int) -> Stage:
         if tp is not None:
             table = end.tok if end is stage.embed else end.out
             rows = _span(table.weight.shape[0], tp.size, tp.index)
-            _keep(table, "weight", 0, rows)
+            _keep(table, "weight", 0, rows, memo)
             end.vocab_start = int(rows[0])
-    if both:  # the stage holds both ends of a tied embedding: one matrix, a dense parameter
-        stage.head.out.weight = stage.embed.tok.weight
-        stage.embed.tok.weight.tied = False
     if stage.embed is not None:
         pos = torch.arange(seq_len)
         if par.cp is not None:
@@ -125,3 +132,14 @@ def shard_descriptor(stage: Stage, params: list) -> list[tuple[str, int | None, 
         dim, idx = getattr(p, "shard", (None, None))
         out.append((names[id(p)], dim, None if idx is None else idx.tolist()))
     return out
+
+
+def untie_remote_ends(stages) -> None:
+    """A tied embedding whose two ends are both among ``stages`` (one rank's: one stage holding
+    both, or the first and last of a V-shaped schedule) is one parameter there: its gradient sums
+    both uses in place, so it is reduced as a dense parameter, not with another rank's copy."""
+    ends = [st.embed.tok.weight for st in stages if st.embed is not None]
+    heads = {id(st.head.out.weight) for st in stages if st.head is not None}
+    for p in ends:
+        if getattr(p, "tied", False) and id(p) in heads:
+            p.tied = False

@@ -38,7 +38,7 @@ from parsim.validate.probe import stage_activation_bytes
 from parsim.validate.ring import zigzag_positions
 from parsim.validate.runtime import Layout, RankRuntime
 from parsim.validate.scale import early_recv, prepare
-from parsim.validate.shard import shard_descriptor, shard_stage
+from parsim.validate.shard import shard_descriptor, shard_stage, untie_remote_ends
 from parsim.validate.tensor_parallel import Par
 from parsim.validate.timing import join_group, start_worker
 
@@ -131,13 +131,14 @@ def build_local(sc, sched, lay: Layout, seed: int) -> dict:
     g = lay.groups
     px = Par(tp=g.get("tp") if par.tp > 1 else None, sp=par.sequence_parallel and par.tp > 1,
              cp=g.get("cp") if par.cp > 1 else None, ep=g.get("ep") if par.ep > 1 else None)
-    mine = {}
+    mine, memo = {}, {}
     for s in sched.stages_of(lay.pp_rank):
-        mine[s] = set_token_dropping(shard_stage(full[s], px, tr.seq_len), sc.moe.drop_tokens).to(lay.device)
+        mine[s] = set_token_dropping(shard_stage(full[s], px, tr.seq_len, memo), sc.moe.drop_tokens).to(lay.device)
         if tr.recompute == "full" and not traits(sc.schedule.name).remat:  # GPipeRemat reruns the stage already
             set_recompute(mine[s], tr.recompute_method or "uniform", tr.recompute_num_layers or 1)
         elif tr.recompute == "selective":  # the modules the runtime builds (scale.runtime_training)
             set_recompute_modules(mine[s], tr.recompute_modules_)
+    untie_remote_ends(mine.values())
     return mine
 
 
