@@ -96,7 +96,7 @@ def _shard_block(blk: Block, par: Par) -> None:
 def shard_stage(stage: Stage, par: Par, seq_len: int, memo: dict | None = None) -> Stage:
     """Keep this rank's shard of ``stage`` (in place) and wire its collectives to ``par``;
     ``memo`` (shared over a rank's stages) keeps a tied embedding one matrix where both ends
-    are on the rank (:func:`untie_remote_ends` then makes it a dense parameter)."""
+    are on the rank (:func:`dense_local_ties` then makes it a dense parameter)."""
     memo = {} if memo is None else memo
     for blk in stage.blocks:
         _shard_block(blk, par)
@@ -134,7 +134,7 @@ def shard_descriptor(stage: Stage, params: list) -> list[tuple[str, int | None, 
     return out
 
 
-def untie_remote_ends(stages) -> None:
+def dense_local_ties(stages) -> None:
     """A tied embedding whose two ends are both among ``stages`` (one rank's: one stage holding
     both, or the first and last of a V-shaped schedule) is one parameter there: its gradient sums
     both uses in place, so it is reduced as a dense parameter, not with another rank's copy."""

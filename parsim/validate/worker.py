@@ -38,7 +38,7 @@ from parsim.validate.probe import stage_activation_bytes
 from parsim.validate.ring import zigzag_positions
 from parsim.validate.runtime import Layout, RankRuntime
 from parsim.validate.scale import early_recv, prepare
-from parsim.validate.shard import shard_descriptor, shard_stage, untie_remote_ends
+from parsim.validate.shard import dense_local_ties, shard_descriptor, shard_stage
 from parsim.validate.tensor_parallel import Par
 from parsim.validate.timing import join_group, start_worker
 
@@ -138,7 +138,7 @@ def build_local(sc, sched, lay: Layout, seed: int) -> dict:
             set_recompute(mine[s], tr.recompute_method or "uniform", tr.recompute_num_layers or 1)
         elif tr.recompute == "selective":  # the modules the runtime builds (scale.runtime_training)
             set_recompute_modules(mine[s], tr.recompute_modules_)
-    untie_remote_ends(mine.values())
+    dense_local_ties(mine.values())
     return mine
 
 
