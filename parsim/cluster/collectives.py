@@ -275,8 +275,8 @@ def collective_time(hw: HardwareProfile, kind: str, nbytes: float, ranks: list[i
     return select_algorithm(hw, kind, nbytes, ranks, concurrent)[1]
 
 
-def in_pass_time(hw: HardwareProfile, kind: str, nbytes: float, ranks: list[int], calls: int,
-                 gap_s: float) -> float:
+def in_pass_time(hw: HardwareProfile, kind: str, nbytes: float, ranks: list[int] | tuple[int, ...], calls: int,
+                 gap_s: float, base_s: float | None = None) -> float:
     """Seconds ``calls`` blocking ``kind`` collectives of ``nbytes`` cost a rank that computes
     ``gap_s`` on average before each of them (a block's F or B with its tensor- or
     expert-parallel collectives: the pass's compute over its calls). Where the profile measured
@@ -285,10 +285,12 @@ def in_pass_time(hw: HardwareProfile, kind: str, nbytes: float, ranks: list[int]
     ranks arrive further apart after more work), ``calls`` x (the fitted time + slope x (gap -
     the reference gap the fit was timed at)), the gap clamped to the measured ones; with a
     linear slope the sum does not depend on how the pass's compute splits between its calls.
-    Otherwise ``calls`` x :func:`collective_time`."""
+    Otherwise ``calls`` x :func:`collective_time` (``base_s``: that time, already known to the
+    caller, e.g. memoised)."""
     if calls <= 0 or len(ranks) <= 1:
         return 0.0
-    return calls * at_gap(hw, kind, ranks, collective_time(hw, kind, nbytes, ranks), gap_s)
+    base = collective_time(hw, kind, nbytes, list(ranks)) if base_s is None else base_s
+    return calls * at_gap(hw, kind, ranks, base, gap_s)
 
 
 def at_gap(hw: HardwareProfile, kind: str, ranks: list[int] | tuple[int, ...], base_s: float, gap_s: float) -> float:
@@ -302,8 +304,10 @@ def at_gap(hw: HardwareProfile, kind: str, ranks: list[int] | tuple[int, ...], b
 
 
 FLOOR_S = 1e-7
-"""Least seconds :func:`in_pass_time` prices one call at (a measured slope extrapolated to a short
-gap could otherwise come out at or below zero)."""
+"""Least seconds one communication call is taken as (0.1 us): what :func:`at_gap` prices a call
+at (a measured slope extrapolated to a short gap could otherwise come out at or below zero), and
+what calibration takes a measured call as (``parsim.validate.bench``: an in-situ difference or an
+exchange wait can come out at or below zero in the noise, and rows' spreads are log ratios)."""
 
 
 def n_buckets(nbytes: float, bucket_bytes: float) -> int:

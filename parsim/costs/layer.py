@@ -24,7 +24,12 @@ import parsim.costs.compute as _compute
 import parsim.costs.context as _context
 import parsim.costs.memory_ops as _memory_ops
 import parsim.costs.moe as _moe
-from parsim.cluster.collectives import at_gap, bytes_sent_per_rank, collective_time
+from parsim.cluster.collectives import (
+    at_gap,
+    bytes_sent_per_rank,
+    collective_time,
+    in_pass_time,
+)
 from parsim.cluster.precision import PRECISION_TABLE
 from parsim.costs.inputs import Cluster, LayerInputs, Ranks
 from parsim.costs.memory import (
@@ -317,12 +322,12 @@ def tp_collective_time(inp: LayerInputs, kind: str, nbytes: float) -> float:
 
 def in_pass_calls_time(inp: LayerInputs, kind: str, nbytes: float, group: Ranks, calls: int, gap_s: float) -> float:
     """``calls`` blocking ``kind`` collectives inside one pass of a block, ``gap_s`` of its compute
-    before each on average: ``parsim.cluster.collectives.in_pass_time`` on the memoised collective
+    before each on average: :func:`~parsim.cluster.collectives.in_pass_time` on the memoised collective
     time (a profile that measured how the in-situ cost grows with the compute before the call
     prices them at that gap, :func:`~parsim.cluster.collectives.at_gap`; the others at ``calls`` x
     the collective's time)."""
-    return calls * at_gap(inp.cluster.profile, kind, group, cached_collective_time(inp.cluster, kind, nbytes, group),
-                          gap_s)
+    return in_pass_time(inp.cluster.profile, kind, nbytes, group, calls, gap_s,
+                        cached_collective_time(inp.cluster, kind, nbytes, group))
 
 
 def regather_windows_s(inp: LayerInputs, gemms: tuple) -> tuple[float, ...]:

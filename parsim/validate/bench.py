@@ -59,6 +59,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from parsim.calibrate.spread import pass_spread, robust_sigma
+from parsim.cluster.collectives import FLOOR_S
 from parsim.validate.compare import PROBE
 from parsim.validate.optim import optimizer_factory
 from parsim.validate.ring import exchange
@@ -93,9 +94,6 @@ def _time(fn, sync, target_s: float = 0.03, repeats: int = 7, calls: int | None 
     return statistics.median(out)
 
 
-FLOOR_S = 1e-7
-"""Least seconds a measured communication time is taken as (0.1 us): an in-situ difference or
-an exchange wait can come out at or below zero in the noise, and rows' spreads are log ratios."""
 
 
 def in_situ_call_time(fn, gap, sync, repeats: int, calls: int) -> tuple[float, list[float]]:

@@ -103,13 +103,13 @@ def check_supported(sc: Scenario) -> None:
         raise ConfigError(f, "parallel.cp_comm", f"the validation runtime runs the K/V ring (p2p), not {par.cp_comm}")
     if getattr(par, "dp_shard", None) is not None:
         raise ConfigError(f, "parallel.dp_shard", "the validation runtime shards ZeRO states over all dp ranks (no HSDP)")
-    if par.zero >= 1 and (par.cp > 1 or traits(sc.schedule.name).n_chains > 1):
+    if par.zero >= 1 and (par.cp > 1 or sem.n_chains > 1):
         raise ConfigError(f, "parallel.zero", "the validation runtime shards ZeRO states over the data-parallel ranks "
                           "only: with context parallelism or two model copies it needs zero=0")
-    if traits(sc.schedule.name).weight_versions is not None and par.zero >= 1:
+    if sem.weight_versions is not None and par.zero >= 1:
         raise ConfigError(f, "parallel.zero", f"weight stashing ({sc.schedule.name}) runs with whole optimizer "
                           f"state on each rank: needs zero=0, got {par.zero}")
-    if traits(sc.schedule.name).message_driven:
+    if sem.message_driven:
         _check_message_driven(sc)
     t = sc.schedule
     if t.stage_replication is not None or t.vertical_sync or not t.weight_stashing:
