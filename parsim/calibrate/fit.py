@@ -20,6 +20,8 @@ weigh alike):
 * the one-element op -> ``kernel_launch_us``;
 * the runtime's block at a negligible size (``eager``) -> ``eager_op_forward_us`` and
   ``eager_op_backward_us`` (pass time over the aten ops dispatched, median over flavours);
+* the runtime's block forward after a blocking call against after a spin, less the same for
+  a GEMM loop (``rewarm``) -> ``comm_rewarm_us`` (:func:`fit_rewarm`);
 * a GEMM loop beside an in-flight all-reduce (``core_share``) -> ``transport_core_share`` (its
   slowdown over the all-reduce's own time, summed over sizes);
 * p2p as pipeline ranks meet it (``p2p``: the exchange after an F/B on one host, else one-way
@@ -307,6 +309,15 @@ def fit_core_share(rows: pd.DataFrame) -> float | None:
     return share if share >= 0.01 else None
 
 
+def fit_rewarm(rows: pd.DataFrame) -> float:
+    """``Device.comm_rewarm_s``: the ``rewarm`` rows' mean over the blocking kinds, at least 0.
+    One number for all kinds: per kind the difference moves by ~0.1 ms between runs on this VM
+    (three of them: all-reduce 0.17, 0.06 and 0.12 ms, reduce-scatter -0.01, 0.23 and 0.06), their
+    mean by a few hundredths (0.12, 0.14 and 0.09 ms); nothing in the mechanism (the idled
+    core's caches) depends on which collective idled it."""
+    return max(0.0, float(rows["seconds"].mean()))
+
+
 def fit_profile(base: HardwareProfile, data: pd.DataFrame, name: str, precision: str = "fp32",
                 backend: str = "gloo") -> Fit:
     """Refit ``base`` to the rows of ``data`` (columns of parsim.validate.bench)."""
@@ -365,6 +376,12 @@ def fit_profile(base: HardwareProfile, data: pd.DataFrame, name: str, precision:
                 src[f"device.eager_op_{pas}_us"] = (
                     f"{tag}: the torch runtime's block {pas} at a negligible size over the aten ops it "
                     f"dispatched, median of {len(mine)} flavours")
+    if "rewarm" in kinds:
+        rw = kinds["rewarm"]
+        dev = dataclasses.replace(dev, comm_rewarm_s=fit_rewarm(rw))
+        src["device.comm_rewarm_us"] = (
+            f"{tag}: the runtime's block forward after a blocking call against after a spin of its length, "
+            f"less the same for the in-situ rows' GEMM loop, mean over {len(rw)} kinds")
     if "core_share" in kinds:
         share = fit_core_share(kinds["core_share"])
         if share is not None:
@@ -436,6 +453,8 @@ def predictions(prof: HardwareProfile, data: pd.DataFrame, precision: str,
             p = float(r["ops"]) * (per_op or dev.kernel_launch_s)
         elif kind == "core_share":
             p = (dev.transport_core_share or 0.0) * float(r["comm_s"])
+        elif kind == "rewarm":
+            p = dev.comm_rewarm_s or 0.0
         elif kind in ("p2p", "p2p_idle"):  # p2p_idle: reported against the fitted link
             p = prof.nvlink.transfer_time(float(r["bytes"]))
         elif kind == "p2p_post":

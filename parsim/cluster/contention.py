@@ -24,6 +24,8 @@ beside them. ``device.transport_core_share`` (what ``parsim calibrate`` measures
 loop's slowdown beside an all-reduce over the all-reduce's own time) is the same fraction of
 the compute's rate, applied to data-parallel collectives the same way
 (:func:`transport_slowdown_s`; the engines slow compute while their rank's dp stream is busy).
+After a *blocking* call the compute is slower for a moment too, re-warming the core the call
+left idle (``device.comm_rewarm_us``, :func:`rewarm_s`).
 """
 from __future__ import annotations
 
@@ -97,3 +99,9 @@ def async_beside(hw: HardwareProfile, comm_s: float, compute_s: float, ranks: It
         return comm_s, 0.0
     exposed = max(0.0, comm_s - compute_s)
     return exposed, slowdown_s(hw.device, group_sms(hw, ranks), comm_s - exposed, compute_s)
+
+
+def rewarm_s(dev: Device, calls: float) -> float:
+    """Compute a rank loses re-warming after ``calls`` blocking collectives inside a pass
+    (``Device.comm_rewarm_s`` each; 0 where the profile does not state it: a GPU)."""
+    return calls * (dev.comm_rewarm_s or 0.0) if calls > 0 else 0.0

@@ -149,6 +149,16 @@ class Device:
     (``parsim.cluster.contention.transport_slowdown_s``). Optional key
     ``device.transport_core_share`` (``parsim calibrate`` times GEMMs beside all-reduces);
     ``None``: no such sharing (a GPU's collectives hold SMs instead: ``parsim.cluster.contention``)."""
+    comm_rewarm_s: float | None = None
+    """Seconds a rank's compute loses after each blocking collective it waits on inside a pass,
+    on a device whose host runs the compute (a CPU rank): while the call's transport threads
+    ran, the rank's core went idle and its caches turned over, and the block ops after the call
+    run slower until they are warm again -- more than the cache-cold GEMM loop calibration
+    prices the calls between (``parsim.validate.bench.Bench.rewarm``: a block forward after a
+    256 KiB call against after an equal spin, less the same for that GEMM loop: 0.09-0.14 ms,
+    mean over the four kinds, in three runs on this 2-core VM). The cost model adds it per blocking call
+    (``parsim.cluster.contention.rewarm_s``). Optional key ``device.comm_rewarm_us``; ``None``:
+    0 (a GPU's host runs ahead of its kernels)."""
     eager_op_forward_s: float | None = None
     """Host seconds per aten op of the torch runtime's eager block forward (the Python module
     call, the dispatcher and autograd recording, views included) on a device where the host
@@ -500,6 +510,7 @@ _SCHEMA: dict[str, dict[str, tuple[str, bool]]] = {
         "unfused_attention_efficiency": ("frac", _OPT), "update_efficiency": ("frac", _OPT),
         "attention_backward_efficiency": ("frac", _OPT), "unfused_attention_backward_efficiency": ("frac", _OPT),
         "optimizer_efficiency": ("frac", _OPT), "transport_core_share": ("frac", _OPT),
+        "comm_rewarm_us": ("nonneg", _OPT),
         "eager_norm_efficiency": ("frac", _OPT), "eager_rotary_efficiency": ("frac", _OPT),
         "eager_op_forward_us": ("pos", _OPT), "eager_op_backward_us": ("pos", _OPT),
         "mxfp8_tflops": ("pos", _OPT), "nvfp4_tflops": ("pos", _OPT), "ds07_decode_gemm_tflops": ("pos", _OPT),
@@ -657,6 +668,7 @@ def parse_profile(data: Mapping[str, Any], file: str = "<profile>") -> HardwareP
         unfused_attention_backward_efficiency=d.get("unfused_attention_backward_efficiency"),
         update_efficiency=d.get("update_efficiency"), optimizer_efficiency=d.get("optimizer_efficiency"),
         transport_core_share=d.get("transport_core_share"),
+        comm_rewarm_s=None if "comm_rewarm_us" not in d else to_si("comm_rewarm_us", d["comm_rewarm_us"]),
         eager_norm_efficiency=d.get("eager_norm_efficiency"), eager_rotary_efficiency=d.get("eager_rotary_efficiency"),
         eager_op_forward_s=None if "eager_op_forward_us" not in d else to_si("eager_op_forward_us", d["eager_op_forward_us"]),
         eager_op_backward_s=None if "eager_op_backward_us" not in d else to_si("eager_op_backward_us", d["eager_op_backward_us"]),
@@ -808,6 +820,8 @@ def profile_to_tables(profile: HardwareProfile) -> dict[str, dict[str, Any]]:
         dev["optimizer_efficiency"] = d.optimizer_efficiency
     if d.transport_core_share is not None:
         dev["transport_core_share"] = d.transport_core_share
+    if d.comm_rewarm_s is not None:
+        dev["comm_rewarm_us"] = d.comm_rewarm_s / US
     for key in ("eager_norm_efficiency", "eager_rotary_efficiency"):
         if getattr(d, key) is not None:
             dev[key] = getattr(d, key)

@@ -40,6 +40,10 @@ timed in situ between stretches of compute, posting included: on one CPU host ab
 2 x 128 KiB (the link's one-way fit said 0.18 ms; post and wait timed right after a short GEMM,
 0.9 ms).
 
+On a CPU rank the compute after each wait of the ring (and after each blocking gather or
+all-to-all) re-warms the core the wait idled (``device.comm_rewarm_us``, charged with the
+attention; 0 on a GPU).
+
 K/V heads per rank follow tensor parallelism (``n_kv_heads / tp``, or one replicated head when
 there are fewer KV heads than TP ranks): GQA shrinks the bytes on the ring.
 """
@@ -51,7 +55,7 @@ from functools import lru_cache
 
 from parsim.cluster.attention_kernels import ATTENTION_PRECISIONS
 from parsim.cluster.collectives import collective_time
-from parsim.cluster.contention import shared_slowdown_s
+from parsim.cluster.contention import rewarm_s, shared_slowdown_s
 from parsim.cluster.precision import PRECISION_TABLE
 from parsim.config.parallel import CP_COMMS
 from parsim.costs.inputs import Cluster, LayerInputs, Ranks
@@ -308,8 +312,12 @@ def _ring(inp: LayerInputs, fallback: tuple[float, float] | None) -> CPAttention
     t = p2p_step_s(inp)
     chunk = kv_chunk_bytes(inp)
     share = ring_share(inp)
-    return CPAttention(sum(fwd), sum(bwd), ring_exposed(fwd, forward_transfers(cp, t), share),
-                       ring_exposed(bwd, backward_transfers(cp, t), share), (cp - 1) * chunk, 2 * (cp - 1) * chunk)
+    tf, tb = forward_transfers(cp, t), backward_transfers(cp, t)
+    # the compute after each step's wait re-warms (a CPU rank, whose wait idles it; 0 on a GPU)
+    dev = inp.hardware.device
+    warm_f, warm_b = rewarm_s(dev, sum(1 for x in tf if x > 0)), rewarm_s(dev, sum(1 for x in tb if x > 0))
+    return CPAttention(sum(fwd) + warm_f, sum(bwd) + warm_b, ring_exposed(fwd, tf, share), ring_exposed(bwd, tb, share),
+                       (cp - 1) * chunk, 2 * (cp - 1) * chunk)
 
 
 def _all_gather(inp: LayerInputs, fallback: tuple[float, float] | None) -> CPAttention:
@@ -329,7 +337,9 @@ def _all_gather(inp: LayerInputs, fallback: tuple[float, float] | None) -> CPAtt
     chunk = kv_chunk_bytes(inp)
     gather = _collective(inp.cluster, "all_gather", cp * chunk, sh.cp_group)
     scatter = _collective(inp.cluster, "reduce_scatter", cp * chunk, sh.cp_group)
-    return CPAttention(fwd, bwd, gather, gather + scatter, (cp - 1) * chunk, 2 * (cp - 1) * chunk)
+    dev = inp.hardware.device  # blocking calls: the compute after each re-warms (a CPU rank)
+    return CPAttention(fwd + rewarm_s(dev, 1), bwd + rewarm_s(dev, 2), gather, gather + scatter,
+                       (cp - 1) * chunk, 2 * (cp - 1) * chunk)
 
 
 def ulysses_heads(inp: LayerInputs) -> tuple[int, int]:
@@ -368,7 +378,8 @@ def _ulysses(inp: LayerInputs, fallback: tuple[float, float] | None) -> CPAttent
     comm = (_collective(inp.cluster, "all_to_all", qkv, sh.cp_group)
             + _collective(inp.cluster, "all_to_all", out, sh.cp_group))
     sent = (cp - 1) / cp * (qkv + out)
-    return CPAttention(fwd, bwd, comm, comm, sent, sent)
+    dev = inp.hardware.device  # blocking calls: the compute after each re-warms (a CPU rank)
+    return CPAttention(fwd + rewarm_s(dev, 2), bwd + rewarm_s(dev, 2), comm, comm, sent, sent)
 
 
 def clear_caches() -> None:

@@ -277,8 +277,11 @@ def _moe_parts(inp: LayerInputs, ph, fwd: Parts, bwd_in: Parts, wgt: Parts, flop
         if counts > 0:
             counts = at_gap(hw, "all_gather", ph.group, counts, gap_f)
     comm_f, comm_i = 2 * a2a_f + counts, 2 * a2a_i
-    if not hide:
-        return (fwd + Parts(ep_comm=comm_f), bwd_in + Parts(ep_comm=comm_i), wgt, flops + ph.forward_flops)
+    if not hide:  # blocking: the compute after each call re-warms (a CPU rank; 0 on a GPU)
+        dev = inp.hardware.device
+        warm_f, warm_i = _contention.rewarm_s(dev, 2 + (counts > 0)), _contention.rewarm_s(dev, 2)
+        return (fwd + Parts(compute=warm_f, ep_comm=comm_f), bwd_in + Parts(compute=warm_i, ep_comm=comm_i), wgt,
+                flops + ph.forward_flops)
     # Megatron-Core's combined 1F1B (overlap_moe_expert_parallel_comm) runs one microbatch's
     # forward beside another's backward, layer by layer: each dispatch/combine hides under the
     # other pass's attention or expert MLP (models/common/model_chunk_schedule_plan.py). In the
@@ -386,7 +389,9 @@ def tp_layer_comm(inp: LayerInputs, act_bytes: float, gemm_s: float, backward: b
         comm = in_pass_calls_time(inp, "all_reduce", act_bytes, sh.tp_group, 2, pass_s / 2)
     dev = inp.hardware.device
     if not inp.options.overlap.tp_comm:
-        slow = 0.0
+        # each blocking call leaves the compute after it to re-warm (a CPU rank's core; 0 on a GPU);
+        # the backward's re-gathers run beside their GEMMs instead (async_beside below)
+        slow = _contention.rewarm_s(dev, 4 if sh.sequence_parallel else 2)
         for t, window in zip(regathers, regather_windows):
             exposed, hidden_cost = _contention.async_beside(inp.hardware, t, window, sh.tp_group)
             comm, slow = comm + exposed, slow + hidden_cost

@@ -13,7 +13,7 @@ from functools import lru_cache
 from operator import add
 
 from parsim.cluster.collectives import bytes_sent_per_rank
-from parsim.cluster.contention import async_beside
+from parsim.cluster.contention import async_beside, rewarm_s
 from parsim.cluster.precision import PRECISION_TABLE
 from parsim.config.moe import for_moe_layer
 from parsim.costs.compute import linear_precision
@@ -341,6 +341,9 @@ def embedding_cost(inp: LayerInputs) -> EndCost:
     # its conjugate in the backward: under sequence parallelism the output gradient all-gathered
     # (every rank's rows need every token's gradient), else Megatron's g: nothing
     tp_b, sent_b = _tp_collective(inp, "all_gather", out_bytes) if sh.sequence_parallel else (0.0, 0.0)
+    # each blocking call leaves the compute after it to re-warm (a CPU rank; 0 on a GPU)
+    warm_f = rewarm_s(dev, 1) if sh.tp > 1 else 0.0
+    warm_b = rewarm_s(dev, 1) if sh.tp > 1 and sh.sequence_parallel else 0.0
     # the weight gradient: the tokens' output gradients scattered into their rows, into a dense
     # table of this rank's vocabulary rows that autograd allocates zeroed (torch's
     # embedding_dense_backward), then added into the gradient buffer (Megatron's DDP hook
@@ -349,7 +352,7 @@ def embedding_cost(inp: LayerInputs) -> EndCost:
     rows = m.vocab_size / sh.tp
     w, g, _ = state_bytes_per_param(inp.options.optimizer, inp.options.precision)
     dense = dev.memory_time(rows * m.d_model * (2 * w + 2 * g))
-    return EndCost(Parts(compute=emb, tp_comm=tp), Parts(tp_comm=tp_b),
+    return EndCost(Parts(compute=emb + warm_f, tp_comm=tp), Parts(compute=warm_b, tp_comm=tp_b),
                    Parts(compute=dev.memory_time(tokens * m.d_model * 4) + dense),
                    0.0, AxisBytes(tp=sent), 0.0, backward_bytes=AxisBytes(tp=sent_b))
 
@@ -391,6 +394,16 @@ def head_tp_comm(inp: LayerInputs, dgrad_s: float = 0.0) -> tuple[float, float, 
     return fwd, bwd, AxisBytes(tp=fwd_sent), AxisBytes(tp=bwd_sent), slow
 
 
+def head_tp_calls(inp: LayerInputs) -> tuple[int, int]:
+    """Blocking tensor-parallel calls of the LM head and loss (:func:`head_tp_comm`) in the forward
+    (the loss's three all-reduces, the input's gather under sequence parallelism) and the
+    backward (the input gradient's all-reduce or reduce-scatter; the re-gather runs beside the
+    input-gradient GEMM)."""
+    if inp.shard.tp <= 1:
+        return 0, 0
+    return 3 + (1 if inp.shard.sequence_parallel else 0), 1
+
+
 @lru_cache(maxsize=4096)
 def head_cost(inp: LayerInputs) -> EndCost:
     """The LM head GEMM, softmax, loss and its gradient."""
@@ -410,8 +423,10 @@ def head_cost(inp: LayerInputs) -> EndCost:
     head_inputs = 2 * tokens * m.d_model * activation_options(inp).bytes_per_element
     dgrad = dev.gemm_time(g.m, g.k, g.n, prec)
     tp_f, tp_b, sent_f, sent_b, slow = head_tp_comm(inp, dgrad)
-    return EndCost(Parts(compute=dev.gemm_time(g.m, g.n, g.k, prec) + loss_f, tp_comm=tp_f),
-                   Parts(compute=dgrad + loss_b + slow, tp_comm=tp_b),
+    # each blocking call leaves the compute after it to re-warm (a CPU rank; 0 on a GPU)
+    calls_f, calls_b = head_tp_calls(inp)
+    return EndCost(Parts(compute=dev.gemm_time(g.m, g.n, g.k, prec) + loss_f + rewarm_s(dev, calls_f), tp_comm=tp_f),
+                   Parts(compute=dgrad + loss_b + slow + rewarm_s(dev, calls_b), tp_comm=tp_b),
                    Parts(compute=dev.gemm_time(g.k, g.n, g.m, prec)), g.flops, sent_f,
                    logits_bytes(m, seq, b, sh.tp) + head_inputs / (sh.tp if sh.sequence_parallel else 1),
                    logits * loss_transient_bytes_per_logit(out_bytes, o.fused_kernels, o.cross_entropy_fusion),

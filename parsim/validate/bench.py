@@ -28,7 +28,11 @@ of a real run shares the machine with the others, so the device being calibrated
 * collectives: all_reduce, all_gather, reduce_scatter, all_to_all (as the runtime calls
   them), broadcast and the context-parallel ring step over message sizes and group sizes;
 * core share: a GEMM loop beside an in-flight all-reduce against both alone (``core_share``:
-  what an overlapped collective takes from the compute of a CPU rank).
+  what an overlapped collective takes from the compute of a CPU rank);
+* re-warm: the runtime's block forward right after each blocking kind against right after a
+  spin of the call's length, less the same difference for a GEMM loop of the block's length
+  (``rewarm``: what a blocking call costs the block ops after it beyond what the in-situ
+  collective rows, timed between GEMM loops, already price; CPU ranks).
 
 Compute cases are timed in interleaved passes (every case once per pass, ``PASSES``
 passes, median per case): this shared VM's speed drifts by +-10% over seconds to
@@ -201,6 +205,18 @@ GAP_SWEEP_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 """The blocking kinds a block calls inside F/B: tensor parallelism's all-reduce (and with sequence
 parallelism all-gather and reduce-scatter), the expert all-to-all and its count all-gather. The
 context-parallel ring step is not one: it runs beside its block's attention (``parsim.costs.context``)."""
+
+
+REWARM_TRIALS = 150
+"""Trials of :meth:`Bench.rewarm` (each: every kind, after a call and after a spin, before a block
+forward and before a GEMM loop, in a shuffled order); at ~0.2 s a trial, half a minute."""
+
+
+def _spin(seconds: float) -> None:
+    """Keep the core busy for ``seconds`` (a wait that does not let it idle)."""
+    t = time.perf_counter()
+    while time.perf_counter() - t < seconds:
+        pass
 
 
 def _comm_calls(nbytes: int) -> int:
@@ -629,6 +645,77 @@ class Bench:
                                      reference_gap_s=COMM_GAP_S,
                                      repeat_sigma=robust_sigma([math.log(x / t) for x in ts]))
 
+    def rewarm(self, trials: int = REWARM_TRIALS, nbytes: int = GAP_SWEEP_BYTES) -> None:
+        """What a blocking collective costs the block ops after it beyond the in-situ price
+        (CPU ranks: ``device.comm_rewarm_us``). The in-situ rows time each call between GEMM
+        loops on operands cycled through more memory than the caches hold, which lose little
+        to a call; a block's forward (norms, GEMMs, softmax, GELU, autograd recording) keeps a
+        working set warm and loses more when the call idles its core while the transport's
+        threads run. Per kind, in a shuffled order every trial: a block forward, then the call
+        or a spin of the call's median length, then the block forward timed; the same with a
+        GEMM loop of the block's length (the calibration's gap compute). Row ``rewarm`` per
+        kind: (block after call - block after spin) - (GEMMs after call - GEMMs after spin),
+        means over the trials. The block: the runtime's own (``parsim.validate.model.Block``,
+        GPT flavour) at the tiny models' width and sequence, as ``COMM_GAP_S`` is theirs."""
+        if self.dev.type != "cpu":
+            return
+        import random
+
+        from parsim.model import ModelSpec
+        from parsim.validate.model import Block
+        torch.manual_seed(0)  # the same block on every rank
+        spec = ModelSpec("rewarm-gpt", 1, 256, 4, 4, 1024, 1024, ffn="gelu", norm="layernorm", bias=True,
+                         position="learned", max_seq_len=128)
+        blk = Block(spec, False, self.dtype).to(self.dev)
+        x = torch.randn(2, 128, spec.d_model, dtype=self.dtype, device=self.dev, requires_grad=True)
+        mask = torch.full((128, 128), float("-inf"), dtype=self.dtype, device=self.dev).triu(1)
+        ops = rotating(((256, 256), (256, 512)), self.dtype, self.dev)  # compute_gap's GEMMs
+
+        def gemm():
+            a, w = ops()
+            return a @ w
+        per = torch.tensor([_time(lambda: blk(x, mask), self.sync, repeats=3), _time(gemm, self.sync, repeats=3)])
+        dist.broadcast(per, 0)  # the same work on every rank
+        n = max(1, round(float(per[0] / per[1])))
+        pieces = {"block": lambda: blk(x, mask), "gemms": lambda: [gemm() for _ in range(n)]}
+        _, cases = self._collective_calls(self.world, nbytes, dist.group.WORLD)
+        length = []
+        for kind in GAP_SWEEP_KINDS:  # each call's median length: what the spin stands in for
+            ts = []
+            for _ in range(11):
+                dist.barrier()
+                t = time.perf_counter()
+                cases[kind]()
+                ts.append(time.perf_counter() - t)
+            length.append(statistics.median(ts))
+        length_t = torch.tensor(length)
+        dist.broadcast(length_t, 0)
+        spin_s = dict(zip(GAP_SWEEP_KINDS, length_t.tolist()))
+        plan = [(k, p, c) for k in GAP_SWEEP_KINDS for p in pieces for c in ("call", "spin")]
+        got: dict[tuple, list[float]] = {key: [] for key in plan}
+        rng = random.Random(0)  # the same order on every rank
+        for _ in range(max(2, trials)):
+            rng.shuffle(plan)
+            for kind, piece, how in plan:
+                dist.barrier()
+                pieces[piece]()  # compute before the call, as inside a pass
+                if how == "call":
+                    cases[kind]()
+                else:
+                    _spin(spin_s[kind])
+                t = time.perf_counter()
+                pieces[piece]()
+                self.sync()
+                got[(kind, piece, how)].append(time.perf_counter() - t)
+        if self.rank == 0:
+            for kind in GAP_SWEEP_KINDS:
+                m = {key[1:]: statistics.fmean(v) for key, v in got.items() if key[0] == kind}
+                extra = (m[("block", "call")] - m[("block", "spin")]) - (m[("gemms", "call")] - m[("gemms", "spin")])
+                self.add("rewarm", kind, extra, bytes=float(nbytes), group=self.world, call_s=spin_s[kind],
+                         block_s=float(per[0]), trials=float(trials),
+                         block_after_call_s=m[("block", "call")], block_after_spin_s=m[("block", "spin")],
+                         gemms_after_call_s=m[("gemms", "call")], gemms_after_spin_s=m[("gemms", "spin")])
+
     def core_share(self, sizes, trials: int = 9) -> None:
         """Compute beside an in-flight data-parallel all-reduce (``Device.transport_core_share``):
         every rank starts an asynchronous all-reduce and runs a GEMM loop about three times the
@@ -765,6 +852,7 @@ def main(job_file: str) -> int:
         b.collectives(sizes)
         if not quick:
             b.collective_gaps()
+        b.rewarm(trials=10 if quick else REWARM_TRIALS)
         b.core_share(CORE_SHARE_BYTES[:1] if quick else CORE_SHARE_BYTES)
     (Path(job["out"]) / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "rows": b.rows}))
     dist.barrier()
