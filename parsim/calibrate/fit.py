@@ -312,8 +312,8 @@ def fit_core_share(rows: pd.DataFrame) -> float | None:
 def fit_rewarm(rows: pd.DataFrame) -> float:
     """``Device.comm_rewarm_s``: the ``rewarm`` rows' mean over the blocking kinds, at least 0.
     One number for all kinds: per kind the difference moves by ~0.1 ms between runs on this VM
-    (three of them: all-reduce 0.17, 0.06 and 0.12 ms, reduce-scatter -0.01, 0.23 and 0.06), their
-    mean by a few hundredths (0.12, 0.14 and 0.09 ms); nothing in the mechanism (the idled
+    (four of them: all-reduce 0.17, 0.06, 0.12 and 0.16 ms, reduce-scatter -0.01, 0.23, 0.06 and
+    0.17), their mean less (0.12, 0.14, 0.09 and 0.22 ms); nothing in the mechanism (the idled
     core's caches) depends on which collective idled it."""
     return max(0.0, float(rows["seconds"].mean()))
 

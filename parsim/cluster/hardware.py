@@ -155,8 +155,8 @@ class Device:
     ran, the rank's core went idle and its caches turned over, and the block ops after the call
     run slower until they are warm again -- more than the cache-cold GEMM loop calibration
     prices the calls between (``parsim.validate.bench.Bench.rewarm``: a block forward after a
-    256 KiB call against after an equal spin, less the same for that GEMM loop: 0.09-0.14 ms,
-    mean over the four kinds, in three runs on this 2-core VM). The cost model adds it per blocking call
+    256 KiB call against after an equal spin, less the same for that GEMM loop: 0.09-0.22 ms,
+    mean over the four kinds, in four runs on this 2-core VM). The cost model adds it per blocking call
     (``parsim.cluster.contention.rewarm_s``). Optional key ``device.comm_rewarm_us``; ``None``:
     0 (a GPU's host runs ahead of its kernels)."""
     eager_op_forward_s: float | None = None
