@@ -268,9 +268,10 @@ def _moe_parts(inp: LayerInputs, ph, fwd: Parts, bwd_in: Parts, wgt: Parts, flop
     # the pass's compute over its calls, on a profile that measured that dependence)
     a2a_f = a2a_i = ph.all_to_all_s
     counts = ph.count_exchange_s
+    calls_f = 2 + (counts > 0)  # the forward's blocking calls: dispatch, combine (and the counts)
     if not hide:
         hw = inp.cluster.profile
-        gap_f = fwd.compute / (2 + (counts > 0))
+        gap_f = fwd.compute / calls_f
         gap_i = (bwd_in.compute + wgt.compute) / 2
         a2a_f = at_gap(hw, "all_to_all", ph.group, a2a_f, gap_f)
         a2a_i = at_gap(hw, "all_to_all", ph.group, a2a_i, gap_i)
@@ -279,7 +280,7 @@ def _moe_parts(inp: LayerInputs, ph, fwd: Parts, bwd_in: Parts, wgt: Parts, flop
     comm_f, comm_i = 2 * a2a_f + counts, 2 * a2a_i
     if not hide:  # blocking: the compute after each call re-warms (a CPU rank; 0 on a GPU)
         dev = inp.hardware.device
-        warm_f, warm_i = _contention.rewarm_s(dev, 2 + (counts > 0)), _contention.rewarm_s(dev, 2)
+        warm_f, warm_i = _contention.rewarm_s(dev, calls_f), _contention.rewarm_s(dev, 2)
         return (fwd + Parts(compute=warm_f, ep_comm=comm_f), bwd_in + Parts(compute=warm_i, ep_comm=comm_i), wgt,
                 flops + ph.forward_flops)
     # Megatron-Core's combined 1F1B (overlap_moe_expert_parallel_comm) runs one microbatch's

@@ -366,6 +366,12 @@ def _tp_collective(inp: LayerInputs, kind: str, nbytes: float) -> tuple[float, f
     return tp_collective_time(inp, kind, nbytes), bytes_sent_per_rank(kind, nbytes, sh.tp)
 
 
+LOSS_ALL_REDUCES = 3
+"""The vocabulary-parallel cross-entropy's fp32 all-reduces over tp in the forward, one number per
+token each: the logits' max, the target logit, the sum of exponentials (Megatron's
+``_VocabParallelCrossEntropy``; the torch runtime's loss makes the same three)."""
+
+
 def head_tp_comm(inp: LayerInputs, dgrad_s: float = 0.0) -> tuple[float, float, AxisBytes, AxisBytes, float]:
     """(forward, backward seconds; forward, backward bytes sent; backward compute slowdown) of
     the LM head's tensor-parallel collectives, none of which Transformer Engine's userbuffers
@@ -390,7 +396,7 @@ def head_tp_comm(inp: LayerInputs, dgrad_s: float = 0.0) -> tuple[float, float, 
     else:
         gather_s, gather_sent = 0.0, 0.0
         bwd, bwd_sent = _tp_collective(inp, "all_reduce", act)
-    fwd, fwd_sent = 3 * loss_s + gather_s, 3 * loss_sent + gather_sent
+    fwd, fwd_sent = LOSS_ALL_REDUCES * loss_s + gather_s, LOSS_ALL_REDUCES * loss_sent + gather_sent
     return fwd, bwd, AxisBytes(tp=fwd_sent), AxisBytes(tp=bwd_sent), slow
 
 
@@ -401,7 +407,7 @@ def head_tp_calls(inp: LayerInputs) -> tuple[int, int]:
     input-gradient GEMM)."""
     if inp.shard.tp <= 1:
         return 0, 0
-    return 3 + (1 if inp.shard.sequence_parallel else 0), 1
+    return LOSS_ALL_REDUCES + (1 if inp.shard.sequence_parallel else 0), 1
 
 
 @lru_cache(maxsize=4096)
