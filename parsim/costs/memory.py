@@ -147,7 +147,9 @@ def block_stash(spec: ModelSpec, seq_len: int, opts: ActivationOptions, layer_in
     the latents and their norms' outputs (q_lora and kv_lora wide: the up-projections' inputs);
     the up-projected, rotated Q, K (heads x (nope + rope)) and V (heads x v) the core consumes;
     the attention output. MLP: the norm's input and output (FC1's input), the activation's
-    input and output (SwiGLU: gate, up and their product, 3f; GeLU 2f), a mask with dropout. An
+    input and output (SwiGLU: gate, up and their product, 3f; GeLU 2f), a mask with dropout.
+    Sandwich norms (``block_norms`` 4) keep each sub-layer's output, their input; one norm shared
+    by both branches (``block_norms`` 1) keeps nothing for the FFN's norm. An
     MoE block's pre-MLP norm is its own module (router and experts read its output); each token
     visits ``top_k`` routed experts (unless ``routed`` is false: the caller counts the dispatched
     rows) and the shared experts. Under FP8 the linear layers' inputs are their 1-byte copies.
@@ -180,12 +182,17 @@ def block_stash(spec: ModelSpec, seq_len: int, opts: ActivationOptions, layer_in
         # softmax output is what the scores x V product keeps
         per_score = e + (1.0 + e if opts.dropout else 0.0)
         out.append(Stashed("scores", per_score * spec.n_heads * seq_len, "tp", ("core_attn",)))
-    out.append(Stashed("mlp_norm_in", e * h, "sp"))
+    if spec.block_norms == 4:  # sandwich norms (Gemma 2/3): each sub-layer's output normed before its add
+        out.append(Stashed("post_attn_norm_in", e * h, "sp"))
+    shared_norm = spec.block_norms == 1  # one norm feeds both branches: the FFN reads qkv_in's tensor
+    if not shared_norm:
+        out.append(Stashed("mlp_norm_in", e * h, "sp"))
     moe = layer_index is not None and spec.is_moe and is_moe_layer(spec, layer_index)
     gated = spec.ffn == "swiglu"
     if not moe:
         f = spec.d_ff
-        out.append(Stashed("mlp_in", lin * h, "sp", ("mlp",)))
+        if not shared_norm:
+            out.append(Stashed("mlp_in", lin * h, "sp", ("mlp",)))
         out.append(Stashed("mlp_act", (2 * f if gated else f) * e + f * lin, "tp", ("mlp",)))
     else:
         out.append(Stashed("moe_in", lin * h, "sp", ("layernorm",)))
@@ -196,6 +203,8 @@ def block_stash(spec: ModelSpec, seq_len: int, opts: ActivationOptions, layer_in
         if spec.n_shared_experts:
             f = spec.d_ff_shared_ * spec.n_shared_experts
             out.append(Stashed("shared_act", (2 * f if gated else f) * e + f * lin, "tp", ("moe", "shared_experts")))
+    if spec.block_norms == 4:
+        out.append(Stashed("post_mlp_norm_in", e * h, "sp"))
     if opts.dropout:
         out.append(Stashed("mlp_mask", 1.0 * h, "sp"))
     if opts.eager_modules:
@@ -204,7 +213,10 @@ def block_stash(spec: ModelSpec, seq_len: int, opts: ActivationOptions, layer_in
         # (under fp32 training the upcast is the input itself and the normalised output the extra)
         if spec.norm == "rmsnorm":
             out.append(Stashed("attn_norm_fp32", 4.0 * h, "sp"))
-            out.append(Stashed("mlp_norm_fp32", 4.0 * h, "sp"))
+            if not shared_norm:
+                out.append(Stashed("mlp_norm_fp32", 4.0 * h, "sp"))
+            if spec.block_norms == 4:
+                out.append(Stashed("post_norms_fp32", 2 * 4.0 * h, "sp"))
         if gated and not moe:  # act(gate) * up keeps act(gate) for the product's gradient
             out.append(Stashed("mlp_silu", e * spec.d_ff, "tp", ("mlp",)))
     return tuple(out)

@@ -122,7 +122,7 @@ def _local(spec: ModelSpec, tp: int, moe: bool) -> tuple[float, float, float, fl
 
 def forward_pieces(spec: ModelSpec, tokens: int, tp: int, sp: bool, act_bytes: float, fused: bool,
                    dropout: bool, moe: bool = False) -> dict[str, MemoryWork]:
-    """One block's forward memory-bound work on one GPU by op: ``norm`` (one of its two norms),
+    """One block's forward memory-bound work on one GPU by op: ``norm`` (one of its norms),
     ``rotary``, ``activation``, ``residual`` (both residual adds, with the fused dropout) and
     ``dropout`` (eager only).
 
@@ -164,9 +164,9 @@ def forward_pieces(spec: ModelSpec, tokens: int, tp: int, sp: bool, act_bytes: f
 def block_forward_work(spec: ModelSpec, tokens: int, tp: int, sp: bool, act_bytes: float,
                        fused: bool, dropout: bool, moe: bool = False) -> MemoryWork:
     """Norms, rotary, activation, residual adds (and dropout) of one block's forward on one GPU:
-    :func:`forward_pieces`, the norm twice."""
+    :func:`forward_pieces`, the norm once per ``block_norms`` (usually twice)."""
     p = forward_pieces(spec, tokens, tp, sp, act_bytes, fused, dropout, moe)
-    return p["norm"].scaled(2) + p["rotary"] + p["activation"] + p["residual"] + p["dropout"]
+    return p["norm"].scaled(spec.block_norms) + p["rotary"] + p["activation"] + p["residual"] + p["dropout"]
 
 
 def non_tn_fp8_gemms(device) -> bool:

@@ -67,14 +67,15 @@ class Module:
 def block_modules(model) -> list[tuple[float, ...]] | None:
     """Elements of each parameter of each leaf module of one decoder block, in forward order, as
     the model's reference (Hugging Face) implementation lays them out; None for blocks it does not
-    lay out here (MoE, multi-head latent attention): those are fetched as one module."""
+    lay out here (MoE, multi-head latent attention, blocks with other than two norms): those are
+    fetched as one module."""
     m = model
-    if m.n_experts > 1 or m.kv_lora_rank > 0:
+    if m.n_experts > 1 or m.kv_lora_rank > 0 or m.block_norms != 2:
         return None
     d, hd = m.d_model, m.head_dim_
     q, kv, f = m.n_heads * hd, m.n_kv_heads * hd, m.d_ff
     qb = m.bias or m.qkv_bias
-    norm = (float(d), float(d)) if m.norm == "layernorm" else (float(d),)
+    norm = (float(d), float(d)) if m.norm == "layernorm" and m.norm_shift else (float(d),)
     mods: list[tuple[float, ...]] = [norm]
     if m.fused_qkv:
         mods.append((float((q + 2 * kv) * d),) + ((float(q + 2 * kv),) if qb else ()))

@@ -15,8 +15,13 @@ DeepSeek-V3):
 - llama4 (Llama 4 text): MoE layers with a shared expert (``interleave_moe_layer_step`` or
   ``moe_layers``), dense layers of ``intermediate_size_mlp``, chunked attention on the RoPE
   layers (``attention_chunk_size``); its q/k L2 norm has no weights.
-- gpt2, gpt_neox, opt, bloom: see parsim.model.hf_classic.
-- A wrapper whose language model sits in ``text_config`` (Llama 4, Qwen3-VL, Qwen3.5): the
+- gemma, gemma2, gemma3_text, olmo2, phi3, granite, cohere, starcoder2, nemotron (dense);
+  olmoe, granitemoe, granitemoeshared, glm4_moe (MoE): Llama's key names, their own blocks,
+  see parsim.model.hf_families.
+- gpt2, gpt_neox, opt, bloom: see parsim.model.hf_classic; dbrx, mpt, falcon (their own key
+  names): see parsim.model.hf_own_keys.
+- A wrapper whose language model sits in ``text_config`` (Llama 4, Qwen3-VL, Qwen3.5, Gemma 3,
+  Mistral 3, LLaVA): the
   text model is imported (``tie_word_embeddings`` read from the wrapper when the text config
   lacks it) and ``not_modelled`` names the rest (vision encoder, projector).
 
@@ -38,13 +43,17 @@ from pathlib import Path
 
 from parsim.errors import ConfigError
 from parsim.files import read_input_text
+from parsim.model import hf_families as fam
 from parsim.model.hf_classic import CLASSIC, classic_fields
 from parsim.model.hf_keys import HFKeys
+from parsim.model.hf_own_keys import ARCHITECTURES as OWN_KEYS_ARCHITECTURES
+from parsim.model.hf_own_keys import LEGACY_TYPES, OWN_KEYS, own_keys_fields
 from parsim.model.spec import MAX_LAYERS, ModelSpec
 
-_DENSE = ("llama", "mistral", "qwen2", "qwen3")
-_MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "deepseek_v32", "gpt_oss", "llama4")
-SUPPORTED = _DENSE + _MOE + CLASSIC
+_DENSE = ("llama", "mistral", "qwen2", "qwen3") + fam.LLAMA_KEYED_DENSE
+_MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "deepseek_v32", "gpt_oss",
+        "llama4") + fam.LLAMA_KEYED_MOE
+SUPPORTED = _DENSE + _MOE + CLASSIC + OWN_KEYS
 _ARCH = {
     "LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3", "MixtralForCausalLM": "mixtral", "Qwen2MoeForCausalLM": "qwen2_moe",
@@ -52,7 +61,7 @@ _ARCH = {
     "DeepseekV3ForCausalLM": "deepseek_v3", "DeepseekV32ForCausalLM": "deepseek_v32",
     "GptOssForCausalLM": "gpt_oss", "Llama4ForCausalLM": "llama4", "Llama4ForConditionalGeneration": "llama4",
     "GPT2LMHeadModel": "gpt2", "GPTNeoXForCausalLM": "gpt_neox", "OPTForCausalLM": "opt",
-    "BloomForCausalLM": "bloom",
+    "BloomForCausalLM": "bloom", **fam.ARCHITECTURES, **OWN_KEYS_ARCHITECTURES,
 }
 # the language model of a wrapper (its text_config's model_type) -> the family with its shapes
 _TEXT_TYPES = {"llama4_text": "llama4", "qwen3_vl_text": "qwen3", "qwen3_vl_moe_text": "qwen3_moe",
@@ -74,7 +83,7 @@ def _model_type(data: dict, file: str, prefix: str = "") -> str | None:
     mt = data.get("model_type")
     if mt is not None and not isinstance(mt, str):
         raise ConfigError(file, f"{prefix}model_type", f"expected a string, got {mt!r}")
-    mt = _TEXT_TYPES.get(mt, mt)
+    mt = _TEXT_TYPES.get(mt, LEGACY_TYPES.get(mt, mt))
     if mt in SUPPORTED:
         return mt
     archs = data.get("architectures") or []
@@ -105,7 +114,7 @@ def _language_model(data: dict, file: str) -> tuple[HFKeys, HFKeys | None]:
 
 def _attention_layout(c: HFKeys, n_layers: int) -> dict:
     """layer_types / sliding_window / attention_chunk (none of them when every layer is full)."""
-    kinds = c.str_list("layer_types")
+    kinds = c.str_list("layer_types") or fam.default_layer_types(c, n_layers)
     if kinds is None and c.model_type == "gpt_oss":  # GptOssConfig's default: sliding on even layers
         kinds = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n_layers)]
     if kinds is None and c.model_type == "llama4":  # Llama4TextConfig: chunked where RoPE is on
@@ -147,6 +156,9 @@ def _moe_layers(c: HFKeys, n_layers: int) -> dict:
 
 def _moe_fields(c: HFKeys, n_layers: int) -> dict:
     mt = c.model_type
+    own = fam.moe_fields(c)
+    if own is not None:
+        return own
     if mt in ("mixtral", "gpt_oss"):
         return dict(n_experts=c.int("num_local_experts"), top_k=c.first_int("num_experts_per_tok", "experts_per_token"),
                     d_ff_expert=c.int("intermediate_size"))
@@ -184,8 +196,9 @@ def _notes(c: HFKeys, fields: dict) -> list[str]:
     """What this family's config holds that the spec leaves out (ModelSpec.not_modelled)."""
     notes = []
     window = c.int("sliding_window", required=False)
+    # Phi-3 and StarCoder2 apply a given sliding_window to every layer (no use_sliding_window flag)
     if (window and "layer_types" not in fields and c.model_type not in ("gpt_oss", "llama4")
-            and c.bool("use_sliding_window", c.model_type in ("mistral", "mixtral"))
+            and c.bool("use_sliding_window", c.model_type in ("mistral", "mixtral", "phi3", "starcoder2"))
             and window < fields["max_seq_len"]):
         notes.append(f"sliding_window={window}: every layer counted as full attention")
     if c.model_type == "deepseek_v32":
@@ -215,6 +228,7 @@ def _decoder_fields(c: HFKeys, tied: bool) -> dict:
         qk_norm=mt in ("qwen3", "qwen3_moe"),
     )
     f.update(layout)
+    f = fam.family_fields(c, f)
     if mt.startswith("deepseek"):
         f.update(head_dim=None, q_lora_rank=c.int("q_lora_rank", 0),
                  kv_lora_rank=c.int("kv_lora_rank"), qk_nope_head_dim=c.int("qk_nope_head_dim"),
@@ -223,6 +237,9 @@ def _decoder_fields(c: HFKeys, tied: bool) -> dict:
                  # the checkpoint's multi-token-prediction modules (DeepSeek-V3: 1), trained
                  # beside the model; ``mtp_layers = 0`` in the scenario's [model] leaves them out
                  mtp_layers=c.int("num_nextn_predict_layers", 0))
+    if mt.startswith("deepseek") or mt == "glm4_moe":
+        if mt == "glm4_moe":  # GLM-4.5 trains DeepSeek-V3-style MTP modules beside the model
+            f["mtp_layers"] = c.int("num_nextn_predict_layers", 0)
         groups = c.int("n_group", 1)
         if groups > 1:  # group-limited routing (DeepSeek-V3: 8 groups, 4 a token; Kimi-K2: 1, none)
             f.update(expert_groups=groups, expert_groups_per_token=c.int("topk_group"))
@@ -263,11 +280,14 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
     c, wrapper = _language_model(data, file)
     tied = None
     if wrapper is not None and not c.has("tie_word_embeddings"):
-        tied = wrapper.bool("tie_word_embeddings", False)
+        tied = wrapper.bool("tie_word_embeddings", fam.TIED_DEFAULT.get(c.model_type, False))
     if c.model_type in CLASSIC:
         fields = classic_fields(c, tied)
+    elif c.model_type in OWN_KEYS:
+        fields = own_keys_fields(c, tied)
     else:
-        fields = _decoder_fields(c, c.bool("tie_word_embeddings", False) if tied is None else tied)
+        family_tied = fam.TIED_DEFAULT.get(c.model_type, False)
+        fields = _decoder_fields(c, c.bool("tie_word_embeddings", family_tied) if tied is None else tied)
     if wrapper is not None:
         fields["not_modelled"] = fields.get("not_modelled", ()) + (WRAPPED_NOTE,)
     fields["name"] = path.parent.name if path.name == "config.json" and path.parent.name else path.stem

@@ -193,6 +193,90 @@ _LIST += [
               fused_qkv=True),  # BloomAttention.query_key_value
 ]
 
+def _alternating(n_layers: int, every: int) -> tuple[str, ...]:
+    """Sliding-window layers with a full-attention one every ``every``-th (Gemma 2: 2, Gemma 3: 6;
+    the first layer slides)."""
+    return tuple("full" if (i + 1) % every == 0 else "sliding" for i in range(n_layers))
+
+
+# Widely benchmarked models, each from its Hub config.json (shipped in tests/data/hf; where each
+# copy comes from: tests/data/hf/SOURCES.md); tests/test_hf_families.py imports every file and
+# checks it gives the preset, and the counts against published or exact weight totals.
+_LIST += [
+    # Llama 2 13B, Llama 3.1 8B / 70B (the Llama 3 shapes with 131072 positions), Llama 3.2 1B / 3B
+    # (tied heads), Llama 4 Maverick's text model (128 routed experts, top-1, + a shared expert on
+    # every other layer; dense FFN of 16384 between; chunked attention off every 4th layer).
+    _llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
+    _llama("llama3.1-8b", 32, 4096, 32, 8, 14336, 128256, 131072),
+    _llama("llama3.1-70b", 80, 8192, 64, 8, 28672, 128256, 131072),
+    dataclasses.replace(_llama("llama3.2-1b", 16, 2048, 32, 8, 8192, 128256, 131072), head_dim=64,
+                        tied_embeddings=True),
+    dataclasses.replace(_llama("llama3.2-3b", 28, 3072, 24, 8, 8192, 128256, 131072), head_dim=128,
+                        tied_embeddings=True),
+    ModelSpec("llama4-maverick", 48, 5120, 40, 8, 16384, 202048, ffn="swiglu", head_dim=128,
+              max_seq_len=1048576, n_experts=128, top_k=1, n_shared_experts=1, d_ff_expert=8192, moe_every=2,
+              first_dense_layers=1, layer_types=tuple("full" if (i + 1) % 4 == 0 else "chunked" for i in range(48)),
+              attention_chunk=8192, not_modelled=(WRAPPED_NOTE,)),
+    # Mistral NeMo 12B (head_dim 128 < 5120 / 32) and Mistral Small 3.1's language model (24B with
+    # its vision encoder).
+    dataclasses.replace(_llama("mistral-nemo-12b", 40, 5120, 32, 8, 14336, 131072, 128000), head_dim=128),
+    dataclasses.replace(_llama("mistral-small-24b", 40, 5120, 32, 8, 32768, 131072, 131072), head_dim=128,
+                        not_modelled=(WRAPPED_NOTE,)),
+    # Qwen2.5 (q/k/v biases) and Qwen3 dense (q/k RMSNorm; Qwen3-32B's head_dim 128 > 5120 / 64).
+    dataclasses.replace(_llama("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, 131072), qkv_bias=True),
+    dataclasses.replace(_llama("qwen2.5-72b", 80, 8192, 64, 8, 29568, 152064, 32768), qkv_bias=True),
+    dataclasses.replace(_llama("qwen3-8b", 36, 4096, 32, 8, 12288, 151936, 40960), head_dim=128, qk_norm=True),
+    dataclasses.replace(_llama("qwen3-32b", 64, 5120, 64, 8, 25600, 151936, 40960), head_dim=128, qk_norm=True),
+    # DeepSeek-V2 (236B / 21B active) and V2-Lite (15.7B): MLA (V2-Lite without the query
+    # down-projection), one dense layer, 160 (64) routed + 2 shared experts, top-6.
+    ModelSpec("deepseek-v2", 60, 5120, 128, 128, 12288, 102400, ffn="swiglu", max_seq_len=163840,
+              n_experts=160, top_k=6, n_shared_experts=2, d_ff_expert=1536, first_dense_layers=1,
+              expert_groups=8, expert_groups_per_token=3, q_lora_rank=1536, kv_lora_rank=512,
+              qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
+    ModelSpec("deepseek-v2-lite", 27, 2048, 16, 16, 10944, 102400, ffn="swiglu", max_seq_len=163840,
+              n_experts=64, top_k=6, n_shared_experts=2, d_ff_expert=1408, first_dense_layers=1,
+              kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
+    # Gemma 2 9B / 27B (GeGLU, four norms a block, 4096-token windows on every other layer, tied)
+    # and Gemma 3 1B (q/k norms, five 512-token window layers to one full one).
+    ModelSpec("gemma2-9b", 42, 3584, 16, 8, 14336, 256000, ffn="swiglu", head_dim=256, tied_embeddings=True,
+              max_seq_len=8192, block_norms=4, layer_types=_alternating(42, 2), sliding_window=4096),
+    ModelSpec("gemma2-27b", 46, 4608, 32, 16, 36864, 256000, ffn="swiglu", head_dim=128, tied_embeddings=True,
+              max_seq_len=8192, block_norms=4, layer_types=_alternating(46, 2), sliding_window=4096),
+    ModelSpec("gemma3-1b", 26, 1152, 4, 1, 6912, 262144, ffn="swiglu", head_dim=256, tied_embeddings=True,
+              max_seq_len=32768, block_norms=4, qk_norm=True, layer_types=_alternating(26, 6), sliding_window=512),
+    # Phi-3-mini (3.8B; its 2047-token sliding window is counted as full attention).
+    dataclasses.replace(_llama("phi3-mini", 32, 3072, 32, 32, 8192, 32064, 4096),
+                        not_modelled=("sliding_window=2047: every layer counted as full attention",)),
+    # OLMo-2 7B (post-norm; q/k RMSNorms over the whole projections) and OLMoE (64 experts, top-8).
+    dataclasses.replace(_llama("olmo2-7b", 32, 4096, 32, 32, 11008, 100352, 4096), qk_norm=True,
+                        qk_norm_width="projection"),
+    ModelSpec("olmoe-1b-7b", 16, 2048, 16, 16, 1024, 50304, ffn="swiglu", n_experts=64, top_k=8, d_ff_expert=1024,
+              qk_norm=True, qk_norm_width="projection"),
+    # Falcon 7B (multi-query, one norm per parallel block), 40B and 180B (8 KV heads, two norms);
+    # GeLU MLP 4x, LayerNorm, no linear biases, rotary, tied head.
+    ModelSpec("falcon-7b", 32, 4544, 71, 1, 18176, 65024, tied_embeddings=True, max_seq_len=2048, norm="layernorm",
+              block_norms=1, parallel_residual=True, fused_qkv=True),
+    ModelSpec("falcon-40b", 60, 8192, 128, 8, 32768, 65024, tied_embeddings=True, max_seq_len=2048,
+              norm="layernorm", parallel_residual=True, fused_qkv=True),
+    ModelSpec("falcon-180b", 80, 14848, 232, 8, 59392, 65024, tied_embeddings=True, max_seq_len=2048,
+              norm="layernorm", parallel_residual=True, fused_qkv=True),
+    # DBRX (132B / 36B active): 16 GLU experts, top-4, LayerNorm with a scale only.
+    ModelSpec("dbrx", 40, 6144, 48, 8, 10752, 100352, ffn="swiglu", max_seq_len=32768, norm="layernorm",
+              norm_shift=False, n_experts=16, top_k=4, d_ff_expert=10752, fused_qkv=True),
+    # GLM-4.5-Air (106B / 12B active): one dense layer, 128 routed + 1 shared expert, top-8, q/k/v
+    # biases (its multi-token-prediction module: ``mtp_layers = 1`` in a scenario's [model] trains it).
+    ModelSpec("glm-4.5-air", 46, 4096, 96, 8, 10944, 151552, ffn="swiglu", head_dim=128, max_seq_len=131072,
+              n_experts=128, top_k=8, n_shared_experts=1, d_ff_expert=1408, first_dense_layers=1, qkv_bias=True),
+    # MPT 7B / 30B: ALiBi, no biases (LayerNorms with a scale only), GeLU 4x, tied head.
+    ModelSpec("mpt-7b", 32, 4096, 32, 32, 16384, 50432, tied_embeddings=True, position="alibi", max_seq_len=2048,
+              norm="layernorm", norm_shift=False, fused_qkv=True),
+    ModelSpec("mpt-30b", 48, 7168, 64, 64, 28672, 50432, tied_embeddings=True, position="alibi", max_seq_len=8192,
+              norm="layernorm", norm_shift=False, fused_qkv=True),
+    # Granite 3.1 3B-A800M: 40 experts of 512, top-8, tied head.
+    ModelSpec("granite3-3b-a800m", 32, 1536, 24, 8, 512, 49155, ffn="swiglu", tied_embeddings=True,
+              max_seq_len=131072, n_experts=40, top_k=8, d_ff_expert=512),
+]
+
 PRESETS: dict[str, ModelSpec] = {m.name: m for m in _LIST}
 
 

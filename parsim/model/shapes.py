@@ -60,7 +60,7 @@ def _attention_other(spec: ModelSpec) -> int:
     if spec.bias:
         n += spec.d_model  # output projection bias
     if spec.qk_norm:
-        n += 2 * spec.head_dim_
+        n += (2 if spec.qk_norm_width == "head" else spec.n_heads + spec.n_kv_heads) * spec.head_dim_
     if spec.attention_sinks:
         n += spec.n_heads  # one sink logit per query head
     return n
@@ -73,7 +73,7 @@ def _mlp_params(spec: ModelSpec, d_ff: int) -> int:
 
 
 def _norm_params(spec: ModelSpec) -> int:
-    return spec.d_model * (2 if spec.norm == "layernorm" else 1)
+    return spec.d_model * (2 if spec.norm == "layernorm" and spec.norm_shift else 1)
 
 
 def _ffn_params(spec: ModelSpec, moe: bool, active: bool) -> int:
@@ -87,18 +87,19 @@ def _ffn_params(spec: ModelSpec, moe: bool, active: bool) -> int:
 
 
 def layer_params(spec: ModelSpec, layer_index: int | None = None) -> int:
-    """Parameters of one block: attention + FFN or MoE (router, all experts) + 2 norms.
+    """Parameters of one block: attention + FFN or MoE (router, all experts) + its norms
+    (``block_norms``, usually 2).
 
     ``layer_index=None`` means layer 0 for a dense model and the first MoE layer for an MoE model.
     """
     moe = _pick_layer(spec, layer_index)
-    return (_attention_matrices(spec) + _attention_other(spec) + 2 * _norm_params(spec)
+    return (_attention_matrices(spec) + _attention_other(spec) + spec.block_norms * _norm_params(spec)
             + _ffn_params(spec, moe, active=False))
 
 
 def _layer_active_params(spec: ModelSpec, layer_index: int) -> int:
     moe = is_moe_layer(spec, layer_index)
-    return (_attention_matrices(spec) + _attention_other(spec) + 2 * _norm_params(spec)
+    return (_attention_matrices(spec) + _attention_other(spec) + spec.block_norms * _norm_params(spec)
             + _ffn_params(spec, moe, active=True))
 
 

@@ -20,6 +20,12 @@ ATTENTION_KINDS = ("full", "sliding", "chunked")
 NORM_KINDS = ("rmsnorm", "layernorm")
 
 
+QK_NORM_WIDTHS = ("head", "projection")
+
+
+BLOCK_NORMS = (1, 2, 4)
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """A decoder-only transformer (dense or mixture-of-experts). Validated on construction."""
@@ -50,7 +56,7 @@ class ModelSpec:
     max_seq_len: int = 4096
     """Longest sequence (only sizes learned position tables; training seq_len is separate)."""
     norm: str = "rmsnorm"
-    """"rmsnorm" (d params) or "layernorm" (2d params: scale and shift)."""
+    """"rmsnorm" (d params) or "layernorm" (2d params: scale and shift; d when norm_shift is false)."""
     bias: bool = False
     """Biases on every linear layer except the LM head (GPT-2/3, Megatron GPT)."""
     n_experts: int = 0
@@ -79,7 +85,8 @@ class ModelSpec:
     qkv_bias: bool = False
     """Biases on q/k/v only (Qwen2 style); bias=True already implies them."""
     qk_norm: bool = False
-    """RMSNorm over head_dim on q and k (Qwen3 style): 2*head_dim params per layer."""
+    """A norm on q and on k before the attention core (Qwen3, Gemma 3, OLMo-2): its weights are
+    ``qk_norm_width``'s; no GEMM."""
     fused_qkv: bool = False
     """The reference (Hugging Face) implementation projects q, k and v with one linear layer
     (BLOOM's and GPT-NeoX's ``query_key_value``, GPT-2's ``c_attn``) rather than three (OPT,
@@ -116,6 +123,19 @@ class ModelSpec:
     parallel_residual: bool = False
     """Attention and MLP read the same block input and add into one residual (GPT-NeoX, GPT-J).
     Weights, GEMM shapes and FLOPs are those of the sequential block; recorded for the cost model."""
+    block_norms: int = 2
+    """Normalization layers per block: 2 (one before attention, one before the FFN); 4 for
+    Gemma 2's and 3's sandwich norms (each sub-layer's output is normed again before its
+    residual add); 1 where one norm feeds attention and FFN side by side (Falcon-7B's parallel
+    block, Cohere's Command R). Weights, memory-bound work and stashed norm inputs follow it."""
+    norm_shift: bool = True
+    """A LayerNorm's additive shift (its bias, d weights): false for LayerNorm with a scale only
+    (Cohere, DBRX, MPT's ``no_bias``). RMSNorm has none either way."""
+    qk_norm_width: str = "head"
+    """Weights of the q/k norms (when ``qk_norm``): "head", one head_dim-wide weight for all query
+    heads and one for all key heads (Qwen3, Gemma 3), 2 * head_dim a block; "projection", over
+    the whole q and k projections (OLMo-2, OLMoE; Cohere's per-head LayerNorms),
+    (n_heads + n_kv_heads) * head_dim a block."""
     mtp_layers: int = 0
     """Multi-token prediction depths trained beside the model (DeepSeek-V3's MTP modules,
     Megatron-Core's ``--mtp-num-layers``, HF ``num_nextn_predict_layers``). Depth k joins the
@@ -186,7 +206,7 @@ class ModelSpec:
 
 # ---------------------------------------------------------------- validation
 _POS_INT = ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size",
-            "max_seq_len", "top_k", "moe_every")
+            "max_seq_len", "top_k", "moe_every", "block_norms")
 
 
 MAX_LAYERS = 100_000
@@ -221,10 +241,11 @@ _NONNEG_INT = ("n_experts", "n_shared_experts", "first_dense_layers", "q_lora_ra
 
 
 _BOOL = ("tied_embeddings", "bias", "qkv_bias", "qk_norm", "attention_sinks", "embedding_norm",
-         "parallel_residual", "fused_qkv")
+         "parallel_residual", "fused_qkv", "norm_shift")
 
 
-_CHOICES = {"ffn": FFN_KINDS, "position": POSITION_KINDS, "norm": NORM_KINDS}
+_CHOICES = {"ffn": FFN_KINDS, "position": POSITION_KINDS, "norm": NORM_KINDS, "qk_norm_width": QK_NORM_WIDTHS,
+            "block_norms": BLOCK_NORMS}
 
 
 FIELD_NAMES = tuple(f.name for f in dataclasses.fields(ModelSpec))
@@ -267,7 +288,7 @@ def _validate(s: ModelSpec) -> None:
             raise bad(key, f"expected true or false, got {getattr(s, key)!r}")
     for key, allowed in _CHOICES.items():
         if getattr(s, key) not in allowed:
-            raise bad(key, f"{getattr(s, key)!r} is not one of {', '.join(allowed)}")
+            raise bad(key, f"{getattr(s, key)!r} is not one of {', '.join(map(str, allowed))}")
     cf = s.capacity_factor
     if not isinstance(cf, Real) or isinstance(cf, bool) or not 0 < cf < math.inf:
         raise bad("capacity_factor", f"expected a positive finite number, got {cf!r}")
