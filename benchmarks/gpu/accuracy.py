@@ -47,7 +47,17 @@ LAYER_MODELS = {  # measure.py's LAYERS, as ModelSpecs of one TP rank's block
     "llama3-8b": dict(d_model=4096, n_heads=32, n_kv_heads=8, d_ff=14336, head_dim=128),
     "llama3-70b-tp8": dict(d_model=8192, n_heads=8, n_kv_heads=1, d_ff=3584, head_dim=128),
 }
+LAYER_MODELS.update({  # measure.py's GPT_LAYERS: Megatron-Core GPT blocks on one TP rank
+    "mcore-gpt-1.7b": dict(d_model=2048, n_heads=16, n_kv_heads=16, d_ff=8192, head_dim=128),
+    "mcore-gpt-7.1b-tp2": dict(d_model=4096, n_heads=16, n_kv_heads=16, d_ff=8192, head_dim=128),
+})
 LLAMA = dict(ffn="swiglu", position="rope", norm="rmsnorm", bias=False, tied_embeddings=False, vocab_size=32768)
+GPT = dict(ffn="gelu", position="rope", norm="layernorm", bias=True, tied_embeddings=False, vocab_size=131072)
+"""The Megatron-Core GPT of the weak-scaling table (the mcore-gpt-* presets); its blocks run dropout."""
+
+
+def _family(name: str) -> dict:
+    return GPT if name.startswith("mcore-gpt") else LLAMA
 STYLE_FUSED = {"eager": False, "compiled": True, "fused": True}
 """The measured block style -> parsim's ``training.fused_kernels``."""
 TIMED_STYLES = ("eager", "compiled")
@@ -188,10 +198,34 @@ def elementwise_rows(d: Path, hw) -> list[dict]:
 # ---------------------------------------------------------------- layers
 def _doc(name: str, seq: int, n_layers: int, hardware: str, fused: bool, kernel: str, recompute: str) -> dict:
     return {"name": f"gpu-{name}", "hardware": hardware, "gpus": 1,
-            "model": dict(LAYER_MODELS[name], **LLAMA, n_layers=n_layers, max_seq_len=seq),
+            "model": dict(LAYER_MODELS[name], **_family(name), n_layers=n_layers, max_seq_len=seq),
             "training": {"global_batch": 1, "microbatch_size": 1, "seq_len": seq, "precision": "bf16",
                          "flash_attention": True, "recompute": recompute, "fused_kernels": fused,
-                         "attention_kernel": kernel}}
+                         "attention_kernel": kernel, "dropout": name.startswith("mcore-gpt")}}
+
+
+def head_rows(d: Path, hardware: str) -> list[dict]:
+    """measure.py's ``head.csv``: the LM head GEMM and Megatron's op-by-op fp32 cross-entropy,
+    forward and whole backward, against ``parsim.costs.stage.head_cost`` (sustained clock)."""
+    from parsim.costs.inputs import cost_inputs, layer_inputs
+    from parsim.costs.stage import head_cost
+    from parsim.scenario import scenario_from_dict
+
+    path = d / "head.csv"
+    if not path.exists():
+        return []
+    rows = []
+    for r in pd.read_csv(path).itertuples():
+        doc = {"name": "gpu-head", "hardware": hardware, "gpus": 1,
+               "model": dict(LAYER_MODELS["mcore-gpt-1.7b"], **dict(GPT, vocab_size=int(r.vocab)), n_layers=1,
+                             d_model=int(r.d_model), max_seq_len=int(r.tokens)),
+               "training": {"global_batch": 1, "microbatch_size": 1, "seq_len": int(r.tokens), "precision": "bf16",
+                            "fused_kernels": True}}
+        c = head_cost(layer_inputs(cost_inputs(scenario_from_dict(doc, "gpu"))))
+        pred = c.forward.total if r.pass_ == "fwd" else c.backward_input.total + c.backward_weight.total
+        rows.append({"case": f"head {r.case} {r.pass_}", "kind": "head", "pass": r.pass_, "predicted_s": pred,
+                     "measured_s": float(r.time_s)})
+    return rows
 
 
 def predicted_layer(name: str, seq: int, hardware: str, fused: bool, kernel: str, recompute: str) -> dict:
@@ -262,7 +296,7 @@ def mape(rows: list[dict]) -> float:
 
 def markdown(rows: list[dict], env: dict, hardware: str, shipped: str | None = None) -> str:
     pct = lambda x: f"{x:+.1%}"
-    kinds = ["gemm", "attention", "elementwise", "layer", "layer_w", "memory"]
+    kinds = ["gemm", "attention", "elementwise", "layer", "layer_w", "head", "memory"]
     smi = env.get("nvidia_smi", "").splitlines()
     lines = [f"# parsim against one {env.get('device', 'GPU')}", "",
              f"Measured by `benchmarks/gpu/measure.py` (torch {env.get('torch')}, CUDA {env.get('cuda')}, "
@@ -333,7 +367,7 @@ def rows_for(d: Path, hardware: str) -> list[dict]:
     hw = load_profile(hardware)
     clocks = read_clocks(d / "clocks.csv")  # read once, joined to each kernel CSV's rows
     rows = (gemm_rows(d, hw, clocks) + attention_rows(d, hw, clocks) + elementwise_rows(d, hw)
-            + layer_rows(d, hardware))
+            + layer_rows(d, hardware) + head_rows(d, hardware))
     _flag_host_bound(rows)
     return rows
 

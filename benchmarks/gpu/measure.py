@@ -20,10 +20,15 @@ limit still leaves its rows):
 * ``elementwise.csv``: memory-bound kernels (copy, RMSNorm and LayerNorm, SwiGLU, GeLU, rotary,
   residual add, cross-entropy over 32k-256k vocabularies, AdamW steps) eager and, where it compiles,
   under ``torch.compile``, with the bytes each must move;
-* ``layers.csv``: one Llama-3-8B block and one Llama-3-70B block as tensor parallelism 8 shards it,
+* ``layers.csv``: first the Megatron-Core GPT blocks of the H100 weak-scaling table (1.7B, and
+  7.1B as tensor parallelism 2 shards it: LayerNorm, biases, GeLU MLP, dropout 0.1, compiled
+  bias-GeLU and bias-dropout-add as Megatron's jit fusions), then one Llama-3-8B block and one
+  Llama-3-70B block as tensor parallelism 8 shards it,
   forward, backward (input gradient alone and whole), recompute none / selective / full, eager
   (Hugging Face-style ops) and with the memory-bound pieces compiled (one kernel each, as fused
   kernels run them), plus the activation bytes each forward leaves allocated;
+* ``head.csv``: the 1.7B GPT's LM head (4096 tokens x 2048 -> 131072) and Megatron-Core's
+  op-by-op fp32 cross-entropy, forward and whole backward;
 * ``sustained.csv``: six workloads each back to back for ``--sustain-s`` seconds (GEMMs of three
   shapes in BF16 and one in FP8, a Llama-3-8B block forward + backward, a device copy), the rate per
   wall-clock second: with clocks.csv, the clock and power each kind of work settles at under the cap;
@@ -483,19 +488,26 @@ class Layer(torch.nn.Module):
     that keep what fused kernels keep), ``compiled`` (``fused``'s norm, rotary, SwiGLU and residual
     pieces through torch.compile: one kernel each way, as fused kernels run them)."""
 
-    def __init__(self, d, h, kv, hd, ff, seq, dtype, style: str, backend, recompute: str):
+    def __init__(self, d, h, kv, hd, ff, seq, dtype, style: str, backend, recompute: str, gpt: bool = False):
         super().__init__()
         self.h, self.kv, self.hd, self.style, self.backend, self.recompute = h, kv, hd, style, backend, recompute
+        self.gpt = gpt  # Megatron's GPT block: LayerNorm, biases, GeLU MLP, dropout 0.1 (module docstring)
         init = lambda *s: torch.nn.Parameter(torch.randn(*s, device=DEV, dtype=dtype) * 0.02)
         self.w_qkv, self.w_o = init((h + 2 * kv) * hd, d), init(d, h * hd)
-        self.w_fc1, self.w_fc2 = init(2 * ff, d), init(d, ff)
+        self.w_fc1, self.w_fc2 = init((1 if gpt else 2) * ff, d), init(d, ff)
         self.n1 = torch.nn.Parameter(torch.ones(d, device=DEV, dtype=dtype))
         self.n2 = torch.nn.Parameter(torch.ones(d, device=DEV, dtype=dtype))
+        if gpt:
+            self.b_qkv, self.b_o, self.b_fc1, self.b_fc2 = (init(n) for n in ((h + 2 * kv) * hd, d, ff, d))
+            self.n1b, self.n2b = init(d), init(d)
         pos = torch.arange(seq, device=DEV, dtype=torch.float32)
         inv = 1.0 / (500000.0 ** (torch.arange(0, hd, 2, device=DEV, dtype=torch.float32) / hd))
         ang = torch.outer(pos, inv)
         emb = torch.cat([ang, ang], dim=-1)
         self.cos, self.sin = emb.cos().to(dtype), emb.sin().to(dtype)
+        if gpt and style == "compiled":  # Megatron's jit-fused bias-GeLU and bias-dropout-add
+            self.c_gelu = torch.compile(lambda u, b: F.gelu(u + b, approximate="tanh"))
+            self.c_bda = torch.compile(lambda x, y, b: x + F.dropout(y + b, p=GPT_DROPOUT, training=True))
         if style == "compiled":
             self.c_norm = torch.compile(lambda x, w: _RMSNormFused.apply(x, w, 1e-5))
             self.c_rope = torch.compile(lambda q, k, c, s: hf_rotary(q, k, c, s))
@@ -528,9 +540,31 @@ class Layer(torch.nn.Module):
     def core(self, q, k, v):
         from torch.nn.attention import sdpa_kernel
         with sdpa_kernel([self.backend]):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv != self.h)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv != self.h,
+                                                  dropout_p=GPT_DROPOUT if self.gpt else 0.0)
+
+    def gpt_block(self, x):
+        """Megatron-Core's GPT layer on one TP rank: LayerNorm, fused QKV with bias, rotary, core
+        attention with dropout, projection whose bias joins the bias-dropout-add, LayerNorm, FC1
+        whose bias joins the bias-GeLU, FC2, bias-dropout-add."""
+        b, s, d = x.shape
+        bias_gelu = self.c_gelu if self.style == "compiled" else (lambda u, c: F.gelu(u + c, approximate="tanh"))
+        bda = self.c_bda if self.style == "compiled" else (
+            lambda r, y, c: r + F.dropout(y + c, p=GPT_DROPOUT, training=True))
+        qkv = F.linear(F.layer_norm(x, (d,), self.n1, self.n1b), self.w_qkv, self.b_qkv)
+        q, k, v = qkv.split([self.h * self.hd, self.kv * self.hd, self.kv * self.hd], dim=-1)
+        q = q.view(b, s, self.h, self.hd).transpose(1, 2)
+        k = k.view(b, s, self.kv, self.hd).transpose(1, 2)
+        v = v.view(b, s, self.kv, self.hd).transpose(1, 2)
+        q, k = self.rope(q, k)
+        o = self.core(q, k, v)
+        x = bda(x, F.linear(o.transpose(1, 2).reshape(b, s, self.h * self.hd), self.w_o), self.b_o)
+        u = F.linear(F.layer_norm(x, (d,), self.n2, self.n2b), self.w_fc1)
+        return bda(x, F.linear(bias_gelu(u, self.b_fc1), self.w_fc2), self.b_fc2)
 
     def block(self, x):
+        if self.gpt:
+            return self.gpt_block(x)
         b, s, _ = x.shape
         qkv = F.linear(self.norm(x, self.n1), self.w_qkv)
         q, k, v = qkv.split([self.h * self.hd, self.kv * self.hd, self.kv * self.hd], dim=-1)
@@ -557,13 +591,22 @@ LAYERS = {  # name: (d, heads, kv heads, head dim, d_ff) on one TP rank
     "llama3-8b": (4096, 32, 8, 128, 14336),
     "llama3-70b-tp8": (8192, 8, 1, 128, 3584),
 }
+GPT_LAYERS = {  # Megatron-Core GPT blocks of the H100 weak-scaling table (tests/data/published.json) on one TP rank
+    "mcore-gpt-1.7b": (2048, 16, 16, 128, 8192),
+    "mcore-gpt-7.1b-tp2": (4096, 16, 16, 128, 8192),
+}
+GPT_DROPOUT = 0.1
+"""Megatron-LM's --hidden-dropout and --attention-dropout defaults."""
+GPT_VOCAB = 131072
+"""The weak-scaling table's vocabulary: the LM head and loss case (``head_case``)."""
 
 
 def layer_case(sink: Sink, name: str, seq: int, style: str, backend_name: str, recompute: str, dtype) -> None:
-    d, h, kv, hd, ff = LAYERS[name]
+    gpt = name in GPT_LAYERS
+    d, h, kv, hd, ff = GPT_LAYERS[name] if gpt else LAYERS[name]
     backend = _sdpa_backends()[backend_name]
     t0 = time.perf_counter()
-    layer = Layer(d, h, kv, hd, ff, seq, dtype, style, backend, recompute)
+    layer = Layer(d, h, kv, hd, ff, seq, dtype, style, backend, recompute, gpt=gpt)
     params = list(layer.parameters())
     x = torch.randn(1, seq, d, device=DEV, dtype=dtype, requires_grad=True)
     dy = torch.randn(1, seq, d, device=DEV, dtype=dtype)
@@ -608,6 +651,52 @@ def layer_case(sink: Sink, name: str, seq: int, style: str, backend_name: str, r
                  d_model=d, heads=h, kv_heads=kv, head_dim=hd, d_ff=ff, **r, setup_s=round(setup_s, 2), **mem)
 
 
+class _VocabCrossEntropyOpByOp(torch.autograd.Function):
+    """The loss as Megatron-Core's unfused vocabulary-parallel cross-entropy runs it on one TP rank
+    (the op sequence, no TP reductions): the logits cast to fp32, the row max, an in-place
+    subtraction and exponent, the row sum, the target's logit, the log-sum minus it, the softmax
+    kept in place for the backward; backward: the target's entry less one, scaled by the loss
+    gradient in place (the cast's backward casts it back)."""
+
+    @staticmethod
+    def forward(ctx, logits, target):
+        z = logits.float()
+        z -= z.max(dim=-1)[0].unsqueeze(-1)
+        picked = z.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+        torch.exp(z, out=z)
+        total = z.sum(dim=-1)
+        loss = torch.log(total) - picked
+        z.div_(total.unsqueeze(-1))
+        ctx.save_for_backward(z, target)
+        return loss
+
+    @staticmethod
+    def backward(ctx, dloss):
+        softmax, target = ctx.saved_tensors
+        rows = torch.arange(softmax.shape[0], device=softmax.device)
+        softmax[rows, target] -= 1.0
+        softmax.mul_(dloss.unsqueeze(-1))
+        return softmax, None
+
+
+def head_case(sink: Sink, name: str, tokens: int, d: int, vocab: int, dtype) -> None:
+    """The LM head GEMM and the op-by-op fp32 cross-entropy of a Megatron-Core GPT on one GPU
+    (``head.csv``): forward (GEMM + loss) and whole backward (loss gradient, the cast back, both GEMMs)."""
+    x = torch.randn(tokens, d, device=DEV, dtype=dtype, requires_grad=True)
+    w = torch.nn.Parameter(torch.randn(vocab, d, device=DEV, dtype=dtype) * 0.02)
+    tgt = torch.randint(0, vocab, (tokens,), device=DEV)
+
+    def fwd():
+        return _VocabCrossEntropyOpByOp.apply(F.linear(x, w), tgt).sum()
+
+    torch.autograd.grad(fwd(), [x, w])  # warm
+    f = timed(fwd, target_s=0.15, min_reps=5, max_reps=30)
+    full = timed(lambda: torch.autograd.grad(fwd(), [x, w]), target_s=0.3, min_reps=5, max_reps=30)
+    b = {k: (v - f[k] if k.endswith("_s") else v) for k, v in full.items()}
+    for pass_, r in (("fwd", f), ("bwd", b)):
+        sink.add(case=name, tokens=tokens, d_model=d, vocab=vocab, pass_=pass_, **r)
+
+
 def _gqa_runs(name: str, dtype) -> bool:
     """Whether SDPA's ``name`` backend runs grouped-query heads forward and backward (the layers need it)."""
     from torch.nn.attention import sdpa_kernel
@@ -633,7 +722,18 @@ def phase_layers(out: Path, clock: Clock, quick: bool, styles: tuple[str, ...]) 
     print("layers: attention backend", backend, flush=True)
     names = ("tiny",) if quick else ("llama3-8b", "llama3-70b-tp8")
     seqs = (64,) if quick else (4096, 8192)
-    plan = []
+    # first, the Megatron-Core GPT blocks of the H100 weak-scaling rows parsim predicts 13-20% fast
+    # (reports/fidelity.md: whether their blocks or the rest of the step is the gap), and their
+    # LM head and loss; then the Llama blocks
+    gpt = ("tiny-gpt",) if quick else tuple(GPT_LAYERS)
+    if quick:
+        GPT_LAYERS["tiny-gpt"] = (128, 4, 4, 32, 512)
+    plan = [(n, 64 if quick else 4096, "compiled" if CUDA else "eager", backend, "none") for n in gpt]
+    try:
+        head_case(Sink(out / "head.csv"), "mcore-gpt-1.7b head", 64 if quick else 4096, 128 if quick else 2048,
+                  512 if quick else GPT_VOCAB, dtype)
+    except Exception as e:  # noqa: BLE001
+        print("head case", type(e).__name__, str(e)[:200], flush=True)
     for style in styles:
         for name in names:
             for seq in seqs:
@@ -650,6 +750,11 @@ def phase_layers(out: Path, clock: Clock, quick: bool, styles: tuple[str, ...]) 
         except Exception as e:  # noqa: BLE001
             print("layer", name, seq, style, be, rc, type(e).__name__, str(e)[:200], flush=True)
             traceback.print_exc()
+            if name in GPT_LAYERS and be == "cudnn" and "flash" in _sdpa_backends():
+                try:  # attention dropout where SDPA's cuDNN backend refuses it: FlashAttention-2 runs it
+                    layer_case(sink, name, seq, style, "flash", rc, dtype)
+                except Exception as e2:  # noqa: BLE001
+                    print("layer", name, "flash", type(e2).__name__, str(e2)[:200], flush=True)
         if CUDA:
             torch.cuda.empty_cache()
 
