@@ -238,7 +238,7 @@ def test_block_norms_move_the_memory_bound_work_and_the_stash():
     assert block_forward_work(four, 4096, 1, False, 2.0, True, False).bytes == pytest.approx(
         block_forward_work(two, 4096, 1, False, 2.0, True, False).bytes + 2 * norm.bytes)
     opts = ActivationOptions()
-    per_token = lambda s: sum(t.bytes for t in block_stash(s, 4096, opts, 0))  # noqa: E731
+    per_token = lambda s: sum(t.bytes for t in block_stash(s, 4096, opts, 0))
     e = opts.bytes_per_element
     assert per_token(four) == pytest.approx(per_token(two) + 2 * e * gemma.d_model)
     one = dataclasses.replace(two, block_norms=1)  # the FFN reads the attention norm's output
