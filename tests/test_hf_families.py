@@ -91,6 +91,16 @@ def test_presets_match_published_totals(preset, published):
     assert rel(total_params(get_preset(preset)), published) < 0.01
 
 
+def test_nemotron4_by_hand_and_report():
+    # per block: q and o (d x d), k and v (d x 8 heads x head_dim), up and down (d x 4d), two
+    # LayerNorms with shift; untied embedding and head; the 340B report's "340B"
+    for name, d, layers, hd in (("nemotron4-15b", 6144, 32, 128), ("nemotron4-340b", 18432, 96, 192)):
+        spec = get_preset(name)
+        block = 2 * d * d + 2 * d * 8 * hd + 2 * d * 4 * d + 2 * 2 * d
+        assert total_params(spec) == layers * block + 2 * 256000 * d + 2 * d
+    assert rel(total_params(get_preset("nemotron4-340b")), 340e9) < 0.01
+
+
 def test_dbrx_active_matches_the_model_card():
     # "36B parameters are active on any input": 4 of 16 experts, attention, embedding and head
     assert rel(active_params(get_preset("dbrx")), 36e9) < 0.015

@@ -272,6 +272,12 @@ _LIST += [
               norm="layernorm", norm_shift=False, fused_qkv=True),
     ModelSpec("mpt-30b", 48, 7168, 64, 64, 28672, 50432, tied_embeddings=True, position="alibi", max_seq_len=8192,
               norm="layernorm", norm_shift=False, fused_qkv=True),
+    # Nemotron-4 15B (Parmar et al. 2024, arXiv:2402.16819, Table 1) and 340B (NVIDIA 2024,
+    # arXiv:2406.11704, Table 1): 32 / 96 layers, hidden 6144 / 18432, 48 / 96 heads, 8 KV heads,
+    # 4096-token sequences, 256,000 vocabulary; squared-ReLU MLP of 4x hidden (two matrices),
+    # LayerNorm (NeMo's layernorm1p: scale and shift), RoPE, no biases, untied embeddings.
+    ModelSpec("nemotron4-15b", 32, 6144, 48, 8, 24576, 256000, ffn="gelu", norm="layernorm", max_seq_len=4096),
+    ModelSpec("nemotron4-340b", 96, 18432, 96, 8, 73728, 256000, ffn="gelu", norm="layernorm", max_seq_len=4096),
     # Granite 3.1 3B-A800M: 40 experts of 512, top-8, tied head.
     ModelSpec("granite3-3b-a800m", 32, 1536, 24, 8, 512, 49155, ffn="swiglu", tied_embeddings=True,
               max_seq_len=131072, n_experts=40, top_k=8, d_ff_expert=512),
