@@ -21,7 +21,7 @@ DeepSeek-V3):
 - gpt2, gpt_neox, opt, bloom: see parsim.model.hf_classic; dbrx, mpt, falcon (their own key
   names): see parsim.model.hf_own_keys.
 - A wrapper whose language model sits in ``text_config`` (Llama 4, Qwen3-VL, Qwen3.5, Gemma 3,
-  Mistral 3, LLaVA): the
+  Mistral 3): the
   text model is imported (``tie_word_embeddings`` read from the wrapper when the text config
   lacks it) and ``not_modelled`` names the rest (vision encoder, projector).
 
