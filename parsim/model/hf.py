@@ -67,6 +67,13 @@ _ARCH = {
 _TEXT_TYPES = {"llama4_text": "llama4", "qwen3_vl_text": "qwen3", "qwen3_vl_moe_text": "qwen3_moe",
                "qwen3_5_text": "qwen3", "qwen3_5_moe_text": "qwen3_moe"}
 _LAYER_KINDS = {"full_attention": "full", "sliding_attention": "sliding", "chunked_attention": "chunked"}
+_STATE_SPACE = ("mamba", "mamba2", "jamba", "zamba", "zamba2", "bamba", "nemotron_h", "falcon_h1", "falcon_mamba",
+                "granitemoehybrid", "qwen3_next", "minimax", "kimi_linear", "rwkv", "rwkv7", "lfm2", "plamo2",
+                "recurrent_gemma", "xlstm")
+"""Families whose mixers are state-space or linear-attention layers (alone or beside attention)."""
+_NOT_DECODERS = ("t5", "mt5", "umt5", "bart", "mbart", "pegasus", "marian", "bert", "roberta", "deberta",
+                 "deberta-v2", "electra", "albert", "distilbert", "whisper", "encoder-decoder")
+"""Encoder-only and encoder-decoder families."""
 WRAPPED_NOTE = ("everything outside text_config (e.g. a vision encoder and projector): "
                 "only the language model is imported")
 """ModelSpec.not_modelled line of a model imported from a wrapper's text_config."""
@@ -86,6 +93,13 @@ def _model_type(data: dict, file: str, prefix: str = "") -> str | None:
     mt = _TEXT_TYPES.get(mt, LEGACY_TYPES.get(mt, mt))
     if mt in SUPPORTED:
         return mt
+    if mt in _STATE_SPACE:
+        raise ConfigError(file, f"{prefix}model_type", f"{mt!r} has state-space or linear-attention mixers "
+                                                       "(Mamba, RWKV, linear attention): parsim models softmax-"
+                                                       "attention decoders only")
+    if mt in _NOT_DECODERS:
+        raise ConfigError(file, f"{prefix}model_type", f"{mt!r} is an encoder or encoder-decoder model: parsim "
+                                                       "models decoder-only stacks")
     archs = data.get("architectures") or []
     if not isinstance(archs, list):
         raise ConfigError(file, f"{prefix}architectures", f"expected a list of class names, got {archs!r}")
