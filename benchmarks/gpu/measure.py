@@ -135,11 +135,15 @@ MODELS = {  # d_model, heads, kv heads, head dim, d_ff, ffn
     "llama3-8b": (4096, 32, 8, 128, 14336, "swiglu"),
     "llama3-70b": (8192, 64, 8, 128, 28672, "swiglu"),
     "gpt3-175b": (12288, 96, 96, 128, 49152, "gelu"),
+    "mcore-gpt-1.7b": (2048, 16, 16, 128, 8192, "gelu"),
+    "mcore-gpt-7.1b": (4096, 32, 32, 128, 16384, "gelu"),
 }
-GEMM_CASES = [("llama3-8b", 1, 4096), ("llama3-8b", 1, 8192), ("llama3-8b", 2, 8192),
+GEMM_CASES = [("mcore-gpt-1.7b", 1, 4096), ("mcore-gpt-7.1b", 2, 4096),  # first: K = 2048 (see GPT_LAYERS)
+              ("llama3-8b", 1, 4096), ("llama3-8b", 1, 8192), ("llama3-8b", 2, 8192),
               ("llama3-70b", 4, 4096), ("llama3-70b", 8, 4096), ("llama3-70b", 8, 8192),
               ("gpt3-175b", 8, 2048)]
-"""(model, tp, tokens per microbatch): the shapes the bundled dense scenarios run."""
+"""(model, tp, tokens per microbatch): the shapes the bundled dense scenarios and the H100 weak-scaling
+rows run; each row's ``t_unix`` joins it with clocks.csv (the chip's clock while it ran)."""
 MOE = {  # d_model, expert d_ff, experts, top-k, local experts (EP)
     "mixtral-8x7b": (4096, 14336, 8, 2, 1),
     "qwen3-30b-a3b": (2048, 768, 128, 8, 16),
