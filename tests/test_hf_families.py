@@ -262,3 +262,16 @@ def test_block_norms_move_the_memory_bound_work_and_the_stash():
     assert per_token(four) == pytest.approx(per_token(two) + 2 * e * gemma.d_model)
     one = dataclasses.replace(two, block_norms=1)  # the FFN reads the attention norm's output
     assert per_token(one) == pytest.approx(per_token(two) - e * gemma.d_model - e * gemma.d_model)
+
+
+def test_a_scenario_runs_on_an_imported_config(tmp_path, capsys):
+    # end to end: [model] hf_config -> parsim simulate --json, the checkpoint's exact count in `params`
+    from parsim.cli.main import main
+    cfg = HF / "gemma-2-9b" / "config.json"
+    scen = tmp_path / "gemma.toml"
+    scen.write_text(f'name = "gemma"\nhardware = "dgx-h100"\ngpus = 8\n[model]\nhf_config = "{cfg}"\n'
+                    '[training]\nglobal_batch = 16\nseq_len = 4096\nmicrobatch_size = 1\nprecision = "bf16"\n'
+                    '[parallel]\ntp = 8\n')
+    assert main(["simulate", str(scen), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["params"] == EXACT["gemma-2-9b"] and out["step_time_s"] > 0
