@@ -354,9 +354,13 @@ def test_hf_import_errors_name_file_and_key(tmp_path):
     with pytest.raises(ConfigError) as e:
         model_from_hf_config(p)
     assert str(p) in str(e.value) and "num_hidden_layers" in str(e.value)
-    # an unknown model_type with no known class in architectures (Kimi-K2's kimi_k2 has one)
+    # an unknown model_type with no known class in architectures (Kimi-K2's kimi_k2 has one); a
+    # known family parsim does not model (mamba) is named as such (tests/test_hf_families.py)
+    p.write_text(json.dumps({**cfg, "model_type": "xformerzilla", "architectures": ["XformerzillaForCausalLM"]}))
+    with pytest.raises(ConfigError, match="unsupported 'xformerzilla'"):
+        model_from_hf_config(p)
     p.write_text(json.dumps({**cfg, "model_type": "mamba", "architectures": ["MambaForCausalLM"]}))
-    with pytest.raises(ConfigError, match="unsupported 'mamba'"):
+    with pytest.raises(ConfigError, match="'mamba' has state-space"):
         model_from_hf_config(p)
     with pytest.raises(ConfigError, match="cannot read"):
         model_from_hf_config(tmp_path / "missing.json")
