@@ -34,7 +34,8 @@ PRESET_FILES = {
     "olmo2-7b": "OLMo-2-1124-7B", "olmoe-1b-7b": "OLMoE-1B-7B-0924", "falcon-7b": "falcon-7b",
     "falcon-40b": "falcon-40b", "falcon-180b": "falcon-180B-chat", "dbrx": "dbrx-instruct",
     "glm-4.5-air": "GLM-4.5-Air", "mpt-7b": "mpt-7b-instruct", "mpt-30b": "mpt-30b-chat",
-    "granite3-3b-a800m": "granite-3.1-3b-a800m-instruct",
+    "granite3-3b-a800m": "granite-3.1-3b-a800m-instruct", "mistral-7b": "Mistral-7B-v0.1", "qwen2-7b": "Qwen2-7B",
+    "qwen1.5-moe-a2.7b": "Qwen1.5-MoE-A2.7B",
 }
 
 
@@ -86,6 +87,8 @@ def rel(a: float, b: float) -> float:
     ("llama4-maverick", 400e9),    # Meta: 400B total (language model; the vision encoder is < 1%)
     ("llama2-13b", 13e9), ("llama3.1-8b", 8.03e9), ("llama3.1-70b", 70.6e9), ("llama3.2-1b", 1.23e9),
     ("qwen2.5-7b", 7.61e9), ("qwen3-8b", 8.2e9), ("qwen3-32b", 32.8e9), ("mistral-nemo-12b", 12.2e9),
+    ("mistral-7b", 7.3e9),          # Mistral AI: "Mistral 7B is a 7.3B parameter model"
+    ("qwen1.5-moe-a2.7b", 14.3e9),  # Qwen: "14.3B parameters in total and 2.7B activated"
 ])
 def test_presets_match_published_totals(preset, published):
     assert rel(total_params(get_preset(preset)), published) < 0.01
@@ -99,6 +102,10 @@ def test_nemotron4_by_hand_and_report():
         block = 2 * d * d + 2 * d * 8 * hd + 2 * d * 4 * d + 2 * 2 * d
         assert total_params(spec) == layers * block + 2 * 256000 * d + 2 * d
     assert rel(total_params(get_preset("nemotron4-340b")), 340e9) < 0.01
+
+
+def test_qwen15_moe_active_matches_the_model_card():
+    assert rel(active_params(get_preset("qwen1.5-moe-a2.7b")), 2.7e9) < 0.01
 
 
 def test_dbrx_active_matches_the_model_card():

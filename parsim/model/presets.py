@@ -222,6 +222,14 @@ _LIST += [
     dataclasses.replace(_llama("mistral-nemo-12b", 40, 5120, 32, 8, 14336, 131072, 128000), head_dim=128),
     dataclasses.replace(_llama("mistral-small-24b", 40, 5120, 32, 8, 32768, 131072, 131072), head_dim=128,
                         not_modelled=(WRAPPED_NOTE,)),
+    # Mistral 7B v0.1 (its 4096-token sliding window counted as full attention), Qwen2 7B and
+    # Qwen1.5-MoE-A2.7B (60 routed experts of 1408, top-4, one shared expert of 5632): their Hub
+    # configs, shipped since the importer's first tests.
+    dataclasses.replace(_llama("mistral-7b", 32, 4096, 32, 8, 14336, 32000, 32768),
+                        not_modelled=("sliding_window=4096: every layer counted as full attention",)),
+    dataclasses.replace(_llama("qwen2-7b", 28, 3584, 28, 4, 18944, 152064, 131072), qkv_bias=True),
+    ModelSpec("qwen1.5-moe-a2.7b", 24, 2048, 16, 16, 5632, 151936, ffn="swiglu", max_seq_len=8192, n_experts=60,
+              top_k=4, n_shared_experts=1, d_ff_expert=1408, d_ff_shared=5632, qkv_bias=True),
     # Qwen2.5 (q/k/v biases) and Qwen3 dense (q/k RMSNorm; Qwen3-32B's head_dim 128 > 5120 / 64).
     dataclasses.replace(_llama("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, 131072), qkv_bias=True),
     dataclasses.replace(_llama("qwen2.5-72b", 80, 8192, 64, 8, 29568, 152064, 32768), qkv_bias=True),
