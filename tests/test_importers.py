@@ -430,3 +430,41 @@ def test_megatron_ep_overlap_without_virtual_pipeline_names_the_flag():
             "4", "--pipeline-model-parallel-size", "2", "--overlap-moe-expert-parallel-comm", "--bf16")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "--overlap-moe-expert-parallel-comm: Megatron-Core's EP overlap needs a virtual pipeline" in r.stderr
+
+
+DSV3 = ["--num-layers", "61", "--hidden-size", "7168", "--ffn-hidden-size", "18432", "--num-attention-heads", "128",
+        "--multi-latent-attention", "--q-lora-rank", "1536", "--kv-lora-rank", "512", "--qk-head-dim", "128",
+        "--qk-pos-emb-head-dim", "64", "--v-head-dim", "128", "--num-experts", "256", "--moe-router-topk", "8",
+        "--moe-ffn-hidden-size", "2048", "--moe-shared-expert-intermediate-size", "2048",
+        "--moe-layer-freq", "[0]*3+[1]*58", "--moe-router-num-groups", "8", "--moe-router-group-topk", "4",
+        "--normalization", "RMSNorm", "--swiglu", "--disable-bias-linear", "--untie-embeddings-and-output-weights",
+        "--position-embedding-type", "rope", "--vocab-size", "129280", "--seq-length", "4096",
+        "--max-position-embeddings", "163840", "--bf16"]
+"""DeepSeek-V3's shapes (its config.json, the deepseek-v3 preset) as Megatron-LM's flags spell them."""
+
+
+def test_megatron_multi_latent_attention_is_deepseek_v3():
+    from parsim.model import get_preset
+    from parsim.model.shapes import active_params, total_params
+    sc = check(import_megatron(DSV3, gpus=1))
+    ref = get_preset("deepseek-v3")
+    m = sc.model
+    for key in ("n_layers", "d_model", "n_heads", "n_kv_heads", "vocab_size", "q_lora_rank", "kv_lora_rank",
+                "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_experts", "top_k", "first_dense_layers",
+                "expert_groups", "expert_groups_per_token"):
+        assert getattr(m, key) == getattr(ref, key), key
+    assert total_params(m) == total_params(ref) and active_params(m) == active_params(ref)
+
+
+def test_megatron_mla_defaults_qk_layernorm_and_squared_relu():
+    doc = import_megatron(SMALL + ["--multi-latent-attention"]).doc["model"]
+    # Megatron's MLA defaults: no query down-projection, kv rank 32, 128 + 64 query/key dims, 128 value dims
+    assert (doc["q_lora_rank"], doc["kv_lora_rank"], doc["qk_nope_head_dim"], doc["qk_rope_head_dim"],
+            doc["v_head_dim"], doc["n_kv_heads"]) == (0, 32, 128, 64, 128, 16)
+    assert import_megatron(SMALL + ["--qk-layernorm"]).doc["model"]["qk_norm"] is True
+    assert import_megatron(SMALL + ["--squared-relu"]).doc["model"]["ffn"] == "gelu"  # up, down: two matrices
+    imp = import_megatron(SMALL + ["--kv-lora-rank", "512"])
+    assert "kv_lora_rank" not in imp.doc["model"] and any("without --multi-latent-attention" in n for n in imp.notes)
+    with pytest.raises(ConfigError) as e:
+        import_megatron(SMALL + ["--squared-relu", "--swiglu"])
+    assert e.value.key == "--squared-relu"

@@ -194,9 +194,16 @@ def megatron_stage_layers(n_layers: int, pp: int, vpp: int, first: int | None, l
     return stages
 
 
+MLA_DEFAULTS = {"kv_lora_rank": 32, "qk_head_dim": 128, "qk_pos_emb_head_dim": 64, "v_head_dim": 128}
+"""Megatron-LM's multi-latent attention arguments' defaults (``_add_mla_args``); ``--q-lora-rank``
+defaults to none: queries are projected without a down-projection."""
+
+
 def _model(v: dict, tp: int, notes: list[str]) -> dict:
     h, heads = v["hidden_size"], v["num_attention_heads"]
     swiglu = bool(v.get("swiglu"))
+    if swiglu and v.get("squared_relu"):
+        raise ConfigError(SOURCE, "--squared-relu", "given together with --swiglu (one activation)")
     ffn = v.get("ffn_hidden_size", int((4 * h * 2 / 3) / 64) * 64 if swiglu else 4 * h)
     m = {"name": "megatron-gpt", "n_layers": v["num_layers"], "d_model": h, "n_heads": heads,
          "n_kv_heads": v.get("num_query_groups", 1) if v.get("group_query_attention") else heads,
@@ -213,6 +220,19 @@ def _model(v: dict, tp: int, notes: list[str]) -> dict:
     m["bias"] = not v.get("disable_bias_linear")
     if v.get("add_qkv_bias"):
         m["qkv_bias"] = True
+    if v.get("qk_layernorm"):  # a norm over each head's query and key (head_dim wide)
+        m["qk_norm"] = True
+    mla = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
+    if v.get("mla"):  # DeepSeek's multi-latent attention: its own projections, a head per query head
+        d = {k: v.get(k, MLA_DEFAULTS.get(k)) for k in mla}
+        m.update(n_kv_heads=heads, q_lora_rank=d["q_lora_rank"] or 0, kv_lora_rank=d["kv_lora_rank"],
+                 qk_nope_head_dim=d["qk_head_dim"], qk_rope_head_dim=d["qk_pos_emb_head_dim"],
+                 v_head_dim=d["v_head_dim"])
+        m.pop("head_dim", None)
+    else:
+        stray = next((k for k in mla if k in v), None)
+        if stray is not None:
+            notes.append(f"--{stray.replace('_', '-')} without --multi-latent-attention: not used")
     if "num_experts" in v:
         m.update(_moe_model(v, ffn))
     if v.get("mtp_num_layers"):  # Megatron-Core's default placement: the last pipeline stage
