@@ -468,3 +468,20 @@ def test_megatron_mla_defaults_qk_layernorm_and_squared_relu():
     with pytest.raises(ConfigError) as e:
         import_megatron(SMALL + ["--squared-relu", "--swiglu"])
     assert e.value.key == "--squared-relu"
+
+
+def test_megatron_window_attention_layers():
+    # GPT-OSS as Megatron-Bridge runs it: window (128, 0) on every layer but each 2nd (1-based)
+    doc = import_megatron(SMALL + ["--window-size", "128,0", "--window-attn-skip-freq", "2"]).doc["model"]
+    assert doc["sliding_window"] == 129 and doc["layer_types"][:4] == ["sliding", "full", "sliding", "full"]
+    assert len(doc["layer_types"]) == 24
+    every = import_megatron(SMALL + ["--window-size", "(4096,0)"]).doc["model"]
+    assert set(every["layer_types"]) == {"sliding"} and every["sliding_window"] == 4097
+    listed = import_megatron(SMALL + ["--window-size", "512,0", "--window-attn-skip-freq", "[1,1,1,0]*6"]).doc["model"]
+    assert listed["layer_types"][:4] == ["sliding", "sliding", "sliding", "full"]
+    check(import_megatron(SMALL + ["--window-size", "128,0", "--window-attn-skip-freq", "2"]))  # it simulates
+    for bad, key in ((["--window-size", "128,4"], "--window-size"), (["--window-size", "x"], "--window-size"),
+                     (["--window-size", "128,0", "--window-attn-skip-freq", "[1,0]*3"], "--window-attn-skip-freq")):
+        with pytest.raises(ConfigError) as e:
+            import_megatron(SMALL + bad)
+        assert e.value.key == key

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from parsim.errors import ConfigError
 from parsim.frameworks.emit import Imported, stage_layout
-from parsim.frameworks.megatron_args import SOURCE, moe_layer_pattern, parse_args
+from parsim.frameworks.megatron_args import SOURCE, moe_layer_pattern, parse_args, window_layers
 
 GPT2_BPE_VOCAB = 50257
 """GPT-2 BPE vocabulary (Radford et al. 2019; Megatron's GPT2BPETokenizer)."""
@@ -222,6 +222,13 @@ def _model(v: dict, tp: int, notes: list[str]) -> dict:
         m["qkv_bias"] = True
     if v.get("qk_layernorm"):  # a norm over each head's query and key (head_dim wide)
         m["qk_norm"] = True
+    if "window_size" in v:  # sliding-window attention (TE's window: LEFT keys back and the query itself)
+        keys, slides = window_layers(v["window_size"], v.get("window_skip_freq"), v["num_layers"])
+        if any(slides):
+            m["layer_types"] = ["sliding" if s else "full" for s in slides]
+            m["sliding_window"] = keys
+    elif "window_skip_freq" in v:
+        notes.append("--window-attn-skip-freq without --window-size: not used")
     mla = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
     if v.get("mla"):  # DeepSeek's multi-latent attention: its own projections, a head per query head
         d = {k: v.get(k, MLA_DEFAULTS.get(k)) for k in mla}

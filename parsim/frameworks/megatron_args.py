@@ -66,6 +66,8 @@ FLAGS: dict[str, tuple[str, str]] = {
     "--v-head-dim": ("v_head_dim", "int"),
     "--qk-layernorm": ("qk_layernorm", "true"),
     "--squared-relu": ("squared_relu", "true"),
+    "--window-size": ("window_size", "str"),
+    "--window-attn-skip-freq": ("window_skip_freq", "str"),
     "--num-experts": ("num_experts", "int"),
     "--moe-router-topk": ("moe_router_topk", "int"),
     "--moe-ffn-hidden-size": ("moe_ffn_hidden_size", "int"),
@@ -187,21 +189,28 @@ def _convert(flag: str, kind: str, raw: str):
     return v
 
 
+def layer_flags(text: str, flag: str, example: str) -> list[int]:
+    """A per-layer 0/1 list as Megatron's ``moe_freq_type`` arguments spell it (terms such as
+    ``[0]*3+[1]*58``, added), read without evaluating it."""
+    pattern: list[int] = []
+    for term in text.replace(" ", "").split("+"):
+        body, _, times = term.partition("*")
+        if not (body.startswith("[") and body.endswith("]")) or (times and not times.isdigit()):
+            raise ConfigError(SOURCE, flag, f"cannot read {text!r}: give an integer or terms like {example}")
+        items = [x for x in body[1:-1].split(",") if x]
+        if not all(x in ("0", "1") for x in items):
+            raise ConfigError(SOURCE, flag, f"cannot read {text!r}: list entries must be 0 or 1")
+        pattern += [int(x) for x in items] * (int(times) if times else 1)
+    return pattern
+
+
 def moe_layer_pattern(text: str, n_layers: int) -> tuple[int, int]:
     """``--moe-layer-freq`` (an integer N: every N-th layer from layer 0; or a list such as
     ``[0]*3+[1]*58``) -> (first_dense_layers, moe_every) of parsim's ModelSpec."""
     flag = "--moe-layer-freq"
     if text.strip().isdigit():
         return 0, max(1, int(text))
-    pattern: list[int] = []
-    for term in text.replace(" ", "").split("+"):
-        body, _, times = term.partition("*")
-        if not (body.startswith("[") and body.endswith("]")) or (times and not times.isdigit()):
-            raise ConfigError(SOURCE, flag, f"cannot read {text!r}: give an integer or terms like [0]*3+[1]*58")
-        items = [x for x in body[1:-1].split(",") if x]
-        if not all(x in ("0", "1") for x in items):
-            raise ConfigError(SOURCE, flag, f"cannot read {text!r}: list entries must be 0 or 1")
-        pattern += [int(x) for x in items] * (int(times) if times else 1)
+    pattern = layer_flags(text, flag, "[0]*3+[1]*58")
     if len(pattern) != n_layers or 1 not in pattern:
         raise ConfigError(SOURCE, flag, f"has {len(pattern)} entries ({sum(pattern)} MoE), the model {n_layers} layers")
     first = pattern.index(1)
@@ -210,3 +219,28 @@ def moe_layer_pattern(text: str, n_layers: int) -> tuple[int, int]:
             return first, every
     raise ConfigError(SOURCE, flag, f"{text!r} is not dense layers followed by every k-th layer MoE, "
                                     "the shapes parsim models")
+
+
+def window_layers(window: str, skip: str | None, n_layers: int) -> tuple[int, list[bool]]:
+    """``--window-size L,R`` with ``--window-attn-skip-freq`` -> (the keys a sliding query sees,
+    itself included: L + 1; which layers slide). Megatron (``is_layer_window_attention``, layers
+    counted from 1): no skip frequency, every layer slides; an integer N, every layer but each
+    N-th; a list, the layers whose entry is 1."""
+    parts = window.strip().strip("()").split(",")
+    if len(parts) != 2 or not all(p.strip().lstrip("-").isdigit() for p in parts):
+        raise ConfigError(SOURCE, "--window-size", f"cannot read {window!r}: give LEFT,RIGHT, e.g. 128,0")
+    left, right = (int(p) for p in parts)
+    if left < 0 or right != 0:
+        raise ConfigError(SOURCE, "--window-size", f"({left}, {right}): parsim models causal windows "
+                                                    "(LEFT >= 0 keys back, RIGHT 0)")
+    if skip is None:
+        return left + 1, [True] * n_layers
+    if skip.strip().isdigit():
+        every = int(skip)
+        if every <= 0:
+            raise ConfigError(SOURCE, "--window-attn-skip-freq", f"must be positive, got {every}")
+        return left + 1, [(i + 1) % every != 0 for i in range(n_layers)]
+    flags = layer_flags(skip, "--window-attn-skip-freq", "[1,1,1,0]*3")
+    if len(flags) != n_layers:
+        raise ConfigError(SOURCE, "--window-attn-skip-freq", f"has {len(flags)} entries, the model {n_layers} layers")
+    return left + 1, [bool(f) for f in flags]
