@@ -247,13 +247,11 @@ def _decoder_fields(c: HFKeys, tied: bool) -> dict:
         f.update(head_dim=None, q_lora_rank=c.int("q_lora_rank", 0),
                  kv_lora_rank=c.int("kv_lora_rank"), qk_nope_head_dim=c.int("qk_nope_head_dim"),
                  qk_rope_head_dim=c.int("qk_rope_head_dim"), v_head_dim=c.int("v_head_dim"),
-                 bias=False, qkv_bias=False,
-                 # the checkpoint's multi-token-prediction modules (DeepSeek-V3: 1), trained
-                 # beside the model; ``mtp_layers = 0`` in the scenario's [model] leaves them out
-                 mtp_layers=c.int("num_nextn_predict_layers", 0))
+                 bias=False, qkv_bias=False)
     if mt.startswith("deepseek") or mt == "glm4_moe":
-        if mt == "glm4_moe":  # GLM-4.5 trains DeepSeek-V3-style MTP modules beside the model
-            f["mtp_layers"] = c.int("num_nextn_predict_layers", 0)
+        # the checkpoint's multi-token-prediction modules (DeepSeek-V3, GLM-4.5: 1), trained
+        # beside the model; ``mtp_layers = 0`` in the scenario's [model] leaves them out
+        f["mtp_layers"] = c.int("num_nextn_predict_layers", 0)
         groups = c.int("n_group", 1)
         if groups > 1:  # group-limited routing (DeepSeek-V3: 8 groups, 4 a token; Kimi-K2: 1, none)
             f.update(expert_groups=groups, expert_groups_per_token=c.int("topk_group"))

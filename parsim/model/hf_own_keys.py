@@ -44,12 +44,12 @@ def _nested(c: HFKeys, key: str) -> HFKeys:
 def _dbrx(c: HFKeys, tied: bool) -> dict:
     attn, ffn = _nested(c, "attn_config"), _nested(c, "ffn_config")
     d, heads = c.int("d_model"), c.int("n_heads")
-    experts = ffn.int("moe_num_experts", 4)
+    width = ffn.int("ffn_hidden_size", 3584)  # every layer is MoE: the experts' width
     return dict(n_layers=c.int("n_layers"), d_model=d, n_heads=heads, n_kv_heads=attn.int("kv_n_heads", 1),
-                d_ff=ffn.int("ffn_hidden_size", 3584), vocab_size=c.int("vocab_size"), ffn="swiglu",
+                d_ff=width, vocab_size=c.int("vocab_size"), ffn="swiglu",
                 norm="layernorm", norm_shift=False, bias=False, tied_embeddings=tied,
-                max_seq_len=c.int("max_seq_len", 2048), n_experts=experts, top_k=ffn.int("moe_top_k", 1),
-                d_ff_expert=ffn.int("ffn_hidden_size", 3584), fused_qkv=True)  # Wqkv
+                max_seq_len=c.int("max_seq_len", 2048), n_experts=ffn.int("moe_num_experts", 4),
+                top_k=ffn.int("moe_top_k", 1), d_ff_expert=width, fused_qkv=True)  # Wqkv
 
 
 def _mpt(c: HFKeys, tied: bool) -> dict:
