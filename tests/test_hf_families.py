@@ -131,6 +131,12 @@ def test_gemma_7b_by_hand_and_model_card(tmp_path):
     assert total_params(model_from_hf_config(p)) == 28 * block + 256000 * d + d == 8_537_680_896
 
 
+def test_gemma_head_dim_defaults_to_the_config_class(tmp_path):
+    cfg = json.loads((HF / "gemma-2-27b" / "config.json").read_text())
+    del cfg["head_dim"]  # 27B states 128; without it Gemma2Config's default, 256, not 4608 / 32 = 144
+    assert model_from_hf_config(_write(tmp_path, cfg)).head_dim == 256
+
+
 def test_cohere_command_r_by_hand_and_model_card(tmp_path):
     # c4ai-command-r-v01's shapes: one scale-only LayerNorm a block, feeding attention and MLP side by side
     cfg = {"model_type": "cohere", "hidden_size": 8192, "intermediate_size": 22528, "num_hidden_layers": 40,

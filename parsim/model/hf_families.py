@@ -72,7 +72,8 @@ def family_fields(c: HFKeys, f: dict) -> dict:
     f = dict(f)
     if mt in ("gemma", "gemma2", "gemma3_text"):
         c.expect("attention_bias", False, False, "Gemma attention without biases")
-        f.update(bias=False, qkv_bias=False, head_dim=c.int("head_dim", f["d_model"] // f["n_heads"]))
+        # GemmaConfig, Gemma2Config and Gemma3TextConfig default head_dim to 256, not hidden / heads
+        f.update(bias=False, qkv_bias=False, head_dim=c.int("head_dim", 256))
         if mt != "gemma":
             f["block_norms"] = 4
         if mt == "gemma3_text":
