@@ -38,6 +38,7 @@ from parsim.config.scenario import (
     SimulationConfig,
     TrainingConfig,
     check_attention_head_dim,
+    check_hybrid,
     check_batch,
     check_model_parallel,
     check_recompute_modules,
@@ -201,6 +202,7 @@ def scenario_from_dict(doc: dict, file: str, base_dir: Path | None = None) -> Sc
     parallel = _schedule_shape(parallel, schedule, file)
     check_parallel(parallel, gpus, file)
     check_model_parallel(model, training, parallel, file)
+    check_hybrid(model, training, parallel, hardware, file)
     check_recompute_modules(training, model, file)
     if training.bf16_first_layers + training.bf16_last_layers > model.n_layers:
         raise ConfigError(file, "training.bf16_last_layers", f"bf16_first_layers + bf16_last_layers = "

@@ -297,6 +297,33 @@ def check_model_parallel(model: ModelSpec, tr: TrainingConfig, par: ParallelConf
         raise ConfigError(file, "parallel.ep", f"{model.n_experts} experts are not divisible by ep={par.ep}")
 
 
+def check_hybrid(model: ModelSpec, tr: TrainingConfig, par: ParallelConfig, hardware: HardwareProfile,
+                 file: str) -> None:
+    """What parsim's model of a hybrid (Mamba-2) model does not cover, refused in one line: its
+    Mamba layers are costed by their kernels (a profile with kernel facts), without context
+    parallelism (Megatron-Core splits a Mamba layer's sequence over cp with all-to-alls of its
+    heads, not modelled), torchtitan's op-level checkpointing or Muon; and Megatron-Core's own
+    limits: tensor parallelism splits Mamba heads and groups evenly (``MambaMixer`` asserts it)."""
+    if not model.hybrid_pattern:
+        return
+    mamba = "M" in model.hybrid_pattern
+    if mamba and hardware.device.kernels is None:
+        raise ConfigError(file, "hardware", f"{model.name}'s Mamba-2 layers are costed by their kernels; "
+                          f"{hardware.device.name} gives no kernel facts (a GPU profile)")
+    if mamba and par.cp > 1:
+        raise ConfigError(file, "parallel.cp", f"context parallelism over {model.name}'s Mamba-2 layers is not "
+                          f"modelled (cp={par.cp}); use cp = 1")
+    if mamba and (model.mamba_heads % par.tp or model.mamba_groups % par.tp):
+        raise ConfigError(file, "parallel.tp", f"tp={par.tp} must divide the Mamba-2 heads ({model.mamba_heads}) "
+                          f"and groups ({model.mamba_groups}) (Megatron-Core's MambaMixer splits both)")
+    if tr.recompute == "op":
+        raise ConfigError(file, "training.recompute", "\"op\" (torchtitan's op-level checkpointing) is not "
+                          f"modelled for hybrid models such as {model.name}")
+    if tr.optimizer == "muon":
+        raise ConfigError(file, "training.optimizer", f"Muon's orthogonalisation is not modelled for hybrid models "
+                          f"such as {model.name}")
+
+
 def dropout_enabled(model: ModelSpec, dropout: bool | None) -> bool:
     """``training.dropout``, or its default when None: on for GeLU (GPT-style) models, off for
     SwiGLU (Llama-style) ones."""

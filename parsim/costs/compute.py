@@ -36,13 +36,15 @@ from parsim.costs.memory_ops import (
     non_tn_fp8_gemms,
     work_time,
 )
-from parsim.model import attention_kind, causal_pairs
+from parsim.costs.ssd import ScanShape, scan_times
+from parsim.model import attention_kind, causal_pairs, has_attention, has_mamba, sublayers
 
-SEQUENCE_GATHERED_GEMMS = (("qkv", "q", "q_down", "kv_down"), ("fc1", "gate", "up", "shared_fc1", "shared_gate", "shared_up"))
+SEQUENCE_GATHERED_GEMMS = (("qkv", "q", "q_down", "kv_down", "mamba_in_proj"),
+                           ("fc1", "gate", "up", "shared_fc1", "shared_gate", "shared_up"))
 """The column-parallel GEMMs whose input is sequence parallelism's all-gathered activation, by
 site (the attention's, the MLP's; ``parsim.model.shapes`` names): in the backward Megatron
 gathers each site's input again for its weight gradients, beside its input-gradient GEMMs."""
-ROW_PARALLEL_GEMMS = ("attn_out", "fc2", "down", "shared_fc2", "shared_down")
+ROW_PARALLEL_GEMMS = ("attn_out", "fc2", "down", "shared_fc2", "shared_down", "mamba_out_proj")
 """The row-parallel GEMMs, whose output sequence parallelism reduce-scatters (their input
 gradient runs on the all-gathered output gradient)."""
 _GATHERED = frozenset(name for site in SEQUENCE_GATHERED_GEMMS for name in site)
@@ -165,10 +167,26 @@ def memory_work(inp: LayerInputs, moe_layer: bool) -> tuple[MemoryWork, MemoryWo
 
 def attention_core_times(inp: LayerInputs) -> tuple[float, float]:
     """(forward, backward) kernel seconds of one block's attention core: the fused kernel where
-    FlashAttention is on and the device names one, else the unfused core's batched GEMMs."""
+    FlashAttention is on and the device names one, else the unfused core's batched GEMMs; none in a
+    hybrid layer without attention."""
+    if not has_attention(inp.model):
+        return 0.0, 0.0
     if inp.options.flash_attention and has_attention_kernel(inp):
         return fused_attention_times(inp)
     return unfused_attention_gemms(inp, False), unfused_attention_gemms(inp, True)
+
+
+@lru_cache(maxsize=4096)
+def mamba_scan_times(inp: LayerInputs) -> tuple[float, float, int, int]:
+    """(forward, backward seconds, forward, backward kernels) of one Mamba-2 layer's SSD scan on
+    this rank (its heads and groups over tensor parallelism): :mod:`parsim.costs.ssd`; none in a
+    layer without one."""
+    m, sh = inp.model, inp.shard
+    if not has_mamba(m):
+        return 0.0, 0.0, 0, 0
+    shape = ScanShape(sh.tokens, max(1, m.mamba_heads // sh.tp), m.mamba_head_dim, m.mamba_state_dim,
+                      max(1, m.mamba_groups // sh.tp), m.mamba_chunk)
+    return scan_times(inp.hardware.device, shape, inp.options.precision)
 
 
 def overlap_chunks(inp: LayerInputs, name: str) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -215,14 +233,17 @@ def block_compute(inp: LayerInputs, gemms: tuple, moe_layer: bool) -> BlockCompu
     n_gemm = len(gemms)
     a_f, a_i = attention_core_times(inp)
     k_attn = (1, ATTENTION_BACKWARD_KERNELS) if o.flash_attention and has_attention_kernel(inp) else (2, 4)
+    if not has_attention(inp.model):  # a hybrid layer: no attention core; a Mamba layer's scan in its place
+        s_f, s_i, k_f, k_i = mamba_scan_times(inp)
+        a_f, a_i, k_attn = s_f, s_i, (k_f, k_i)
     mf, mb = memory_work(inp, moe_layer)
-    # two TP collectives per pass launch kernels too (NCCL), counted with the block's gaps
-    tp_kernels = 2 if inp.shard.tp > 1 else 0
+    # two TP collectives per pass (one per sub-layer) launch kernels too (NCCL), counted with the block's gaps
+    tp_kernels = sublayers(inp.model) if inp.shard.tp > 1 else 0
     kernels = (n_f + k_attn[0] + mf.kernels + tp_kernels, n_i + k_attn[1] + mb.kernels + tp_kernels, n_gemm)
     return BlockCompute((g_f, g_i, g_w), (a_f, a_i), (work_time(dev, mf), work_time(dev, mb)), kernels)
 
 
 def clear_caches() -> None:
     """Empty this module's caches (a cold start)."""
-    for fn in (fused_attention_times, block_compute):
+    for fn in (fused_attention_times, block_compute, mamba_scan_times):
         fn.cache_clear()

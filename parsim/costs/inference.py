@@ -38,6 +38,13 @@ kernel injection under Hugging Face ``generate`` (v0.7.3, the 2022 BLOOM benchma
 The embedding lookup is free; the LM head runs for one position per sequence (the next
 token's logits), on the last stage. KV cache per GPU: ``2 · layers_on_stage · kv_heads/tp ·
 head_dim · context · batch`` elements.
+
+Hybrid models (``ModelSpec.hybrid_pattern``): only the attention layers cache K and V; a Mamba-2
+layer keeps a fixed-size state per sequence instead (:func:`mamba_state_bytes`), whatever the
+context. Its prefill runs the SSD scan over the prompt (``parsim.costs.ssd``); a decode step
+updates the state in place (mamba_ssm's ``selective_state_update``: read and write the SSM state
+and the convolution's window, memory-bound). A hybrid layer has one sub-layer: one all-reduce
+under tensor parallelism and half a block's kernels.
 """
 from __future__ import annotations
 
@@ -45,7 +52,8 @@ from dataclasses import dataclass
 
 from parsim.cluster.collectives import select_algorithm
 from parsim.cluster.hardware import HardwareProfile
-from parsim.model import ModelSpec
+from parsim.costs.ssd import ScanShape, scan_times
+from parsim.model import ModelSpec, has_attention, has_mamba, sublayers
 from parsim.model.shapes import (
     attention_core_flops,
     embedding_params,
@@ -188,6 +196,13 @@ def pass_cost(*, hw: HardwareProfile, model: ModelSpec, layers: tuple[int, ...],
     tp_total = 0.0
     kv_elems = 2 * max(1, model.n_kv_heads // tp) * model.head_dim_
     for li in layers:
+        if model.hybrid_pattern:
+            out.append(_hybrid_layer_s(hw, model, li, batch, new_tokens, context, tp, precision, weight_bits,
+                                       kv_on_host, cache, kernels))
+            tp_total += sublayers(model, li) * _memo(cache, ("all_reduce", tokens * model.d_model * a, tp),
+                                                      lambda: tp_allreduce_s(hw, tokens * model.d_model * a, tp))
+            wb.append(_memo(cache, ("params", li), lambda li=li: layer_params(model, li)) / tp * weight_bits / 8)
+            continue
         shapes = _memo(cache, ("shapes", li, tokens, tp),
                        lambda li=li: tuple((x.m, x.n, x.k, x.count) for x in layer_gemms(model, tokens, tp, li)))
         g = _memo(cache, ("gemms", shapes, precision, weight_bits, ds07, decode),
@@ -228,6 +243,67 @@ def pass_cost(*, hw: HardwareProfile, model: ModelSpec, layers: tuple[int, ...],
                     resident_head_bytes=resident)
 
 
+def _hybrid_layer_s(hw: HardwareProfile, model: ModelSpec, li: int, batch: int, new_tokens: int, context: int,
+                    tp: int, precision: str, weight_bits: int, kv_on_host: bool, cache: dict | None,
+                    kernels: int) -> float:
+    """Seconds of hybrid layer ``li`` in one pass (module docstring): its GEMMs, its attention (an
+    attention layer) or its scan / state update (a Mamba layer), its one all-reduce, half a block's
+    launches."""
+    dev = hw.device
+    a = act_bytes(precision)
+    tokens = batch * new_tokens
+    shapes = _memo(cache, ("shapes", li, tokens, tp),
+                   lambda: tuple((x.m, x.n, x.k, x.count) for x in layer_gemms(model, tokens, tp, li)))
+    t = _memo(cache, ("gemms", shapes, precision, weight_bits, False, new_tokens == 1),
+              lambda: sum(_gemm_s(hw, m, n, k, c, precision, weight_bits) for m, n, k, c in shapes))
+    if has_attention(model, li):
+        if new_tokens > 1:
+            t += dev.attention_time(attention_core_flops(model, batch, new_tokens, tp, li) / 2, _fp(hw, precision))
+        else:
+            kv = batch * context * 2 * max(1, model.n_kv_heads // tp) * model.head_dim_ * a
+            t += kv / (hw.pcie.effective_bandwidth if kv_on_host else dev.effective_memory_bandwidth)
+            t += 4.0 * batch * context * (model.n_heads / tp) * model.head_dim_ / (
+                dev.peak(_fp(hw, precision)) * dev.attention_efficiency)
+    elif has_mamba(model, li):
+        if new_tokens > 1:  # the SSD scan over the prompt
+            shape = ScanShape(tokens, max(1, model.mamba_heads // tp), model.mamba_head_dim, model.mamba_state_dim,
+                              max(1, model.mamba_groups // tp), model.mamba_chunk)
+            t += _memo(cache, ("scan", shape, precision), lambda: scan_times(dev, shape, precision)[0])
+        else:  # the state update reads and writes each sequence's state in place
+            t += 2 * batch * mamba_state_bytes(model, tp, precision) / dev.effective_memory_bandwidth
+    comm = sublayers(model, li) * _memo(cache, ("all_reduce", tokens * model.d_model * a, tp),
+                                        lambda: tp_allreduce_s(hw, tokens * model.d_model * a, tp))
+    return t + comm + kernels / 2 * dev.kernel_launch_s
+
+
+MAMBA_STATE_BYTES = 4
+"""Bytes per element of a Mamba-2 layer's cached SSM state: fp32 (Hugging Face ``NemotronHConfig``'s
+``mamba_ssm_cache_dtype = "float32"``; the state accumulates over the whole context)."""
+
+
+def mamba_state_bytes(model: ModelSpec, tp: int, precision: str) -> float:
+    """The state one sequence keeps in one Mamba-2 layer on one GPU: the SSM state (this rank's heads
+    x head dim x state size, fp32) and the causal convolution's window (its channels x
+    ``conv_kernel - 1`` past inputs, at the activations' precision)."""
+    heads = max(1, model.mamba_heads // tp)
+    ssm = heads * model.mamba_head_dim * model.mamba_state_dim * MAMBA_STATE_BYTES
+    conv = model.mamba_conv_channels / tp * (model.mamba_conv_kernel - 1) * act_bytes(precision)
+    return ssm + conv
+
+
+def cache_bytes_per_sequence(model: ModelSpec, layers: tuple[int, ...], tp: int, context: int,
+                             precision: str) -> float:
+    """What one sequence of ``context`` tokens caches on one GPU holding ``layers``: K and V in each
+    attention layer (:func:`kv_bytes_per_sequence`) and, in a hybrid model, each Mamba-2 layer's
+    fixed-size state (:func:`mamba_state_bytes`)."""
+    if not model.hybrid_pattern:
+        return kv_bytes_per_sequence(model, len(layers), tp, context, precision)
+    attention = sum(1 for li in layers if has_attention(model, li))
+    mamba = sum(1 for li in layers if has_mamba(model, li))
+    return (kv_bytes_per_sequence(model, attention, tp, context, precision)
+            + mamba * mamba_state_bytes(model, tp, precision))
+
+
 def _fp(hw: HardwareProfile, precision: str) -> str:
     if precision == "bf16" and "bf16" in hw.device.peak_flops:
         return "bf16"
@@ -247,5 +323,8 @@ def workspace_bytes(model: ModelSpec, tp: int, batch: int, prompt: int, precisio
     (fp32; every logit on every rank with a replicated head)."""
     a = act_bytes(precision)
     tokens = batch * prompt
-    block = tokens * (model.d_ff // tp + 3 * model.n_heads * model.head_dim_ // tp + 2 * model.d_model) * a
+    widest = model.d_ff // tp + 3 * model.n_heads * model.head_dim_ // tp
+    if model.mamba_heads:  # a Mamba layer's input projection and convolution outputs
+        widest = max(widest, (model.mamba_in_proj_width + model.mamba_conv_channels) // tp)
+    block = tokens * (widest + 2 * model.d_model) * a
     return block + batch * model.vocab_size / (1 if replicated_head else tp) * 4

@@ -42,7 +42,12 @@ from parsim.costs.parts import AxisBytes, Parts
 from parsim.model import (
     ModelSpec,
     attention_core_flops,
+    block_kind,
+    has_attention,
+    has_mamba,
     is_moe_layer,
+    mamba_scan_flops,
+    sublayers,
     layer_elementwise_bytes,
     layer_gemms,
     layer_params,
@@ -180,7 +185,7 @@ def layer_cost(inp: LayerInputs, moe_layer: bool) -> LayerCost:
     # context parallelism (parsim.costs.context): the K/V ring (or gather / all-to-all) and its
     # attention -- with the kernel model per-block kernels in place of the 1/cp share, without
     # it that share spread over the ring's steps, each later step paying its merge
-    ca = _context.cp_attention(inp, (f_attn, i_attn)) if sh.cp > 1 else None
+    ca = _context.cp_attention(inp, (f_attn, i_attn)) if sh.cp > 1 and has_attention(m) else None
     if ca is not None:
         f_attn, i_attn = ca.forward_s, ca.backward_s
     cp_f, cp_i = (ca.forward_comm_s, ca.backward_comm_s) if ca is not None else (0.0, 0.0)
@@ -204,9 +209,10 @@ def layer_cost(inp: LayerInputs, moe_layer: bool) -> LayerCost:
     expert = _expert_params(m, li)
     params = (layer_params(m, li) - expert) / sh.tp + expert / (sh.tp * sh.ep)
     act, wstash, transient = _layer_memory(inp, li, ph)
+    core = Parts(compute=f_attn, cp_comm=cp_f) if has_attention(m) else Parts()
     return LayerCost(fwd, inp_parts, wgt, gemm_flops + attn_flops, gemm_flops + 2 * attn_flops, gemm_flops,
                      sent_f, sent_i, params, expert / (sh.tp * sh.ep), act, wstash, transient,
-                     attention_forward=Parts(compute=f_attn, cp_comm=cp_f))
+                     attention_forward=core)
 
 
 def attention_times(inp: LayerInputs) -> tuple[float, float]:
@@ -216,6 +222,9 @@ def attention_times(inp: LayerInputs) -> tuple[float, float]:
     blocks skipped when fused; the host's per-pass time added); plus the scores' and the head
     layout's traffic where the core is unfused."""
     dev, o = inp.hardware.device, inp.options
+    if not has_attention(inp.model):  # a hybrid layer: a Mamba layer's SSD scan, else nothing
+        s_f, s_i, _, _ = _compute.mamba_scan_times(inp)
+        return s_f, s_i
     if dev.kernels is not None:
         a_f, a_i = _compute.attention_core_times(inp)
         return a_f + scores_traffic(inp, 1.0) + head_layout_traffic(inp), a_i + scores_traffic(inp, 2.0)
@@ -343,7 +352,10 @@ def regather_windows_s(inp: LayerInputs, gemms: tuple) -> tuple[float, ...]:
     def dgrad(g) -> float:
         prec = _compute.gemm_precision(inp, g.name) if kernels else inp.options.precision
         return dev.gemm_time(g.m, g.k, g.n, prec, g.count)
-    return tuple(sum(dgrad(g) for g in gemms if g.name in site) for site in _compute.SEQUENCE_GATHERED_GEMMS)
+    sites = _compute.SEQUENCE_GATHERED_GEMMS
+    if inp.model.hybrid_pattern:  # one sub-layer: only its own site re-gathers
+        sites = tuple(site for site in sites if any(g.name in site for g in gemms))[:1]
+    return tuple(sum(dgrad(g) for g in gemms if g.name in site) for site in sites)
 
 
 def tp_layer_comm(inp: LayerInputs, act_bytes: float, gemm_s: float, backward: bool = False,
@@ -380,19 +392,20 @@ def tp_layer_comm(inp: LayerInputs, act_bytes: float, gemm_s: float, backward: b
     sh = inp.shard
     if sh.tp <= 1:
         return 0.0, 0.0
+    n = sublayers(inp.model)  # each sub-layer's pair of calls (a hybrid layer has one sub-layer)
     gather = tp_collective_time(inp, "all_gather", act_bytes) if sh.sequence_parallel else 0.0
     regathers = (gather,) * len(regather_windows) if backward else ()
     if sh.sequence_parallel:
-        comm = (in_pass_calls_time(inp, "all_gather", act_bytes, sh.tp_group, 2, memory_s / 2)
-                + in_pass_calls_time(inp, "reduce_scatter", act_bytes, sh.tp_group, 2,
-                                     (pass_s - memory_s) / (2 + len(regathers))))
+        comm = (in_pass_calls_time(inp, "all_gather", act_bytes, sh.tp_group, n, memory_s / n)
+                + in_pass_calls_time(inp, "reduce_scatter", act_bytes, sh.tp_group, n,
+                                     (pass_s - memory_s) / (n + len(regathers))))
     else:
-        comm = in_pass_calls_time(inp, "all_reduce", act_bytes, sh.tp_group, 2, pass_s / 2)
+        comm = in_pass_calls_time(inp, "all_reduce", act_bytes, sh.tp_group, n, pass_s / n)
     dev = inp.hardware.device
     if not inp.options.overlap.tp_comm:
         # each blocking call leaves the compute after it to re-warm (a CPU rank's core; 0 on a GPU);
         # the backward's re-gathers run beside their GEMMs instead (async_beside below)
-        slow = _contention.rewarm_s(dev, 4 if sh.sequence_parallel else 2)
+        slow = _contention.rewarm_s(dev, 2 * n if sh.sequence_parallel else n)
         for t, window in zip(regathers, regather_windows):
             exposed, hidden_cost = _contention.async_beside(inp.hardware, t, window, sh.tp_group)
             comm, slow = comm + exposed, slow + hidden_cost
@@ -413,11 +426,12 @@ def tp_layer_bytes(inp: LayerInputs, act_bytes: float, backward: bool = False) -
     tp = inp.shard.tp
     if tp <= 1:
         return 0.0
+    n = sublayers(inp.model)
     if inp.shard.sequence_parallel:
-        regather = 2 * bytes_sent_per_rank("all_gather", act_bytes, tp) if backward else 0.0
-        return 2 * (bytes_sent_per_rank("all_gather", act_bytes, tp)
+        regather = n * bytes_sent_per_rank("all_gather", act_bytes, tp) if backward else 0.0
+        return n * (bytes_sent_per_rank("all_gather", act_bytes, tp)
                     + bytes_sent_per_rank("reduce_scatter", act_bytes, tp)) + regather
-    return 2 * bytes_sent_per_rank("all_reduce", act_bytes, tp)
+    return n * bytes_sent_per_rank("all_reduce", act_bytes, tp)
 
 
 def scores_traffic(inp: LayerInputs, passes: float) -> float:
@@ -425,7 +439,7 @@ def scores_traffic(inp: LayerInputs, passes: float) -> float:
     softmax reads and writes them, dropout reads them and writes them with a 1-byte
     mask, the PV batched GEMM reads them (forward; the backward does it twice)."""
     o, sh = inp.options, inp.shard
-    if o.flash_attention:
+    if o.flash_attention or not has_attention(inp.model):
         return 0.0
     heads = max(1, inp.model.n_heads // sh.tp)
     return passes * inp.hardware.device.memory_time(
@@ -441,7 +455,7 @@ def head_layout_traffic(inp: LayerInputs) -> float:
     torch runtime B matched without them and F fell short by about these. Calibration's
     attention cases start from head-major tensors, so they are not in its efficiency."""
     o, sh, m = inp.options, inp.shard, inp.model
-    if o.flash_attention:
+    if o.flash_attention or not has_attention(m):
         return 0.0
     q = m.n_heads * m.head_dim_ / sh.tp
     kv = m.n_kv_heads * m.head_dim_ / (sh.tp if m.n_kv_heads >= sh.tp else 1)
@@ -510,6 +524,8 @@ def _attention_flops(inp: LayerInputs) -> float:
     """Forward attention-core FLOPs of one block (Megatron's full-square convention), averaged
     over the model's blocks when they differ (sliding-window layers)."""
     m, sh = inp.model, inp.shard
+    if has_mamba(m):  # a Mamba layer: its SSD scan's FLOPs in the core's place
+        return mamba_scan_flops(m, sh.microbatch_size * sh.seq_len, sh.tp)
     if m.layer_types is None:
         return attention_core_flops(m, sh.microbatch_size, sh.seq_len, sh.tp)
     return sum(attention_core_flops(m, sh.microbatch_size, sh.seq_len, sh.tp, li)
@@ -564,17 +580,18 @@ def module_recompute(inp: LayerInputs, moe_layer: bool) -> tuple[Parts, float, A
         return sum(_memory_ops.work_time(dev, w) + (w.kernels * dev.kernel_launch_s if kernels else 0.0) for w in works)
 
     out, flops, sent = Parts(), 0.0, AxisBytes()
-    if "core_attn" in mods:  # Megatron's checkpoint reruns the core's forward, fused or not
+    if "core_attn" in mods and has_attention(m):  # Megatron's checkpoint reruns the core's forward, fused or not
         rerun = layer_cost(inp, moe_layer).attention_forward
         out += Parts(recompute=rerun.compute, cp_comm=rerun.cp_comm)
         flops += _attention_flops(inp) / sh.cp
-    if "mlp" in mods and not moe_layer:
+    if "mlp" in mods and not moe_layer and block_kind(m) in ("T", "-"):
         t, f = gemm_s(MLP_GEMMS)
         act_bytes = sh.tokens * m.d_model * PRECISION_TABLE[o.precision].wire_bytes
         tp_f, slow = tp_layer_comm(inp, act_bytes, t)
-        out += Parts(recompute=t + slow / 2 + mem_s(pieces["norm"], pieces["activation"]), tp_comm=tp_f / 2)
+        n = sublayers(m)  # the MLP's share of the block's collectives: one sub-layer's
+        out += Parts(recompute=t + slow / n + mem_s(pieces["norm"], pieces["activation"]), tp_comm=tp_f / n)
         flops += f
-        sent += AxisBytes(tp=tp_layer_bytes(inp, act_bytes) / 2)
+        sent += AxisBytes(tp=tp_layer_bytes(inp, act_bytes) / n)
     ph = moe_phase(inp) if moe_layer and inp.moe is not None else None
     shared = tuple(g.name for g in gemms if g.name.startswith("shared_"))
     if moe_layer and ("moe" in mods or "shared_experts" in mods) and shared:
@@ -656,9 +673,18 @@ def _weight_grad_stash(m: ModelSpec, tokens: int, tp: int, sp: bool) -> float:
     kv = m.n_kv_heads * m.head_dim_
     f = m.d_ff
     rep = tp if sp else 1
-    inputs = 2 * h / rep + 2 * q / tp + 2 * h / rep + 2 * f / tp
     fc1_out = (4 * f if m.ffn == "swiglu" else 2 * f) / tp
-    grads = 2 * (q + 2 * kv) / tp + 2 * h / rep + fc1_out + 2 * h / rep
+    kind = block_kind(m)
+    if kind == "M":  # the input projection's input and output gradient, the output projection's
+        inputs = 2 * h / rep + 2 * m.mamba_inner / tp
+        grads = 2 * m.mamba_in_proj_width / tp + 2 * h / rep
+    elif kind == "*":
+        inputs, grads = 2 * h / rep + 2 * q / tp, 2 * (q + 2 * kv) / tp + 2 * h / rep
+    elif kind in ("-", "E"):
+        inputs, grads = 2 * h / rep + 2 * f / tp, fc1_out + 2 * h / rep
+    else:
+        inputs = 2 * h / rep + 2 * q / tp + 2 * h / rep + 2 * f / tp
+        grads = 2 * (q + 2 * kv) / tp + 2 * h / rep + fc1_out + 2 * h / rep
     return tokens * (inputs + grads)
 
 

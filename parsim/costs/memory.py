@@ -153,14 +153,54 @@ def block_stash(spec: ModelSpec, seq_len: int, opts: ActivationOptions, layer_in
     MoE block's pre-MLP norm is its own module (router and experts read its output); each token
     visits ``top_k`` routed experts (unless ``routed`` is false: the caller counts the dispatched
     rows) and the shared experts. Under FP8 the linear layers' inputs are their 1-byte copies.
+    A hybrid layer keeps its one sub-layer's tensors (a Mamba-2 mixer: :func:`mamba_stash`).
     """
     from parsim.model import (
-        is_moe_layer,  # local: keeps import graph one-way at module load
+        block_kind,  # local: keeps import graph one-way at module load
+        is_moe_layer,
     )
 
     h = spec.d_model
     e = opts.bytes_per_element
     lin = opts.quantized_input_bytes if opts.fp8_linear_inputs else e  # a linear layer's saved input, per element
+    kind = block_kind(spec, layer_index)
+    out: list[Stashed] = []
+    if kind in ("T", "*"):
+        out += _attention_stash(spec, seq_len, opts, lin)
+    elif kind == "M":
+        out += mamba_stash(spec, opts, lin)
+    if kind in ("M", "*", "T") and spec.block_norms == 4:  # sandwich norms (Gemma 2/3): each sub-layer's output normed before its add
+        out.append(Stashed("post_attn_norm_in", e * h, "sp"))
+    shared_norm = spec.block_norms == 1  # one norm feeds both branches: the FFN reads qkv_in's tensor
+    if kind in ("T", "-", "E"):
+        if not shared_norm:
+            out.append(Stashed("mlp_norm_in", e * h, "sp"))
+        moe = layer_index is not None and spec.is_moe and is_moe_layer(spec, layer_index)
+        out += _ffn_stash(spec, opts, lin, moe, routed, shared_norm)
+        if spec.block_norms == 4:
+            out.append(Stashed("post_mlp_norm_in", e * h, "sp"))
+        if opts.dropout:
+            out.append(Stashed("mlp_mask", 1.0 * h, "sp"))
+    if opts.eager_modules:
+        # LlamaRMSNorm keeps its fp32 upcast (pow's and the scaling's input) and its normalised output
+        # (the weight product's input) where a fused norm keeps the input: 4 bytes an element more
+        # (under fp32 training the upcast is the input itself and the normalised output the extra)
+        if spec.norm == "rmsnorm":
+            out.append(Stashed("attn_norm_fp32" if kind != "-" and kind != "E" else "mlp_norm_fp32", 4.0 * h, "sp"))
+            if kind == "T" and not shared_norm:
+                out.append(Stashed("mlp_norm_fp32", 4.0 * h, "sp"))
+            if spec.block_norms == 4:
+                out.append(Stashed("post_norms_fp32", 2 * 4.0 * h, "sp"))
+        gated = spec.ffn == "swiglu"
+        moe = layer_index is not None and spec.is_moe and is_moe_layer(spec, layer_index)
+        if gated and not moe and kind in ("T", "-"):  # act(gate) * up keeps act(gate) for the product's gradient
+            out.append(Stashed("mlp_silu", e * spec.d_ff, "tp", ("mlp",)))
+    return tuple(out)
+
+
+def _attention_stash(spec: ModelSpec, seq_len: int, opts: ActivationOptions, lin: float) -> list[Stashed]:
+    """The attention sub-layer's tensors (see :func:`block_stash`)."""
+    h, e = spec.d_model, opts.bytes_per_element
     out: list[Stashed] = [Stashed("attn_norm_in", e * h, "sp")]
     if spec.is_mla:
         heads, qk = spec.n_heads, spec.qk_nope_head_dim + spec.qk_rope_head_dim
@@ -182,13 +222,35 @@ def block_stash(spec: ModelSpec, seq_len: int, opts: ActivationOptions, layer_in
         # softmax output is what the scores x V product keeps
         per_score = e + (1.0 + e if opts.dropout else 0.0)
         out.append(Stashed("scores", per_score * spec.n_heads * seq_len, "tp", ("core_attn",)))
-    if spec.block_norms == 4:  # sandwich norms (Gemma 2/3): each sub-layer's output normed before its add
-        out.append(Stashed("post_attn_norm_in", e * h, "sp"))
-    shared_norm = spec.block_norms == 1  # one norm feeds both branches: the FFN reads qkv_in's tensor
-    if not shared_norm:
-        out.append(Stashed("mlp_norm_in", e * h, "sp"))
-    moe = layer_index is not None and spec.is_moe and is_moe_layer(spec, layer_index)
+    return out
+
+
+def mamba_stash(spec: ModelSpec, opts: ActivationOptions, lin: float) -> list[Stashed]:
+    """What a Mamba-2 layer keeps per token for its backward (Megatron-Core ``MambaMixer``, the
+    default non-fused path): the pre-norm's input and output (the norm is fused into the input
+    projection, Transformer Engine's ``LayerNormColumnParallelLinear``, which keeps both); the input
+    projection's whole output -- z, x, B, C and dt are views of it and the gated norm, the
+    convolution and the scan each keep one; the convolution's output (x, B, C after SiLU, which the
+    scan keeps); the scan's fp32 cumulative decay ``dA_cumsum`` (one per head) and its output y;
+    the gated norm's output (the output projection's input); a dropout mask with dropout."""
+    h, e = spec.d_model, opts.bytes_per_element
+    out = [Stashed("mamba_norm_in", e * h, "sp"),
+           Stashed("mamba_in", lin * h, "sp"),
+           Stashed("mamba_zxbcdt", e * spec.mamba_in_proj_width, "tp"),
+           Stashed("mamba_conv_out", e * spec.mamba_conv_channels, "tp"),
+           Stashed("mamba_scan", 4.0 * spec.mamba_heads + e * spec.mamba_inner, "tp"),
+           Stashed("mamba_out_in", lin * spec.mamba_inner, "tp")]
+    if opts.dropout:
+        out.append(Stashed("mamba_mask", 1.0 * h, "sp"))
+    return out
+
+
+def _ffn_stash(spec: ModelSpec, opts: ActivationOptions, lin: float, moe: bool, routed: bool,
+               shared_norm: bool) -> list[Stashed]:
+    """The FFN sub-layer's tensors after its norm's input (see :func:`block_stash`)."""
+    h, e = spec.d_model, opts.bytes_per_element
     gated = spec.ffn == "swiglu"
+    out: list[Stashed] = []
     if not moe:
         f = spec.d_ff
         if not shared_norm:
@@ -203,23 +265,7 @@ def block_stash(spec: ModelSpec, seq_len: int, opts: ActivationOptions, layer_in
         if spec.n_shared_experts:
             f = spec.d_ff_shared_ * spec.n_shared_experts
             out.append(Stashed("shared_act", (2 * f if gated else f) * e + f * lin, "tp", ("moe", "shared_experts")))
-    if spec.block_norms == 4:
-        out.append(Stashed("post_mlp_norm_in", e * h, "sp"))
-    if opts.dropout:
-        out.append(Stashed("mlp_mask", 1.0 * h, "sp"))
-    if opts.eager_modules:
-        # LlamaRMSNorm keeps its fp32 upcast (pow's and the scaling's input) and its normalised output
-        # (the weight product's input) where a fused norm keeps the input: 4 bytes an element more
-        # (under fp32 training the upcast is the input itself and the normalised output the extra)
-        if spec.norm == "rmsnorm":
-            out.append(Stashed("attn_norm_fp32", 4.0 * h, "sp"))
-            if not shared_norm:
-                out.append(Stashed("mlp_norm_fp32", 4.0 * h, "sp"))
-            if spec.block_norms == 4:
-                out.append(Stashed("post_norms_fp32", 2 * 4.0 * h, "sp"))
-        if gated and not moe:  # act(gate) * up keeps act(gate) for the product's gradient
-            out.append(Stashed("mlp_silu", e * spec.d_ff, "tp", ("mlp",)))
-    return tuple(out)
+    return out
 
 
 def kept(t: Stashed, opts: ActivationOptions) -> bool:

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from parsim.model import ModelSpec
+from parsim.model import ModelSpec, block_kind
 
 FP8_RECIPES = ("delayed", "current", "mxfp8", "blockwise", "rowwise", "nvfp4")
 """Transformer Engine's low-precision recipes (DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling,
@@ -158,7 +158,18 @@ def forward_pieces(spec: ModelSpec, tokens: int, tp: int, sp: bool, act_bytes: f
             "residual": MemoryWork(2 * 3 * d * a, 2),
             "dropout": MemoryWork(2 * (2 * d * a + d), 2) if dropout else none,
         }
+    if spec.mamba_inner:
+        inner = spec.mamba_inner / tp
+        pieces["mamba"] = MemoryWork((2 * spec.mamba_conv_channels / tp + 3 * inner) * a, 2)
     return {name: w.scaled_bytes(tokens) for name, w in pieces.items()}
+
+
+HYBRID_PIECES = {"M": ("norm", "mamba"), "*": ("norm", "rotary"), "-": ("norm", "activation"),
+                 "E": ("norm", "activation")}
+"""The memory-bound ops of each hybrid layer beside its one residual add (and dropout): a Mamba-2
+layer's pre-norm (fused into its input projection), its causal convolution over x, B and C with the
+SiLU (``causal_conv1d``: read and write those channels) and its gated RMSNorm (``RMSNormGated``:
+read y and z, write the output); the scan itself is :func:`parsim.costs.compute.mamba_scan_times`'."""
 
 
 def block_forward_work(spec: ModelSpec, tokens: int, tp: int, sp: bool, act_bytes: float,
@@ -166,6 +177,10 @@ def block_forward_work(spec: ModelSpec, tokens: int, tp: int, sp: bool, act_byte
     """Norms, rotary, activation, residual adds (and dropout) of one block's forward on one GPU:
     :func:`forward_pieces`, the norm once per ``block_norms`` (usually twice)."""
     p = forward_pieces(spec, tokens, tp, sp, act_bytes, fused, dropout, moe)
+    kind = block_kind(spec)
+    if kind != "T":  # one sub-layer: its own ops, one residual add (and one dropout)
+        first, second = (p[name] for name in HYBRID_PIECES[kind])
+        return first + second + p["residual"].scaled(0.5) + p["dropout"].scaled(0.5)
     return p["norm"].scaled(spec.block_norms) + p["rotary"] + p["activation"] + p["residual"] + p["dropout"]
 
 
@@ -230,9 +245,28 @@ def fp8_cast_work(spec: ModelSpec, tokens_local: int, tp: int, recipe: str, act_
     reads = act_bytes * (2 if recipe in AMAX_PASS else 1)
     per = reads + writes
     n = CAST_KERNELS[recipe]
+    kind = block_kind(spec)
+    if kind != "T":  # one sub-layer's two linear layers: (input width, output gradient width) each
+        linears = _hybrid_linears(spec, tp, kind, qw, kvw, f, fc1)
+        fwd_elems = sum(k for k, _ in linears)
+        bwd_elems = sum(nn for _, nn in linears)
+        return (MemoryWork(tokens_local * fwd_elems * per, 2 * n), MemoryWork(tokens_local * bwd_elems * per, 2 * n))
     fwd_elems = d + qw + d + f
     bwd_elems = (qw + 2 * kvw) + d + fc1 + d
     return (MemoryWork(tokens_local * fwd_elems * per, 4 * n), MemoryWork(tokens_local * bwd_elems * per, 4 * n))
+
+
+def _hybrid_linears(spec: ModelSpec, tp: int, kind: str, qw: float, kvw: float, f: float,
+                    fc1: float) -> tuple[tuple[float, float], ...]:
+    """(input width K, output width N) on this TP rank of a hybrid layer's two linear layers: a
+    Mamba-2 mixer's input and output projections, attention's QKV and projection, the FFN's FC1
+    and FC2."""
+    d = spec.d_model
+    if kind == "M":
+        return ((d, spec.mamba_in_proj_width / tp), (spec.mamba_inner / tp, d))
+    if kind == "*":
+        return ((d, qw + 2 * kvw), (qw, d))
+    return ((d, fc1), (f, d))
 
 
 def rowwise_cast_work(spec: ModelSpec, tokens_local: int, tp: int, act_bytes: float,
@@ -268,6 +302,8 @@ def rowwise_cast_work(spec: ModelSpec, tokens_local: int, tp: int, act_bytes: fl
     q, k, f, fc1 = _local(spec, tp, moe)
     # (input width K, output width N) of QKV, proj, FC1, FC2 on this TP rank
     linears = ((d, q + 2 * k), (q, d), (d, fc1), (f, d))
+    if block_kind(spec) != "T":
+        linears = _hybrid_linears(spec, tp, block_kind(spec), q, k, f, fc1)
     x_elems = tokens_local * sum(kk for kk, _ in linears)
     dy_elems = tokens_local * sum(nn for _, nn in linears)
     w_elems = sum(kk * nn for kk, nn in linears)

@@ -17,7 +17,7 @@ from parsim.costs.inputs import cost_inputs
 from parsim.costs.layer import layer_cost
 from parsim.costs.model_costs import ModelCosts
 from parsim.errors import ConfigError
-from parsim.model import is_moe_layer
+from parsim.costs.stage import block_inputs, layer_kind
 from parsim.schedule.ir import Op
 
 
@@ -72,7 +72,7 @@ def _block_times(sc: Scenario) -> list[float]:
     inp = ModelCosts(cost_inputs(sc)).layer_inputs
     out = []
     for li in range(sc.model.n_layers):
-        lc = layer_cost(inp, is_moe_layer(sc.model, li))
+        lc = layer_cost(*block_inputs(inp, layer_kind(sc.model, li)))
         rec = lc.forward.total if sc.training.recompute == "full" else 0.0
         out.append(lc.forward.total + lc.backward_input.total + lc.backward_weight.total + rec)
     return out

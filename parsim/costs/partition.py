@@ -92,7 +92,8 @@ def balanced_layers(sc) -> tuple[int, ...]:
     from parsim.costs.layer import activation_options, layer_cost
     from parsim.costs.memory import layer_activation_bytes, model_state_bytes
     from parsim.costs.model_costs import ModelCosts
-    from parsim.model import is_moe_layer, layer_params
+    from parsim.costs.stage import block_inputs, layer_kind
+    from parsim.model import layer_params
     from parsim.schedule import build, peak_in_flight
     from parsim.schedule.ir import Op
 
@@ -105,7 +106,7 @@ def balanced_layers(sc) -> tuple[int, ...]:
     n = sc.model.n_layers
     per_layer = []
     for li in range(n):
-        lc = layer_cost(inp, is_moe_layer(sc.model, li))
+        lc = layer_cost(*block_inputs(inp, layer_kind(sc.model, li)))
         f, i, w = lc.forward, lc.backward_input, lc.backward_weight
         rec = f.total if tr.recompute == "full" else 0.0
         per_layer.append(f.total + i.total + w.total + rec)

@@ -30,12 +30,14 @@ from parsim.costs.memory_ops import loss_transient_bytes_per_logit, loss_work
 from parsim.costs.parts import AxisBytes, Parts
 from parsim.model import (
     ModelSpec,
+    block_kind,
     embedding_params,
     head_gemm,
     head_params,
     is_moe_layer,
     mtp_block_is_moe,
     mtp_join_params,
+    uniform_model,
 )
 from parsim.schedule.ir import Op
 from parsim.sim.engine import OpCost
@@ -47,9 +49,11 @@ PIPELINE_OPS = (Op.F, Op.I, Op.W, Op.B)
 class StageShape:
     """What a stage's cost depends on beyond the shard: its blocks' kinds and its position."""
 
-    kinds: tuple[bool | int, ...]
+    kinds: tuple[bool | int | str, ...]
     """Per block, in order: has a routed-expert (MoE) FFN; with one routing histogram per MoE
-    layer, an MoE block's kind is its 1-based index among the MoE layers (:func:`block_inputs`)."""
+    layer, an MoE block's kind is its 1-based index among the MoE layers (:func:`block_inputs`);
+    a hybrid model's layers are their symbols ("M", "*", "-", "E": ``ModelSpec.hybrid_pattern``),
+    an MoE layer with its own routing its index as above."""
     first: bool
     """Holds the embedding (first stage of a model copy)."""
     last: bool
@@ -126,8 +130,7 @@ def stage_layout(model: ModelSpec, layers_per_stage: tuple[int, ...], chain_len:
             first = 0
         layers = tuple(range(first, first + n))
         first += n
-        kinds = tuple((moe_index[li] + 1 if li in moe_index else False) if per_layer_routing
-                      else is_moe_layer(model, li) for li in layers)
+        kinds = tuple(layer_kind(model, li, moe_index if per_layer_routing else None) for li in layers)
         last = s % chain_len == chain_len - 1
         lo, hi = bf16_ends[0], model.n_layers - bf16_ends[1]
         bf16 = tuple(not lo <= li < hi for li in layers) if any(bf16_ends) else ()
@@ -136,6 +139,22 @@ def stage_layout(model: ModelSpec, layers_per_stage: tuple[int, ...], chain_len:
         shape_of.append(shapes.setdefault(shape, len(shapes)))
         all_layers.append(layers)
     return StageLayout(tuple(shapes), tuple(shape_of), tuple(all_layers))
+
+
+def layer_kind(model: ModelSpec, li: int, moe_index: dict[int, int] | None = None) -> bool | int | str:
+    """The kind :func:`block_inputs` costs block ``li`` as: its hybrid symbol, else whether it is
+    MoE; with ``moe_index`` (one routing per MoE layer: layer -> its index among the MoE layers)
+    an MoE block's 1-based index."""
+    if moe_index is not None and li in moe_index:
+        return moe_index[li] + 1
+    if model.hybrid_pattern:
+        return block_kind(model, li)
+    return is_moe_layer(model, li)
+
+
+def is_moe_kind(kind: bool | int | str) -> bool:
+    """A block of this kind has routed experts."""
+    return kind == "E" if isinstance(kind, str) else bool(kind)
 
 
 # Running sums over a run of blocks, in block order, as one flat vector (cheap to add): params,
@@ -159,12 +178,19 @@ def _sent(b: AxisBytes) -> tuple[float, ...]:
     return (b.tp, b.cp, b.ep, b.dp, b.pp)
 
 
-def block_inputs(inp: LayerInputs, kind: bool | int) -> tuple[LayerInputs, bool]:
+def block_inputs(inp: LayerInputs, kind: bool | int | str) -> tuple[LayerInputs, bool]:
     """(inputs, is MoE) of a block of this kind: an MoE block with its own routing (kind = its
-    1-based index among the MoE layers) gets that layer's histogram as the inputs' routing."""
+    1-based index among the MoE layers) gets that layer's histogram as the inputs' routing; a
+    hybrid layer the model with every layer of its kind (``parsim.model.uniform_model``), so the
+    block's costs read one kind of layer."""
+    if isinstance(kind, str):
+        return replace(inp, model=uniform_model(inp.model, kind)), kind == "E"
     if isinstance(kind, bool):
         return inp, kind
-    return replace(inp, moe=for_moe_layer(inp.moe, kind - 1)), True
+    inp = replace(inp, moe=for_moe_layer(inp.moe, kind - 1))
+    if inp.model.hybrid_pattern:
+        inp = replace(inp, model=uniform_model(inp.model, "E"))
+    return inp, True
 
 
 @lru_cache(maxsize=4096, typed=True)  # typed: an MoE layer's index 1 is not the kind True
@@ -208,7 +234,7 @@ def stage_cost(inp: LayerInputs, shape: StageShape) -> StageCost:
     prediction depth's block counts as one more block of the stage (its compute, recompute,
     stash, parameters); its projection, norms, embedding lookup and LM head pass are ends
     (:func:`mtp_cost`)."""
-    n_blocks, moe_blocks = len(shape.kinds), sum(1 for k in shape.kinds if k)
+    n_blocks, moe_blocks = len(shape.kinds), sum(1 for k in shape.kinds if is_moe_kind(k))
     if shape.mtp:
         shape = replace(shape, kinds=shape.kinds + (mtp_block_is_moe(inp.model),) * shape.mtp,
                         bf16=shape.bf16 + (False,) * shape.mtp if shape.bf16 else ())
@@ -223,6 +249,8 @@ def stage_cost(inp: LayerInputs, shape: StageShape) -> StageCost:
     o = inp.options
     recompute = "full" if o.remat else o.recompute
     transient = layer_cost(*block_inputs(inp, shape.kinds[0])).recompute_transient_bytes if shape.kinds else 0.0
+    if inp.model.hybrid_pattern and shape.kinds:  # a hybrid stage's layers differ: the largest rebuild
+        transient = max(layer_cost(*block_inputs(inp, k)).recompute_transient_bytes for k in set(shape.kinds))
     if recompute == "full" and not o.remat and o.recompute_method == "block":
         # Megatron's block method: the chunk's first k blocks are recomputed one by one, the
         # others keep everything they stash

@@ -28,11 +28,12 @@ KNOWN_VOCAB = {"GPT2BPETokenizer": GPT2_BPE_VOCAB}
 def import_megatron(argv: list[str], hardware: str | None = None, gpus: int | None = None) -> Imported:
     """The scenario Megatron-LM would run with these ``pretrain_gpt.py`` arguments."""
     v, given, other = parse_args(argv)
+    notes: list[str] = []
+    segments = _hybrid_pattern(v, given, notes)
     for dest, flag in (("num_layers", "--num-layers"), ("hidden_size", "--hidden-size"),
                        ("num_attention_heads", "--num-attention-heads"), ("seq_length", "--seq-length")):
         if dest not in v:
             raise ConfigError(SOURCE, flag, "missing (Megatron requires it)")
-    notes: list[str] = []
     tp, pp, cp, ep = (v.get(k, 1) for k in ("tp", "pp", "cp", "ep"))
     if hardware is None:
         hardware = "dgx-h100"
@@ -44,7 +45,7 @@ def import_megatron(argv: list[str], hardware: str | None = None, gpus: int | No
         raise ConfigError(SOURCE, "--gpus", f"{gpus} GPUs are not a multiple of tp*pp*cp = {tp}*{pp}*{cp} "
                                             f"= {tp * pp * cp} (Megatron's data-parallel size would not be whole)")
     dp = gpus // (tp * pp * cp)
-    vpp = _vpp(v, given, pp)
+    vpp = _vpp(v, given, pp) if len(segments) <= 1 else _segments_vpp(segments, pp, given)
     model = _model(v, tp, notes)
     training = _training(v, dp, notes)
     parallel = {"dp": dp, "tp": tp, "pp": pp} | {k: x for k, x in (("cp", cp), ("ep", ep), ("vpp", vpp)) if x > 1}
@@ -52,7 +53,9 @@ def import_megatron(argv: list[str], hardware: str | None = None, gpus: int | No
     parallel["sequence_parallel"] = bool(v.get("sequence_parallel")) and tp > 1  # Megatron drops it at tp=1
     parallel.update(_grad_conventions(v, parallel["zero"], training["precision"]))
     schedule = {"name": "Interleaved1F1B" if vpp > 1 else "1F1B"}
-    if pp > 1:
+    if pp > 1 and len(segments) > 1:  # the pattern's | segments are the model chunks
+        schedule.update(stage_layout(model["n_layers"], [len(s) for s in segments], vpp, schedule["name"]))
+    elif pp > 1:
         per_stage = megatron_stage_layers(model["n_layers"], pp, vpp, v.get("first_layers"), v.get("last_layers"),
                                           bool(v.get("account_embedding")), bool(v.get("account_loss")))
         stated = {k: x for k, x in (("first_stage_layers", v.get("first_layers")),
@@ -90,6 +93,52 @@ def import_megatron(argv: list[str], hardware: str | None = None, gpus: int | No
     return Imported(SOURCE, doc, tuple(other + _without_effect(v, given)), tuple(notes), _key_source(given))
 
 
+def _hybrid_pattern(v: dict, given: dict, notes: list[str]) -> list[str]:
+    """``--hybrid-layer-pattern`` (or the deprecated ``--hybrid-override-pattern``), as Megatron-LM
+    reads it (arguments.py, ``parse_hybrid_pattern``): the layers' symbols, ``|`` between pipeline
+    segments, ``/`` before the multi-token-prediction layers. Sets ``num_layers`` from it (Megatron
+    overrides --num-layers) and keeps the symbols in ``v["hybrid_pattern"]``; returns the segments."""
+    if "hybrid_pattern" not in v:
+        for dest in ("hybrid_attention_ratio", "hybrid_mlp_ratio"):
+            if v.get(dest):
+                raise ConfigError(SOURCE, given[dest], "Megatron's ratio allocation of hybrid layers is not "
+                                  "modelled: give --hybrid-layer-pattern")
+        return []
+    flag = given["hybrid_pattern"]
+    main, _, mtp = v["hybrid_pattern"].partition("/")
+    if mtp:
+        notes.append(f"{flag}: the multi-token prediction layers after '/' ({mtp!r}) are not modelled")
+    segments = main.split("|")
+    if any(not s for s in segments):
+        raise ConfigError(SOURCE, flag, f"{v['hybrid_pattern']!r} has an empty pipeline segment")
+    pattern = "".join(segments)
+    if v.get("num_layers") not in (None, len(pattern)):
+        notes.append(f"--num-layers {v['num_layers']} ignored: {flag} has {len(pattern)} layers (Megatron uses "
+                     "the pattern's)")
+    v["num_layers"], v["hybrid_pattern"] = len(pattern), pattern
+    return segments
+
+
+def _segments_vpp(segments: list[str], pp: int, given: dict) -> int:
+    """Virtual stages per pipeline rank from the pattern's segments (Megatron: their count over pp)."""
+    if len(segments) % pp:
+        raise ConfigError(SOURCE, given["hybrid_pattern"], f"{len(segments)} pipeline segments are not divisible by "
+                          f"--pipeline-model-parallel-size {pp} (Megatron's rule)")
+    if "vpp" in given or "layers_per_virtual_stage" in given:
+        raise ConfigError(SOURCE, given.get("vpp") or given["layers_per_virtual_stage"],
+                          "not with a pipe-separated --hybrid-layer-pattern: its segments set the virtual stages")
+    return len(segments) // pp
+
+
+def _hybrid_model(v: dict, h: int) -> dict:
+    """The hybrid fields of ``_model``: the pattern and the Mamba-2 mixer's sizes (Megatron-Core's
+    defaults: head dim 64, state 128, 8 groups; heads from the inner width 2 x hidden when not given)."""
+    head_dim = v.get("mamba_head_dim", 64)
+    return {"hybrid_pattern": v["hybrid_pattern"], "mamba_head_dim": head_dim,
+            "mamba_heads": v.get("mamba_num_heads") or 2 * h // head_dim,
+            "mamba_state_dim": v.get("mamba_state_dim", 128), "mamba_groups": v.get("mamba_num_groups", 8)}
+
+
 def _without_effect(v: dict, given: dict) -> list[str]:
     """Flags read but without effect in this configuration (as in Megatron), listed as such."""
     idle = []
@@ -106,6 +155,9 @@ def _without_effect(v: dict, given: dict) -> list[str]:
         idle += [(f"moe_{b}_sms", f"flex backend {backend}") for b in ("deepep", "hybridep") if b != backend]
     if not v.get("group_query_attention"):
         idle.append(("num_query_groups", "no --group-query-attention"))
+    if "hybrid_pattern" not in v:
+        idle += [(d, "no --hybrid-layer-pattern") for d in ("mamba_num_heads", "mamba_head_dim", "mamba_state_dim",
+                                                             "mamba_num_groups", "is_hybrid_model")]
     if v.get("recompute_granularity") != "full":
         idle += [(d, "no --recompute-granularity full") for d in ("recompute_method", "recompute_num_layers")]
     if v.get("recompute_granularity") != "selective" and not (v.get("recompute_granularity") is None
@@ -212,9 +264,11 @@ def _model(v: dict, tp: int, notes: list[str]) -> dict:
         m["head_dim"] = v["kv_channels"]
     m["tied_embeddings"] = not v.get("untie")
     pos = v.get("position_embedding_type", "learned_absolute")
-    m["position"] = "learned" if pos == "learned_absolute" else "rope"
-    if pos in ("relative", "none"):
+    m["position"] = {"learned_absolute": "learned", "none": "none"}.get(pos, "rope")
+    if pos == "relative":
         notes.append(f"--position-embedding-type {pos}: no position weights counted (parsim's \"rope\")")
+    if "hybrid_pattern" in v:
+        m.update(_hybrid_model(v, h))
     m["max_seq_len"] = v.get("max_position_embeddings", v["seq_length"])
     m["norm"] = "rmsnorm" if v.get("normalization") == "RMSNorm" else "layernorm"
     m["bias"] = not v.get("disable_bias_linear")

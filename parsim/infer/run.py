@@ -43,6 +43,7 @@ from parsim.costs.inference import (
     PassCost,
     act_bytes,
     ds07_workspace_bytes,
+    cache_bytes_per_sequence,
     kv_bytes_per_sequence,
     kv_concat,
     pass_cost,
@@ -107,6 +108,9 @@ def load_inference(path: str | Path, overrides: list[str] | None = None) -> Infe
         raise ConfigError(file, "offload.params", f"hardware profile {sc.hardware.name} has no [host] table")
     if off.params == "nvme" and sc.hardware.host.nvme_bytes <= 0:
         raise ConfigError(file, "offload.params", f"hardware profile {sc.hardware.name} has no NVMe")
+    if inf.engine == "deepspeed-0.7" and sc.model.hybrid_pattern:
+        raise ConfigError(file, "inference.engine", "DeepSpeed-Inference v0.7 injects transformer blocks; "
+                          f"{sc.model.name}'s hybrid (Mamba-2) layers need engine = \"fused\"")
     if inf.engine == "deepspeed-0.7":
         _check_ds07(job_file=file, sc=sc, inf=inf, off=off)
     if inf.kv_cache == "cpu" and sc.hardware.host is None:
@@ -354,10 +358,14 @@ def memory(job: InferJob) -> dict:
         layers = _stage_layers(sc, stage)
         pc = _stage_pass(job, stage, layers[:1] or (0,), 1, 1, 1)  # weight bytes only
         per_layer = pc.weight_bytes[0] if pc.weight_bytes else 0.0
-        weights = per_layer * len(layers) + pc.resident_head_bytes + _ds07_dequantized_bytes(job)
+        blocks = per_layer * len(layers)
+        if m.hybrid_pattern:  # hybrid layers differ: each its own weights
+            pc = _stage_pass(job, stage, layers or (0,), 1, 1, 1)
+            per_layer, blocks = max(pc.weight_bytes, default=0.0), sum(pc.weight_bytes) if layers else 0.0
+        weights = blocks + pc.resident_head_bytes + _ds07_dequantized_bytes(job)
         if off.params != "none":  # the block computing and the one prefetched, gathered whole
             weights = 2 * max(per_layer, pc.head_bytes, pc.embedding_bytes)
-        kv_seq = kv_bytes_per_sequence(m, len(layers), par.tp, inf.context, inf.precision)
+        kv_seq = cache_bytes_per_sequence(m, layers, par.tp, inf.context, inf.precision)
         if inf.engine == "deepspeed-0.7":
             per_seq = _ds07_bytes_per_sequence(job, len(layers))
         else:

@@ -4,6 +4,9 @@ from parsim.model.hf import SUPPORTED as HF_MODEL_TYPES
 from parsim.model.hf import model_from_hf_config
 from parsim.model.presets import PRESETS, get_preset, model_from_table
 from parsim.model.shapes import (
+                                 mamba_mixer_params,
+                                 mamba_scan_flops,
+                                 megatron_hybrid_flops,
                                  Gemm,
                                  PassFlops,
                                  active_params,
@@ -32,8 +35,15 @@ from parsim.model.spec import (
                                  NORM_KINDS,
                                  POSITION_KINDS,
                                  ModelSpec,
+                                 HYBRID_SYMBOLS,
                                  attention_kind,
+                                 block_kind,
+                                 has_attention,
+                                 has_ffn,
+                                 has_mamba,
                                  is_moe_layer,
+                                 sublayers,
+                                 uniform_model,
 )
 
 __all__ = [
@@ -43,5 +53,7 @@ __all__ = [
     "layer_params", "embedding_params", "head_params", "total_params", "mtp_params", "mtp_join_params", "mtp_block_is_moe", "trained_params",
     "active_params", "layer_gemms",
     "attention_core_flops", "layer_elementwise_bytes", "head_gemm", "layer_flops", "head_flops",
-    "model_flops_per_step", "megatron_flops_per_step",
+    "model_flops_per_step", "megatron_flops_per_step", "megatron_hybrid_flops",
+    "HYBRID_SYMBOLS", "block_kind", "has_attention", "has_ffn", "has_mamba", "sublayers", "uniform_model",
+    "mamba_mixer_params", "mamba_scan_flops",
 ]

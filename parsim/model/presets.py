@@ -67,6 +67,26 @@ _DEEPSEEK_V3 = ModelSpec("deepseek-v3", 61, 7168, 128, 128, 18432, 129280, ffn="
                          v_head_dim=128, expert_groups=8, expert_groups_per_token=4)
 
 
+def _nemotron_h(name: str, pattern: str, d_model: int, d_ff: int, n_heads: int, n_kv_heads: int,
+                mamba_heads: int, mamba_head_dim: int = 64, mamba_state_dim: int = 128,
+                max_seq_len: int = 8192, **moe) -> ModelSpec:
+    """NVIDIA's hybrid Mamba-2 models (Hugging Face ``nemotron_h``), as Megatron-Bridge's recipes build
+    them (src/megatron/bridge/recipes/nemotronh/h100/{nemotronh,nemotron_nano_v2,nemotron_3_nano}.py at
+    067f987df: ``HybridModelProvider``): one symbol a layer (``hybrid_layer_pattern``), squared-ReLU MLPs
+    of two matrices, RMSNorm, no biases, no position encoding (``position_embedding_type = "none"``),
+    untied head, 131072 vocabulary, 8 Mamba groups, 128-dimensional attention heads."""
+    return ModelSpec(name, len(pattern), d_model, n_heads, n_kv_heads, d_ff, 131072, ffn="gelu", head_dim=128,
+                     position="none", max_seq_len=max_seq_len, hybrid_pattern=pattern, mamba_heads=mamba_heads,
+                     mamba_head_dim=mamba_head_dim, mamba_state_dim=mamba_state_dim, **moe)
+
+
+_NEMOTRON_H_52 = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
+_NEMOTRON_H_47B = ("M-M-M-M-M-M-M-M-M*-M-M-M-M-M-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-M-M---MM---M-M*"
+                   "-M-M-M-M-M-")
+_NEMOTRON_H_56B = ("M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*"
+                   "-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-")
+
+
 _LIST: list[ModelSpec] = [
     # GPT-3 175B: Brown et al. 2020 Table 2.1 (96 layers, d 12288, 96 heads, ctx 2048);
     # BPE vocab 50257 (GPT-2 tokenizer). Published 174.6B.
@@ -286,6 +306,21 @@ _LIST += [
     # LayerNorm (NeMo's layernorm1p: scale and shift), RoPE, no biases, untied embeddings.
     ModelSpec("nemotron4-15b", 32, 6144, 48, 8, 24576, 256000, ffn="gelu", norm="layernorm", max_seq_len=4096),
     ModelSpec("nemotron4-340b", 96, 18432, 96, 8, 73728, 256000, ffn="gelu", norm="layernorm", max_seq_len=4096),
+    # Nemotron-H 4B / 8B / 47B / 56B (arXiv:2504.03624; 56B: 54 Mamba-2, 54 MLP and 10 attention
+    # layers), Nemotron Nano 2 9B / 12B (arXiv:2508.14444; 12B: "12.31B"), Nemotron 3 Nano 30B-A3B
+    # (31.6B total, 3.2B active, 3.6B with embeddings: 23 Mamba-2, 23 MoE of 128 experts top-6 with
+    # a shared expert, 6 attention layers; its HF config.json in tests/data/hf).
+    _nemotron_h("nemotron-h-4b", _NEMOTRON_H_52, 3072, 12288, 32, 8, 112),
+    _nemotron_h("nemotron-h-8b", _NEMOTRON_H_52, 4096, 21504, 32, 8, 128),
+    _nemotron_h("nemotron-h-47b", _NEMOTRON_H_47B, 8192, 30720, 64, 8, 256, mamba_state_dim=256),
+    _nemotron_h("nemotron-h-56b", _NEMOTRON_H_56B, 8192, 32768, 64, 8, 256, mamba_state_dim=256),
+    _nemotron_h("nemotron-nano-9b-v2", "M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-", 4480, 15680,
+                40, 8, 128, mamba_head_dim=80, max_seq_len=131072),
+    _nemotron_h("nemotron-nano-12b-v2", "M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M-", 5120,
+                20480, 40, 8, 128, mamba_head_dim=80, max_seq_len=131072),
+    _nemotron_h("nemotron-3-nano-30b-a3b", "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME", 2688, 1856, 32, 2,
+                64, max_seq_len=262144, n_experts=128, top_k=6, d_ff_expert=1856, n_shared_experts=1,
+                d_ff_shared=3712),
     # Granite 3.1 3B-A800M: 40 experts of 512, top-8, tied head.
     ModelSpec("granite3-3b-a800m", 32, 1536, 24, 8, 512, 49155, ffn="swiglu", tied_embeddings=True,
               max_seq_len=131072, n_experts=40, top_k=8, d_ff_expert=512),

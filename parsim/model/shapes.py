@@ -24,16 +24,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from parsim.model.spec import ModelSpec, attention_kind, is_moe_layer
+from parsim.model.spec import (
+    ModelSpec,
+    attention_kind,
+    block_kind,
+    has_attention,
+    has_ffn,
+    is_moe_layer,
+)
 
 
 def _pick_layer(spec: ModelSpec, layer_index: int | None) -> bool:
-    """MoE-ness of the requested layer; None = layer 0 for dense models, first MoE layer otherwise."""
+    """MoE-ness of the requested layer; None = layer 0 for dense models, first MoE layer otherwise
+    (a hybrid model: layer 0)."""
     if layer_index is None:
+        if spec.hybrid_pattern:
+            return block_kind(spec) == "E"
         return spec.is_moe and spec.n_moe_layers > 0
     if not 0 <= layer_index < spec.n_layers:
         raise ValueError(f"layer_index {layer_index} out of range 0..{spec.n_layers - 1}")
     return is_moe_layer(spec, layer_index)
+
+
+def _layer_index(spec: ModelSpec, layer_index: int | None) -> int | None:
+    """The layer a None index stands for in a hybrid model (layer 0), else the index as given."""
+    return 0 if layer_index is None and spec.hybrid_pattern else layer_index
 
 
 def _attention_matrices(spec: ModelSpec) -> int:
@@ -76,6 +91,19 @@ def _norm_params(spec: ModelSpec) -> int:
     return spec.d_model * (2 if spec.norm == "layernorm" and spec.norm_shift else 1)
 
 
+def mamba_mixer_params(spec: ModelSpec) -> int:
+    """Weights of one Mamba-2 mixer (Megatron-Core ``MambaMixer``): the input projection to z, x,
+    B, C and dt (``mamba_in_proj_width`` x d, biased only with ``bias``), the depthwise causal
+    convolution over x, B and C (``mamba_conv_kernel`` taps and a bias per channel), ``dt_bias``,
+    ``A_log`` and ``D`` (one per head), the gated RMSNorm over the inner width and the output
+    projection (d x inner, biased with ``bias``). The layer's pre-norm is not the mixer's."""
+    d, inner, conv = spec.d_model, spec.mamba_inner, spec.mamba_conv_channels
+    n = d * spec.mamba_in_proj_width + inner * d
+    if spec.bias:
+        n += spec.mamba_in_proj_width + d
+    return n + conv * (spec.mamba_conv_kernel + 1) + 3 * spec.mamba_heads + inner
+
+
 def _ffn_params(spec: ModelSpec, moe: bool, active: bool) -> int:
     if not moe:
         return _mlp_params(spec, spec.d_ff)
@@ -88,16 +116,32 @@ def _ffn_params(spec: ModelSpec, moe: bool, active: bool) -> int:
 
 def layer_params(spec: ModelSpec, layer_index: int | None = None) -> int:
     """Parameters of one block: attention + FFN or MoE (router, all experts) + its norms
-    (``block_norms``, usually 2).
+    (``block_norms``, usually 2); a hybrid layer: its one sub-layer and its pre-norm.
 
-    ``layer_index=None`` means layer 0 for a dense model and the first MoE layer for an MoE model.
+    ``layer_index=None`` means layer 0 for a dense model and the first MoE layer for an MoE model
+    (layer 0 of a hybrid model).
     """
+    if spec.hybrid_pattern:
+        return _hybrid_params(spec, block_kind(spec, layer_index), active=False)
     moe = _pick_layer(spec, layer_index)
     return (_attention_matrices(spec) + _attention_other(spec) + spec.block_norms * _norm_params(spec)
             + _ffn_params(spec, moe, active=False))
 
 
+def _hybrid_params(spec: ModelSpec, kind: str, active: bool) -> int:
+    """One hybrid layer of ``kind``: its pre-norm and its sub-layer."""
+    if kind == "M":
+        body = mamba_mixer_params(spec)
+    elif kind == "*":
+        body = _attention_matrices(spec) + _attention_other(spec)
+    else:
+        body = _ffn_params(spec, kind == "E", active)
+    return _norm_params(spec) + body
+
+
 def _layer_active_params(spec: ModelSpec, layer_index: int) -> int:
+    if spec.hybrid_pattern:
+        return _hybrid_params(spec, block_kind(spec, layer_index), active=True)
     moe = is_moe_layer(spec, layer_index)
     return (_attention_matrices(spec) + _attention_other(spec) + spec.block_norms * _norm_params(spec)
             + _ffn_params(spec, moe, active=True))
@@ -117,6 +161,10 @@ def head_params(spec: ModelSpec) -> int:
 
 
 def total_params(spec: ModelSpec) -> int:
+    if spec.hybrid_pattern:
+        blocks = sum(spec.hybrid_pattern.count(k) * _hybrid_params(spec, k, active=False)
+                     for k in set(spec.hybrid_pattern))
+        return embedding_params(spec) + blocks + head_params(spec)
     n_moe = spec.n_moe_layers
     blocks = n_moe * layer_params(spec, _first(spec, True)) if n_moe else 0
     if spec.n_layers - n_moe:
@@ -153,7 +201,11 @@ def trained_params(spec: ModelSpec) -> int:
 
 def active_params(spec: ModelSpec) -> int:
     """Parameters touched per token: routed top_k + shared experts + router, embeddings included."""
-    blocks = sum(_layer_active_params(spec, i) for i in range(spec.n_layers))
+    if spec.hybrid_pattern:
+        blocks = sum(spec.hybrid_pattern.count(k) * _hybrid_params(spec, k, active=True)
+                     for k in set(spec.hybrid_pattern))
+    else:
+        blocks = sum(_layer_active_params(spec, i) for i in range(spec.n_layers))
     return embedding_params(spec) + blocks + head_params(spec)
 
 
@@ -214,6 +266,28 @@ def _attention_gemms(spec: ModelSpec, m: int, tp: int) -> list[Gemm]:
     ]
 
 
+def _mamba_gemms(spec: ModelSpec, m: int, tp: int) -> tuple[Gemm, ...]:
+    """A Mamba-2 mixer's two linear layers on one TP rank: the column-parallel input projection
+    (z, x, B, C and dt of this rank's heads and groups) and the row-parallel output projection
+    (Megatron-Core ``MambaMixer``: ``in_proj`` and ``out_proj``)."""
+    d = spec.d_model
+    heads, groups = _shard(spec.mamba_heads, tp), _shard(spec.mamba_groups, tp)
+    inner = heads * spec.mamba_head_dim
+    width = 2 * inner + 2 * groups * spec.mamba_state_dim + heads
+    return (Gemm("mamba_in_proj", m, width, d), Gemm("mamba_out_proj", m, d, inner))
+
+
+def mamba_scan_flops(spec: ModelSpec, tokens: float, tp: int = 1) -> float:
+    """Forward FLOPs of one Mamba-2 layer's SSD scan on one TP rank, as its chunked algorithm runs
+    them (Dao & Gu 2024, "Transformers are SSMs", Sec. 6; ``mamba_chunk_scan_combined``): per chunk
+    of Q tokens, C B^T per group (2 Q^2 N), within-chunk outputs (CB x X, 2 Q^2 P a head), chunk
+    states (B^T X, 2 Q N P a head) and the outputs' state part (C x state, 2 Q N P a head) --
+    per token 2 Q N G + 2 Q P H + 4 N P H. Full chunks (the causal mask is applied, not skipped)."""
+    q, n, p = spec.mamba_chunk, spec.mamba_state_dim, spec.mamba_head_dim
+    h, g = spec.mamba_heads / tp, max(1.0, spec.mamba_groups / tp)
+    return tokens * (2 * q * n * g + 2 * q * p * h + 4 * n * p * h)
+
+
 def layer_gemms(spec: ModelSpec, tokens: int, tp: int = 1,
                 layer_index: int | None = None) -> tuple[Gemm, ...]:
     """Forward GEMMs of one block for ``tokens`` tokens on one TP rank (see module docstring).
@@ -223,7 +297,12 @@ def layer_gemms(spec: ModelSpec, tokens: int, tp: int = 1,
     on all tokens. Expert parallelism is not applied here.
     """
     moe = _pick_layer(spec, layer_index)
-    g = _attention_gemms(spec, tokens, tp)
+    kind = block_kind(spec, layer_index)
+    if kind == "M":
+        return _mamba_gemms(spec, tokens, tp)
+    g = _attention_gemms(spec, tokens, tp) if has_attention(spec, layer_index) else []
+    if not has_ffn(spec, layer_index):
+        return tuple(g)
     if not moe:
         return tuple(g + _mlp_gemms(spec, "", tokens, spec.d_ff, tp))
     g.append(Gemm("router", tokens, spec.n_experts, spec.d_model))
@@ -266,6 +345,8 @@ def attention_core_flops(spec: ModelSpec, batch: float, seq_len: int, tp: int = 
     block's P = s(s+1)/2 gives s^2, a window of one key gives s, and a window or chunk of
     s or more gives s^2 again, so the count never jumps at the boundary.
     """
+    if not has_attention(spec, layer_index):
+        return 0.0
     if spec.is_mla:
         per_head = spec.qk_nope_head_dim + spec.qk_rope_head_dim + spec.v_head_dim
     else:
@@ -277,7 +358,7 @@ def attention_core_flops(spec: ModelSpec, batch: float, seq_len: int, tp: int = 
 
 
 def layer_elementwise_bytes(spec: ModelSpec, tokens: int, tp: int = 1, sp: bool = False,
-                            bytes_per_el: int = 2) -> float:
+                            bytes_per_el: int = 2, layer_index: int | None = None) -> float:
     """HBM bytes read + written by one block's memory-bound forward ops (an estimate).
 
     Per token, in elements: two norms (read d, write d), two residual adds (read 2d,
@@ -286,14 +367,25 @@ def layer_elementwise_bytes(spec: ModelSpec, tokens: int, tp: int = 1, sp: bool 
     local f = d_ff/tp shard; for MoE layers the token dispatch and combine permutations
     (4*top_k*d). Dropout is assumed off; GEMM epilogues (bias adds) and the fused
     flash-attention kernel are left out. Counts the first MoE layer when layer_index is None.
+    A hybrid layer counts its one norm and residual add and its sub-layer's own work (a Mamba-2
+    mixer: the convolution over x, B and C, read and written, and the gated norm, reading y and z
+    and writing its output, on this rank's heads).
     """
     d = spec.d_model
-    replicated = (2 * 2 * d + 2 * 3 * d) / (tp if sp else 1)
+    kind = block_kind(spec, layer_index)
+    subs = 2 if kind == "T" else 1
+    replicated = subs * (2 * d + 3 * d) / (tp if sp else 1)
     rope_dim = spec.qk_rope_head_dim if spec.is_mla else spec.head_dim_
     kv_heads = 1 if spec.is_mla else spec.n_kv_heads
-    rope = 2 * (spec.n_heads + kv_heads) * rope_dim / tp if spec.position == "rope" else 0.0
+    rope = 0.0
+    if has_attention(spec, layer_index) and spec.position == "rope":
+        rope = 2 * (spec.n_heads + kv_heads) * rope_dim / tp
     act = 3 if spec.ffn == "swiglu" else 2
-    if spec.is_moe and spec.n_moe_layers:
+    if kind == "M":
+        ffn = (2 * spec.mamba_conv_channels + 3 * spec.mamba_inner) / tp
+    elif not has_ffn(spec, layer_index):
+        ffn = 0.0
+    elif spec.is_moe and (kind == "E" or (kind == "T" and spec.n_moe_layers)):
         f_local = (spec.top_k * spec.d_ff_expert_ + spec.n_shared_experts * spec.d_ff_shared_) / tp
         ffn = act * f_local + 4 * spec.top_k * d
     else:
@@ -329,6 +421,8 @@ def layer_flops(spec: ModelSpec, batch: int, seq_len: int, tp: int = 1,
     """
     gemm = float(sum(g.flops for g in layer_gemms(spec, batch * seq_len, tp, layer_index)))
     attn = attention_core_flops(spec, batch, seq_len, tp, layer_index)
+    if block_kind(spec, layer_index) == "M":  # the SSD scan: its backward runs about twice its forward
+        attn = mamba_scan_flops(spec, batch * seq_len, tp)
     return PassFlops(gemm + attn, gemm + 2 * attn, gemm)
 
 
@@ -340,13 +434,19 @@ def head_flops(spec: ModelSpec, batch: int, seq_len: int, tp: int = 1) -> PassFl
 
 def _layer_matmul_weights(spec: ModelSpec, layer_index: int) -> int:
     """Weights a token multiplies in one block (active experts only, no biases or norms)."""
+    kind = block_kind(spec, layer_index)
+    if kind == "M":
+        return spec.d_model * spec.mamba_in_proj_width + spec.mamba_inner * spec.d_model
+    attention = _attention_matrices(spec) if has_attention(spec, layer_index) else 0
+    if not has_ffn(spec, layer_index):
+        return attention
     if is_moe_layer(spec, layer_index):
         ffn = (spec.d_model * spec.n_experts
                + spec.ffn_matrices * spec.d_model * (spec.top_k * spec.d_ff_expert_
                                                      + spec.n_shared_experts * spec.d_ff_shared_))
     else:
         ffn = spec.ffn_matrices * spec.d_model * spec.d_ff
-    return _attention_matrices(spec) + ffn
+    return attention + ffn
 
 
 def model_flops_per_step(spec: ModelSpec, tokens: int, seq_len: int) -> float:
@@ -366,7 +466,11 @@ def model_flops_per_step(spec: ModelSpec, tokens: int, seq_len: int) -> float:
     weights += spec.mtp_layers * (_layer_matmul_weights(spec, last) + 2 * spec.d_model * spec.d_model
                                   + spec.vocab_size * spec.d_model)
     b = tokens / seq_len
-    if spec.layer_types is None:  # every block full: the product every existing number came from
+    if spec.hybrid_pattern:  # attention layers' cores, and the Mamba layers' SSD scans
+        pattern = spec.hybrid_pattern
+        attn = pattern.count("*") * attention_core_flops(spec, b, seq_len, layer_index=pattern.find("*"))
+        attn += pattern.count("M") * mamba_scan_flops(spec, tokens)
+    elif spec.layer_types is None:  # every block full: the product every existing number came from
         attn = (spec.n_layers + spec.mtp_layers) * attention_core_flops(spec, b, seq_len)
     else:
         attn = sum(attention_core_flops(spec, b, seq_len, layer_index=i) for i in range(spec.n_layers))
@@ -381,6 +485,31 @@ def megatron_flops_per_step(spec: ModelSpec, batch: int, seq_len: int, recompute
     (it is never recomputed): 72*B*s*l*h^2*(1 + s/(6h)) + 6*B*s*h*V. Uses l, h, V only
     (assumes d_ff = 4h and MHA, as the paper does).
     """
+    if spec.hybrid_pattern:
+        return megatron_hybrid_flops(spec, batch, seq_len)
     b, s, l, h, v = batch, seq_len, spec.n_layers, spec.d_model, spec.vocab_size
     passes = 4 if recompute else 3
     return 24.0 * passes * b * s * l * h * h * (1 + s / (6 * h)) + 6.0 * b * s * h * v
+
+
+def megatron_hybrid_flops(spec: ModelSpec, batch: int, seq_len: int) -> float:
+    """Megatron-Core's FLOP count of a hybrid model's step (``megatron/training/training.py``,
+    ``num_floating_point_operations`` -> ``hybrid_flops``: what Megatron and the Megatron-Bridge
+    performance tables report as model TFLOP/s): 3 x the forward, recomputation never counted.
+    Per token, forward: an attention layer 4 h p (h + h g/n) + 2 s h p (p = heads x head dim / h,
+    g/n the KV-head share; the causal half and the FMA's 2 cancel); an MLP layer 4 f h (x 3/2
+    gated); a Mamba layer 2 h (2 d_in + 2 G N + H) + 7 d_in N + 2 d_in h with d_in = 2h as Megatron
+    writes it (whatever the heads give); an MoE layer 4 h f_e top_k (+ 4 h f_shared), x 3/2 gated;
+    the logits 2 h V."""
+    t, s, h, v = batch * seq_len, seq_len, spec.d_model, spec.vocab_size
+    pattern = spec.hybrid_pattern
+    gate = 1.5 if spec.ffn == "swiglu" else 1.0
+    p = spec.head_dim_ * spec.n_heads / h
+    attn = 4 * t * h * p * (h + h * spec.n_kv_heads / spec.n_heads) + 2 * t * s * h * p
+    mlp = 4 * gate * t * spec.d_ff * h
+    d_in, n, g = 2 * h, spec.mamba_state_dim, spec.mamba_groups
+    mamba = 2 * t * h * (2 * d_in + 2 * g * n + spec.mamba_heads) + 7 * t * d_in * n + 2 * t * d_in * h
+    moe = 4 * gate * t * h * (spec.d_ff_expert_ * spec.top_k + spec.n_shared_experts * spec.d_ff_shared_)
+    fwd = (pattern.count("*") * attn + pattern.count("-") * mlp + pattern.count("M") * mamba
+           + pattern.count("E") * moe + 2 * t * h * v)
+    return 3.0 * fwd

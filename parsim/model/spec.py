@@ -11,7 +11,7 @@ from parsim.errors import ConfigError
 FFN_KINDS = ("gelu", "swiglu")
 
 
-POSITION_KINDS = ("rope", "learned", "alibi")
+POSITION_KINDS = ("rope", "learned", "alibi", "none")
 
 
 ATTENTION_KINDS = ("full", "sliding", "chunked")
@@ -24,6 +24,12 @@ QK_NORM_WIDTHS = ("head", "projection")
 
 
 BLOCK_NORMS = (1, 2, 4)
+
+
+HYBRID_SYMBOLS = {"M": "Mamba-2 mixer", "*": "self-attention", "-": "MLP", "E": "mixture of experts"}
+"""The layers of a hybrid model (``ModelSpec.hybrid_pattern``), Megatron-Core's symbols
+(``megatron/core/ssm/mamba_hybrid_layer_allocation.py``): each is one pre-norm sub-layer with its
+residual add, not a whole transformer block."""
 
 
 @dataclass(frozen=True)
@@ -51,8 +57,9 @@ class ModelSpec:
     tied_embeddings: bool = False
     """LM head shares the token-embedding matrix."""
     position: str = "rope"
-    """"rope" or "alibi" (no weights; ALiBi is BLOOM's), or "learned" (adds
-    (max_seq_len + position_offset) * d_model to the embedding)."""
+    """"rope" or "alibi" (no weights; ALiBi is BLOOM's), "learned" (adds
+    (max_seq_len + position_offset) * d_model to the embedding), or "none" (no position encoding:
+    Nemotron-H's attention layers, Megatron ``--position-embedding-type none``)."""
     max_seq_len: int = 4096
     """Longest sequence (only sizes learned position tables; training seq_len is separate)."""
     norm: str = "rmsnorm"
@@ -144,6 +151,28 @@ class ModelSpec:
     through the shared output head: per depth one more block, a projection, three norms, an
     embedding lookup and an LM head and loss pass. The embedding and head are shared, so
     ``total_params`` leaves MTP out (DeepSeek's 671B) and ``mtp_params`` counts it."""
+    hybrid_pattern: str = ""
+    """Hybrid state-space models (Nemotron-H, Nemotron 3): one symbol per layer, Megatron-Core's
+    ``--hybrid-override-pattern`` and Hugging Face's ``hybrid_override_pattern`` -- "M" a Mamba-2
+    mixer, "*" self-attention, "-" an MLP (``d_ff``, ``ffn``), "E" an MoE layer (the ``n_experts``
+    fields); each layer is a pre-norm, its one sub-layer and a residual add. "" (the default):
+    every layer is a transformer block (attention and an FFN)."""
+    mamba_heads: int = 0
+    """Mamba-2 heads H of each "M" layer (Megatron ``--mamba-num-heads``, HF ``mamba_num_heads``);
+    the mixer's inner width is ``mamba_heads * mamba_head_dim``."""
+    mamba_head_dim: int = 64
+    """Channels P per Mamba-2 head (``--mamba-head-dim``, HF ``mamba_head_dim``; Megatron's default 64)."""
+    mamba_state_dim: int = 128
+    """SSM state size N (``--mamba-state-dim``, HF ``ssm_state_size``; Megatron's default 128)."""
+    mamba_groups: int = 8
+    """Groups G sharing one B and one C projection (``--mamba-num-groups``, HF ``n_groups``;
+    Megatron's default 8); divides ``mamba_heads``."""
+    mamba_conv_kernel: int = 4
+    """Width of the causal depthwise convolution over x, B and C (HF ``conv_kernel``; Megatron's
+    ``d_conv`` 4)."""
+    mamba_chunk: int = 128
+    """Chunk length Q of the SSD scan kernels (HF ``chunk_size``; Megatron's ``chunk_size`` 128):
+    quadratic attention-like work within a chunk, a state passed between chunks."""
     not_modelled: tuple[str, ...] = ()
     """Parts of the source architecture that the counts and FLOPs leave out, one line each
     (e.g. DeepSeek-V3.2's lightning indexer), so that reports can say so."""
@@ -199,6 +228,27 @@ class ModelSpec:
         return self.n_layers - self.n_moe_layers
 
     @property
+    def is_hybrid(self) -> bool:
+        """Layers are single sub-layers named by ``hybrid_pattern`` (Nemotron-H)."""
+        return bool(self.hybrid_pattern)
+
+    @property
+    def mamba_inner(self) -> int:
+        """Inner width of a Mamba-2 mixer, heads x head dim (Megatron's ``d_inner``)."""
+        return self.mamba_heads * self.mamba_head_dim
+
+    @property
+    def mamba_conv_channels(self) -> int:
+        """Channels of the causal convolution: x, B and C (``d_inner + 2 * ngroups * d_state``)."""
+        return self.mamba_inner + 2 * self.mamba_groups * self.mamba_state_dim
+
+    @property
+    def mamba_in_proj_width(self) -> int:
+        """Output features of a Mamba-2 mixer's input projection: z, x, B, C and dt
+        (``2 * d_inner + 2 * ngroups * d_state + nheads``, Megatron's ``MambaMixer.in_proj``)."""
+        return 2 * self.mamba_inner + 2 * self.mamba_groups * self.mamba_state_dim + self.mamba_heads
+
+    @property
     def ffn_matrices(self) -> int:
         """Weight matrices per FFN: 2 (gelu) or 3 (swiglu)."""
         return 3 if self.ffn == "swiglu" else 2
@@ -206,7 +256,8 @@ class ModelSpec:
 
 # ---------------------------------------------------------------- validation
 _POS_INT = ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size",
-            "max_seq_len", "top_k", "moe_every", "block_norms")
+            "max_seq_len", "top_k", "moe_every", "block_norms", "mamba_head_dim", "mamba_state_dim",
+            "mamba_groups", "mamba_conv_kernel", "mamba_chunk")
 
 
 MAX_LAYERS = 100_000
@@ -228,7 +279,8 @@ latent dimensions): 64x the largest published vocabulary (Gemma 3: 262,144) and 
 MAX_POSITIONS = 2**27
 """Longest position table or attention window (the 2^27-token sequence a scenario may train)."""
 _WIDTHS = ("d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size", "head_dim", "d_ff_expert", "d_ff_shared",
-           "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+           "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "mamba_heads",
+           "mamba_head_dim", "mamba_state_dim", "mamba_groups", "mamba_conv_kernel", "mamba_chunk")
 
 
 MAX_EXPERTS = 4096
@@ -237,7 +289,7 @@ cost model walks every expert's rows (4,096: ~3 s a scenario; 65,536 took 43 s).
 _NONNEG_INT = ("n_experts", "n_shared_experts", "first_dense_layers", "q_lora_rank",
                "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
                "sliding_window", "attention_chunk", "position_offset", "mtp_layers", "expert_groups",
-               "expert_groups_per_token")
+               "expert_groups_per_token", "mamba_heads")
 
 
 _BOOL = ("tied_embeddings", "bias", "qkv_bias", "qk_norm", "attention_sinks", "embedding_norm",
@@ -319,6 +371,7 @@ def _validate(s: ModelSpec) -> None:
     if s.first_dense_layers > s.n_layers:
         raise bad("first_dense_layers", f"{s.first_dense_layers} exceeds n_layers={s.n_layers}")
     _validate_attention(s, bad)
+    _validate_hybrid(s, bad)
     if not isinstance(s.not_modelled, tuple) or not all(isinstance(x, str) and x for x in s.not_modelled):
         raise bad("not_modelled", f"expected a list of non-empty strings, got {s.not_modelled!r}")
 
@@ -337,7 +390,78 @@ def _validate_attention(s: ModelSpec, bad) -> None:
         raise bad("attention_chunk", "must be positive when a layer is \"chunked\"")
 
 
+def _validate_hybrid(s: ModelSpec, bad) -> None:
+    p = s.hybrid_pattern
+    if not isinstance(p, str):
+        raise bad("hybrid_pattern", f"expected a string of layer symbols, got {p!r}")
+    if not p:
+        if s.mamba_heads:
+            raise bad("mamba_heads", "Mamba-2 layers need hybrid_pattern (their \"M\" layers)")
+        return
+    if len(p) != s.n_layers:
+        raise bad("hybrid_pattern", f"{len(p)} symbols for n_layers={s.n_layers} (one per layer)")
+    odd = sorted(set(p) - set(HYBRID_SYMBOLS))
+    if odd:
+        raise bad("hybrid_pattern", f"symbol {odd[0]!r} is not one of "
+                  + ", ".join(f"{k!r} ({v})" for k, v in HYBRID_SYMBOLS.items()))
+    if "M" in p and s.mamba_heads <= 0:
+        raise bad("mamba_heads", "must be positive when hybrid_pattern has Mamba (\"M\") layers")
+    if s.mamba_heads and s.mamba_heads % s.mamba_groups:
+        raise bad("mamba_groups", f"{s.mamba_groups} groups must divide mamba_heads={s.mamba_heads}")
+    if "E" in p and not s.is_moe:
+        raise bad("hybrid_pattern", "has MoE (\"E\") layers but n_experts is 0")
+    if s.is_moe and "E" not in p and len(set(p)) > 1:  # (one kind throughout: a layer of a mixed model, uniform_model)
+        raise bad("n_experts", f"{s.n_experts} experts but hybrid_pattern has no MoE (\"E\") layer")
+    # the pattern names every layer's kind: the fields that would name them otherwise must keep their defaults
+    for key, default in (("moe_every", 1), ("first_dense_layers", 0), ("layer_types", None), ("mtp_layers", 0),
+                         ("block_norms", 2), ("parallel_residual", False)):
+        if getattr(s, key) != default:
+            raise bad(key, f"not modelled with hybrid_pattern (each hybrid layer is one pre-norm sub-layer; "
+                      f"{key} must stay {default!r})")
+
+
 # ---------------------------------------------------------------- parameter counts
+def block_kind(spec: ModelSpec, layer_index: int | None = None) -> str:
+    """What layer ``layer_index`` is: "T" a transformer block (attention and an FFN, every layer of a
+    model without ``hybrid_pattern``), else its hybrid symbol ("M", "*", "-", "E"). None: layer 0."""
+    if not spec.hybrid_pattern:
+        return "T"
+    if layer_index is None:
+        return spec.hybrid_pattern[0]
+    if not 0 <= layer_index < spec.n_layers:
+        raise ValueError(f"layer_index {layer_index} out of range 0..{spec.n_layers - 1}")
+    return spec.hybrid_pattern[layer_index]
+
+
+def has_attention(spec: ModelSpec, layer_index: int | None = None) -> bool:
+    """Layer ``layer_index`` runs self-attention (a transformer block or a hybrid "*" layer)."""
+    return block_kind(spec, layer_index) in ("T", "*")
+
+
+def has_ffn(spec: ModelSpec, layer_index: int | None = None) -> bool:
+    """Layer ``layer_index`` runs an FFN, dense or MoE (a transformer block, a hybrid "-" or "E")."""
+    return block_kind(spec, layer_index) in ("T", "-", "E")
+
+
+def has_mamba(spec: ModelSpec, layer_index: int | None = None) -> bool:
+    """Layer ``layer_index`` is a hybrid model's Mamba-2 mixer ("M")."""
+    return block_kind(spec, layer_index) == "M"
+
+
+def sublayers(spec: ModelSpec, layer_index: int | None = None) -> int:
+    """Pre-norm sub-layers (each with a residual add and, under TP, its pair of collectives) of
+    layer ``layer_index``: 2 in a transformer block, 1 in a hybrid layer."""
+    return 2 if block_kind(spec, layer_index) == "T" else 1
+
+
+def uniform_model(spec: ModelSpec, symbol: str) -> ModelSpec:
+    """The hybrid model with every layer of kind ``symbol``: what a per-layer cost of that kind
+    reads (``parsim.costs.stage.block_inputs``); the model itself when it is not hybrid."""
+    if not spec.hybrid_pattern or spec.hybrid_pattern == symbol * spec.n_layers:
+        return spec
+    return dataclasses.replace(spec, hybrid_pattern=symbol * spec.n_layers)
+
+
 def attention_kind(spec: ModelSpec, layer_index: int | None) -> str:
     """"full", "sliding" or "chunked" for block ``layer_index``; None stands for a full layer."""
     if layer_index is None or spec.layer_types is None:
@@ -349,6 +473,8 @@ def attention_kind(spec: ModelSpec, layer_index: int | None) -> str:
 
 def is_moe_layer(spec: ModelSpec, layer_index: int) -> bool:
     """True when block ``layer_index`` (0-based) has an MoE FFN."""
+    if spec.hybrid_pattern:
+        return block_kind(spec, layer_index) == "E"
     if not spec.is_moe or layer_index < spec.first_dense_layers:
         return False
     return (layer_index - spec.first_dense_layers) % spec.moe_every == 0

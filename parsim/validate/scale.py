@@ -83,6 +83,9 @@ def check_supported(sc: Scenario) -> None:
     par, m, tr, f = sc.parallel, sc.model, sc.training, sc.file
     if m.is_mla:
         raise ConfigError(f, "model", "the validation runtime builds multi-head / grouped-query attention, not MLA")
+    if m.hybrid_pattern:
+        raise ConfigError(f, "model.hybrid_pattern", "the validation runtime builds transformer blocks, not hybrid "
+                          "(Mamba-2) layers")
     if sc.costs is not None:
         raise ConfigError(f, "costs", "a [costs] table replaces the cost model; validate needs the model")
     sem = traits(sc.schedule.name)
