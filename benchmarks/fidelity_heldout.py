@@ -1,4 +1,4 @@
-"""Held-out fidelity: parsim against 196 published training runs not used to fit it (9 flagged rows excepted).
+"""Held-out fidelity: parsim against 233 published training runs not used to fit it (9 flagged rows excepted).
 
     python benchmarks/fidelity_heldout.py [--markdown reports/fidelity-heldout.md] [--json]
 
@@ -38,7 +38,9 @@ Rules
   the parameter with these choices; ALiBi without biases falls 0.03-0.14% short); GPT ->
   gelu FFN 4h, LayerNorm, biases, learned positions, tied embeddings (Megatron GPT
   defaults); Llama/Mixtral -> SwiGLU, RMSNorm, RoPE, untied (Mixtral adds its experts);
-  other architectures (MLA, unnamed models) -> not expressible.
+  other architectures (MLA, unnamed models) -> not expressible. Nemotron 3 Nano -> its preset
+  (the hybrid Mamba-2 / attention / MoE model, ``hybrid_pattern``); Nemotron 3 Super and Ultra
+  (LatentMoE) and Nemotron 3.5 Lightning (hybrid multi-token prediction) -> not expressible, said so.
   DeepSeek-V3's multi-token-prediction modules (``model.mtp_layers``, on the last pipeline
   stage) when the run trains them: its table or id says so, or Megatron-Bridge's recipes (which
   set ``mtp_num_layers = 1``) or DeepSeek's own report ran it (``mtp_trained``); a run that does
@@ -291,6 +293,7 @@ PRESET_RULES: tuple[tuple[str, str], ...] = (
     (r"gpt-3 175b", "gpt3-175b"),
     (r"^gpt \((\d+(?:\.\d+)?)b\)", "mcore-gpt-{0}b"),  # Megatron-Core weak-scaling GPTs
     (r"\bmpt-(\d+)b\b", "mpt-{0}b"),
+    (r"^nemotron-3-nano-30b-a3b$", "nemotron-3-nano-30b-a3b"),
 )
 """(pattern on the lower-cased model name, preset name) -- first match wins."""
 
@@ -339,6 +342,12 @@ def model_for(row: dict, seq_len: int) -> tuple[dict | None, Skip | None, list[s
     if None in (L, D, H, V):
         return None, Skip("model: architecture not given",
                           f"{name!r}: no parsim preset and the row lacks layers/hidden/heads/vocab"), notes
+    if n.startswith(("nemotron-3-super", "nemotron-3-ultra")):
+        return None, Skip("model: not expressible", f"{name!r}: LatentMoE (experts in a latent space narrower than the "
+                          "hidden size, HF moe_latent_size) is not modelled"), notes
+    if n.startswith("nemotron-3.5-lightning"):
+        return None, Skip("model: not expressible", f"{name!r}: the Nemotron 3 Nano backbone with multi-token "
+                          "prediction layers, which parsim does not model for hybrid models"), notes
     if "mla" in str(m.get("attention", "")).lower():
         return None, Skip("model: not expressible", f"{name!r}: MLA attention without a parsim preset"), notes
     base = {"name": re.sub(r"[^a-z0-9.]+", "-", n).strip("-")[:40], "n_layers": L, "d_model": D,
