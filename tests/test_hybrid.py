@@ -318,3 +318,17 @@ def test_uniform_model_is_the_same_spec_but_the_pattern():
     m = get_preset("nemotron-3-nano-30b-a3b")
     u = uniform_model(m, "E")
     assert dataclasses.replace(u, hybrid_pattern=m.hybrid_pattern) == m and set(u.hybrid_pattern) == {"E"}
+
+
+def test_kernel_scan_command_reproduces_a_measured_forward():
+    # TileOPs PR #1557, H200 at 1,830 MHz: H=128, P=64, N=128, G=1, Q=256, batch 4 x 32768: 19.7326 ms
+    import subprocess
+    out = subprocess.run([sys.executable, "-m", "parsim", "kernel", "scan", "--tokens", "131072", "--heads", "128",
+                          "--groups", "1", "--chunk", "256", "--hardware", "dgx-h200", "--json"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    got = json.loads(out.stdout)
+    assert abs(got["time_s"] / 19.7326e-3 - 1) < 0.05 and len(got["kernels"]) == 5
+    assert {"time_s", "tflops", "efficiency"} <= set(got) and got["efficiency"] < 0.1
+    bad = subprocess.run([sys.executable, "-m", "parsim", "kernel", "scan", "--tokens", "64", "--heads", "6",
+                          "--hardware", "dgx-h200"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--groups" in bad.stderr

@@ -1,4 +1,4 @@
-"""`parsim kernel gemm|attention|experts`: one kernel's predicted time, TFLOP/s and efficiency on a profile.
+"""`parsim kernel gemm|attention|experts|scan`: one kernel's predicted time, TFLOP/s and efficiency on a profile.
 
 ``parsim kernel gemm M N K --hardware H [--precision P] [--json]`` uses the GEMM kernel model
 (:mod:`parsim.cluster.kernels`: tiles, waves, Stream-K, MAMF-calibrated main loop, HBM floor);
@@ -6,7 +6,9 @@
 [--batch B] --hardware H [--json]`` the profile's fused-attention kernel
 (:mod:`parsim.cluster.attention_kernels`); ``parsim kernel experts E M N K [--implementation I]
 --hardware H [--json]`` one MoE layer's E expert GEMMs as ``moe.expert_gemm`` runs them
-(:func:`parsim.cluster.kernels.expert_gemm_time`). ``--json`` prints one object with ``time_s``,
+(:func:`parsim.cluster.kernels.expert_gemm_time`); ``parsim kernel scan --tokens T --heads H [--head-dim P]
+[--state N] [--groups G] [--chunk Q] [--backward] --hardware H [--json]`` a Mamba-2 layer's SSD scan
+(:mod:`parsim.costs.ssd`: its Triton kernels). ``--json`` prints one object with ``time_s``,
 ``tflops`` and ``efficiency`` (achieved / dense peak) plus what the model chose. Bad input is one
 line on stderr and exit code 2.
 
@@ -74,7 +76,19 @@ def register(sub) -> None:
                         "moe.expert_gemm")
     _common(e, default_precision=None)
     e.set_defaults(func=cmd_experts)
-    for q in (g, a, e):
+
+    s = ks.add_parser("scan", help="one Mamba-2 layer's SSD scan (mamba_chunk_scan_combined's kernels): time, "
+                                   "TFLOP/s, efficiency")
+    s.add_argument("--tokens", required=True, help="tokens scanned (batch x sequence)")
+    s.add_argument("--heads", required=True, help="Mamba heads H")
+    s.add_argument("--head-dim", default="64", help="channels per head P (default 64)")
+    s.add_argument("--state", default="128", help="state size N (default 128)")
+    s.add_argument("--groups", default="8", help="B/C groups G (default 8; divides --heads)")
+    s.add_argument("--chunk", default="128", help="chunk length Q (default 128, Megatron-Core's)")
+    s.add_argument("--backward", action="store_true", help="the backward's kernels (the states recomputed first)")
+    _common(s, default_precision=None)
+    s.set_defaults(func=cmd_scan)
+    for q in (g, a, e, s):
         _one_line_errors(q)
 
 
@@ -251,5 +265,39 @@ def cmd_experts(args) -> int:
     others = ", ".join(f"{i} {flops / v / 1e12:.0f}" for i, v in times.items() if i != impl)
     text = (f"experts {experts} x {m}x{n}x{k} {precision} on {hw.name} ({dev.name}), {impl}: {t * 1e6:.1f} us, "
             f"{out['tflops']:.1f} TFLOP/s, {out['efficiency']:.1%} of {peak / 1e12:.0f} peak (TFLOP/s as {others})"
+            + _sustained_text(out))
+    return _emit(args, out, text)
+
+
+def cmd_scan(args) -> int:
+    from parsim.costs.ssd import ScanShape, backward_kernels, forward_kernels, scan_rate, scan_times
+    from parsim.scenario import MAX_SEQ_LEN
+
+    tokens = _positive_int("--tokens", args.tokens, most=MAX_SEQ_LEN)
+    heads = _positive_int("--heads", args.heads)
+    dims = {k: _positive_int(f"--{k.replace('_', '-')}", getattr(args, k), most=2 ** 16)
+            for k in ("head_dim", "state", "groups", "chunk")}
+    if heads % dims["groups"]:
+        raise ConfigError(WHERE, "--groups", f"{dims['groups']} does not divide --heads {heads}")
+    hw, dev, precision = _device(args)
+    if precision not in ("bf16", "fp16"):
+        raise ConfigError(WHERE, "--precision", f"the scan runs bf16 or fp16, got {precision}")
+    shape = ScanShape(tokens, heads, dims["head_dim"], dims["state"], dims["groups"], dims["chunk"])
+    pick = 1 if args.backward else 0
+    t = scan_times(dev, shape, precision)[pick]
+    sustained = scan_times(hw.device, shape, precision)[pick]
+    kernels = (backward_kernels if args.backward else forward_kernels)(shape, 4 if precision == "fp32" else 2)
+    flops = sum(k.flops for k in kernels)
+    peak = dev.peak(precision)
+    out = {"time_s": t, "tflops": flops / t / 1e12, "efficiency": flops / t / peak,
+           "sustained_time_s": sustained, "sustained_tflops": flops / sustained / 1e12, "gpus": args.gpus_n,
+           "hardware": hw.name, "device": dev.name, "precision": precision, "backward": args.backward,
+           "tokens": tokens, "heads": heads, **dims, "flops": flops, "peak_tflops": peak / 1e12,
+           "kernel_rate_tflops": scan_rate(dev) / 1e12,
+           "kernels": [{"name": k.name, "flops": k.flops, "bytes": k.bytes} for k in kernels]}
+    text = (f"scan {'backward' if args.backward else 'forward'} T={tokens} H={heads} P={dims['head_dim']} "
+            f"N={dims['state']} G={dims['groups']} Q={dims['chunk']} {precision} on {hw.name} ({dev.name}): "
+            f"{t * 1e6:.1f} us over {len(kernels)} kernels, {out['tflops']:.1f} TFLOP/s, "
+            f"{out['efficiency']:.1%} of {peak / 1e12:.0f} peak (the kernels' rate {out['kernel_rate_tflops']:.1f})"
             + _sustained_text(out))
     return _emit(args, out, text)
