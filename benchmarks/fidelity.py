@@ -598,8 +598,8 @@ def _report(rows: list[dict], summary: dict, classic: list[dict]) -> str:
             f"({', '.join(HELDOUT_NEW_PROFILES)}), the mixtral-8x22b preset, the NeMo B200 "
             "long-sequence rows, whose GPU count the data set takes from their layout (the page's "
             "column is 4x it in every row), and the rows added since (Megatron-Bridge's 26.06 and "
-            "26.06.01 pre-training tables, and its Nemotron 3 rows: the hybrid Mamba-2 Nano runs, "
-            "the LatentMoE Super and Ultra named as not expressible). Full rows: "
+            "26.06.01 pre-training tables, and its Nemotron 3 rows: hybrid Mamba-2 models, Super's "
+            "and Ultra's with LatentMoE and multi-token prediction). Full rows: "
             "reports/fidelity-heldout.md.\n\n"
             + "\n".join(held_lines) + "\n")
 

@@ -38,9 +38,10 @@ Rules
   the parameter with these choices; ALiBi without biases falls 0.03-0.14% short); GPT ->
   gelu FFN 4h, LayerNorm, biases, learned positions, tied embeddings (Megatron GPT
   defaults); Llama/Mixtral -> SwiGLU, RMSNorm, RoPE, untied (Mixtral adds its experts);
-  other architectures (MLA, unnamed models) -> not expressible. Nemotron 3 Nano -> its preset
-  (the hybrid Mamba-2 / attention / MoE model, ``hybrid_pattern``); Nemotron 3 Super and Ultra
-  (LatentMoE) and Nemotron 3.5 Lightning (hybrid multi-token prediction) -> not expressible, said so.
+  other architectures (MLA, unnamed models) -> not expressible. Nemotron 3 Nano, Super and Ultra ->
+  their presets (hybrid Mamba-2 / attention / MoE models, ``hybrid_pattern``; Super and Ultra with
+  LatentMoE); Nemotron 3.5 Lightning -> the Nano preset (its backbone). Nemotron 3 rows train the
+  recipes' multi-token prediction: 2 depths of one shared "*E" block (``mtp_pattern``, ``mtp_shared``).
   DeepSeek-V3's multi-token-prediction modules (``model.mtp_layers``, on the last pipeline
   stage) when the run trains them: its table or id says so, or Megatron-Bridge's recipes (which
   set ``mtp_num_layers = 1``) or DeepSeek's own report ran it (``mtp_trained``); a run that does
@@ -294,6 +295,9 @@ PRESET_RULES: tuple[tuple[str, str], ...] = (
     (r"^gpt \((\d+(?:\.\d+)?)b\)", "mcore-gpt-{0}b"),  # Megatron-Core weak-scaling GPTs
     (r"\bmpt-(\d+)b\b", "mpt-{0}b"),
     (r"^nemotron-3-nano-30b-a3b$", "nemotron-3-nano-30b-a3b"),
+    (r"^nemotron-3\.5-lightning-30b-a3b$", "nemotron-3-nano-30b-a3b"),  # the Nano backbone (its MTP: the row's)
+    (r"^nemotron-3-super-120b-a12b$", "nemotron-3-super-120b-a12b"),
+    (r"^nemotron-3-ultra-550b-a55b$", "nemotron-3-ultra-550b-a55b"),
 )
 """(pattern on the lower-cased model name, preset name) -- first match wins."""
 
@@ -342,12 +346,6 @@ def model_for(row: dict, seq_len: int) -> tuple[dict | None, Skip | None, list[s
     if None in (L, D, H, V):
         return None, Skip("model: architecture not given",
                           f"{name!r}: no parsim preset and the row lacks layers/hidden/heads/vocab"), notes
-    if n.startswith(("nemotron-3-super", "nemotron-3-ultra")):
-        return None, Skip("model: not expressible", f"{name!r}: LatentMoE (experts in a latent space narrower than the "
-                          "hidden size, HF moe_latent_size) is not modelled"), notes
-    if n.startswith("nemotron-3.5-lightning"):
-        return None, Skip("model: not expressible", f"{name!r}: the Nemotron 3 Nano backbone with multi-token "
-                          "prediction layers, which parsim does not model for hybrid models"), notes
     if "mla" in str(m.get("attention", "")).lower():
         return None, Skip("model: not expressible", f"{name!r}: MLA attention without a parsim preset"), notes
     base = {"name": re.sub(r"[^a-z0-9.]+", "-", n).strip("-")[:40], "n_layers": L, "d_model": D,
@@ -678,6 +676,9 @@ def convert(row: dict) -> tuple[dict | Skip, list[str]]:
         trains = mtp_trained(row)
         if trains:
             model = {**model, "mtp_layers": mtp}  # Megatron-Core's default placement: the last stage
+            if row["model"].get("mtp_pattern"):  # a hybrid model's MTP block, one set of weights or one a depth
+                model.update(mtp_pattern=row["model"]["mtp_pattern"], mtp_shared=bool(row["model"].get("mtp_shared")))
+                trains = row["model"].get("mtp_source") or trains
             notes.append(f"multi-token prediction: {mtp} depth(s) on the last pipeline stage ({trains})")
         elif trains is None:
             notes.append("multi-token prediction: the run does not say it trains the model's MTP module; none")
@@ -850,6 +851,9 @@ def _moe_recipe(row: dict, moe: dict, overlap: dict, training: dict, notes: list
         overlap["tp_comm"] = bool(r["tp_comm_overlap"])
     note = (f"perf recipe {name} (Megatron-Bridge HEAD, not the row's release): dispatcher {r['dispatcher']}, "
             f"EP overlap {'on' if r['ep_overlap'] else 'off'}")
+    if r.get("bf16_last_layers") and training.get("precision") == "fp8":  # the recipe's BF16 tail under FP8 / NVFP4
+        training["bf16_last_layers"] = r["bf16_last_layers"]
+        note += f", last {r['bf16_last_layers']} layers in BF16"
     modules = re.match(r"selective, modules \[(.*?)\]", r.get("recompute") or "")
     names = [x.strip().strip("'\"") for x in modules.group(1).split(",")] if modules else []
     if names and _recipe_recompute(row, training, notes, {"recompute": "selective", "recompute_modules": names}):

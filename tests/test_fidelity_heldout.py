@@ -24,18 +24,21 @@ def test_the_data_set_has_233_rows_with_unique_ids():
     assert len(fh.load_rows()) == 233 == len(ROWS)
 
 
-def test_nemotron_3_rows_hybrid_nano_runs_latent_moe_says_why():
-    # Nemotron 3 Nano (hybrid Mamba-2 / MoE) runs on its preset with the perf recipe's HybridEP
-    # dispatcher; Super and Ultra (LatentMoE) and Lightning (hybrid MTP) are named, not dropped
+def test_nemotron_3_rows_run_their_hybrid_presets_with_the_recipes_mtp():
+    # Nemotron 3 Nano (hybrid Mamba-2 / MoE) on its preset with the perf recipe's HybridEP dispatcher;
+    # Super and Ultra (LatentMoE) and Lightning (Nano's backbone) train the recipes' two depths of one
+    # shared "*E" MTP block; Super's NVFP4 recipe keeps its last 14 layers in BF16
     doc = fh.scenario_for(ROWS["mb-26.04.01-b200-nemotron3nano-mxfp8"])
     assert doc["model"] == {"preset": "nemotron-3-nano-30b-a3b"} and doc["hardware"] == "dgx-b200"
     assert doc["moe"]["dispatcher"] == "hybridep" and doc["moe"]["dispatcher_sms"] == 32
     assert doc["parallel"]["ep"] == 8 and doc["training"]["microbatch_size"] == 2
-    for rid, words in (("mb-26.08-gb300-nemotron3super-mxfp8", "LatentMoE"),
-                       ("mb-26.08-gb300-nemotron3ultra-mxfp8", "LatentMoE"),
-                       ("mb-26.08-gb200-nemotron35lightning-mxfp8", "multi-token prediction")):
-        skip = fh.scenario_for(ROWS[rid])
-        assert isinstance(skip, fh.Skip) and skip.kind == "model: not expressible" and words in skip.reason
+    mtp = {"mtp_layers": 2, "mtp_pattern": "*E", "mtp_shared": True}
+    for rid, preset in (("mb-26.08-gb300-nemotron3super-nvfp4", "nemotron-3-super-120b-a12b"),
+                        ("mb-26.08-gb300-nemotron3ultra-mxfp8", "nemotron-3-ultra-550b-a55b"),
+                        ("mb-26.08-gb200-nemotron35lightning-mxfp8", "nemotron-3-nano-30b-a3b")):
+        doc = fh.scenario_for(ROWS[rid])
+        assert doc["model"] == {"preset": preset, **mtp}, rid
+    assert fh.scenario_for(ROWS["mb-26.08-gb300-nemotron3super-nvfp4"])["training"]["bf16_last_layers"] == 14
 
 
 def test_megatron_bridge_llama3_70b_fp8_row():

@@ -101,12 +101,11 @@ def test_hf_layers_block_type_list_reads_as_the_pattern(tmp_path):
 
 
 @pytest.mark.parametrize("edit,key", [
-    (lambda c: None, "moe_latent_size"),  # Nemotron 3 Super's LatentMoE as shipped
-    (lambda c: c.pop("moe_latent_size") and c.__setitem__("mlp_hidden_act", "swiglu"), "mlp_hidden_act"),
-    (lambda c: c.pop("moe_latent_size") and c.__setitem__("mlp_bias", True), "mlp_bias"),
-    (lambda c: c.pop("moe_latent_size") and c.__setitem__("num_hidden_layers", 3), "num_hidden_layers"),
-    (lambda c: c.pop("moe_latent_size") and c.update(hybrid_override_pattern="MXM", num_hidden_layers=3),
-     "model.hybrid_pattern"),
+    (lambda c: c.__setitem__("mlp_hidden_act", "swiglu"), "mlp_hidden_act"),
+    (lambda c: c.__setitem__("mlp_bias", True), "mlp_bias"),
+    (lambda c: c.__setitem__("num_hidden_layers", 3), "num_hidden_layers"),
+    (lambda c: c.update(hybrid_override_pattern="MXM", num_hidden_layers=3), "model.hybrid_pattern"),
+    (lambda c: c.__setitem__("mtp_hybrid_override_pattern", "*Q"), "model.mtp_pattern"),
 ])
 def test_hf_refusals_name_file_and_key(tmp_path, edit, key):
     cfg = json.loads((HF / "NVIDIA-Nemotron-3-Super-120B-A12B-FP8" / "config.json").read_text())
@@ -118,6 +117,73 @@ def test_hf_refusals_name_file_and_key(tmp_path, edit, key):
     assert str(e.value).startswith(f"{p}: {key}: ") and "\n" not in str(e.value)
 
 
+# ---------------------------------------------------------------- LatentMoE and hybrid MTP (Nemotron 3 Super / Ultra)
+@pytest.mark.parametrize("preset,directory,total,active", [
+    # the names: "120B-A12B", "550B-A55B" (active without the input embedding, as the names count)
+    ("nemotron-3-super-120b-a12b", "NVIDIA-Nemotron-3-Super-120B-A12B-FP8", 120e9, 12e9),
+    ("nemotron-3-ultra-550b-a55b", "NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16", 550e9, 55e9),
+])
+def test_latent_moe_models(preset, directory, total, active):
+    spec, ref = model_from_hf_config(HF / directory / "config.json"), get_preset(preset)
+    # the checkpoints carry one MTP depth ("*E"); the presets train none
+    assert (spec.mtp_layers, spec.mtp_pattern) == (1, "*E")
+    assert dataclasses.replace(spec, name=preset, mtp_layers=0, mtp_pattern="", max_seq_len=ref.max_seq_len) == ref
+    assert abs(total_params(ref) / total - 1) < 0.01
+    assert abs((active_params(ref) - embedding_params(ref)) / active - 1) < 0.02
+
+
+def test_latent_moe_layer_by_hand():
+    m = get_preset("nemotron-3-super-120b-a12b")
+    d, lat, f, e, fs = 4096, 1024, 2688, 512, 5376
+    # router, the latent down and up projections, 512 experts of latent x f (up, down), the shared
+    # expert on d_model, the pre-norm
+    assert layer_params(m, 1) == e * d + 2 * d * lat + e * 2 * lat * f + 2 * d * fs + d
+    names = {g.name: (g.m, g.n, g.k) for g in layer_gemms(m, 100, 1, 1)}
+    assert names["latent_down"] == (100, lat, d) and names["latent_up"] == (100, d, lat)
+    assert names["expert_fc1"][2] == lat and names["expert_fc2"][1] == lat
+
+
+def test_latent_moe_dispatch_carries_latent_rows():
+    from parsim.costs.inputs import cost_inputs
+    from parsim.costs.layer import layer_cost
+    from parsim.costs.model_costs import ModelCosts
+    from parsim.costs.stage import block_inputs
+    doc = _doc(model={"preset": "nemotron-3-super-120b-a12b"}, gpus=16,
+               parallel={"dp": 16, "tp": 1, "ep": 16, "sequence_parallel": False})
+    latent = layer_cost(*block_inputs(ModelCosts(cost_inputs(scenario_from_dict(doc, "t"))).layer_inputs, "E"))
+    full = _doc(model=dataclasses.asdict(get_preset("nemotron-3-super-120b-a12b")) | {"moe_latent_size": 0}, gpus=16,
+                parallel={"dp": 16, "tp": 1, "ep": 16, "sequence_parallel": False})
+    plain = layer_cost(*block_inputs(ModelCosts(cost_inputs(scenario_from_dict(full, "t"))).layer_inputs, "E"))
+    assert latent.forward_bytes.ep == pytest.approx(plain.forward_bytes.ep * 1024 / 4096)
+
+
+def test_hybrid_mtp_shared_weights_count_once():
+    from parsim.model.shapes import mtp_join_params, mtp_params
+    base = get_preset("nemotron-3-nano-30b-a3b")
+    one = dataclasses.replace(base, mtp_layers=1, mtp_pattern="*E")
+    two = dataclasses.replace(base, mtp_layers=2, mtp_pattern="*E")
+    shared = dataclasses.replace(two, mtp_shared=True)
+    block = layer_params(base, 5) + layer_params(base, 1)  # an attention and an MoE layer
+    assert mtp_params(one) == block + mtp_join_params(base)
+    assert mtp_params(two) == 2 * mtp_params(one) and mtp_params(shared) == mtp_params(one)
+    doc = _doc(model=dataclasses.asdict(shared), gpus=8, parallel={"dp": 8, "tp": 1, "ep": 8, "sequence_parallel": False})
+    r2 = simulate(scenario_from_dict(doc, "t")).metrics
+    r1 = simulate(scenario_from_dict(_doc(model=dataclasses.asdict(one), gpus=8,
+                                          parallel={"dp": 8, "tp": 1, "ep": 8, "sequence_parallel": False}), "t")).metrics
+    assert r2["params"] == r1["params"] and r2["step_time_s"] > r1["step_time_s"]
+
+
+def test_megatron_flops_count_latent_moe_and_mtp_by_hand():
+    m = ModelSpec("t", 2, 64, 4, 2, 128, 100, head_dim=16, position="none", hybrid_pattern="*E", n_experts=4, top_k=2,
+                  d_ff_expert=32, n_shared_experts=1, d_ff_shared=48, moe_latent_size=16, mtp_layers=2,
+                  mtp_pattern="*E", mtp_shared=True)
+    t, s, h = 32, 16, 64
+    attn = 4 * t * h * 1 * (h + h * 2 / 4) + 2 * t * s * h * 1
+    moe = 4 * t * (16 * 32 * 2 + h * 48) + 4 * t * h * 16
+    assert megatron_flops_per_step(m, 2, 16, recompute=False) == pytest.approx(
+        3 * (3 * attn + 3 * moe + 2 * t * h * 100 * 3))  # the model's two layers and two MTP depths' two
+
+
 @pytest.mark.parametrize("fields,key", [
     ({"hybrid_pattern": "M*"}, "model.hybrid_pattern"),              # 2 symbols for 4 layers
     ({"hybrid_pattern": "M*-X"}, "model.hybrid_pattern"),
@@ -126,7 +192,10 @@ def test_hf_refusals_name_file_and_key(tmp_path, edit, key):
     ({"mamba_heads": 8}, "model.mamba_heads"),                        # Mamba sizes without a pattern
     ({"hybrid_pattern": "M*--", "mamba_groups": 3}, "model.mamba_groups"),
     ({"hybrid_pattern": "M*--", "layer_types": ["full"] * 4}, "model.layer_types"),
-    ({"hybrid_pattern": "M*--", "mtp_layers": 1}, "model.mtp_layers"),
+    ({"hybrid_pattern": "M*--", "mtp_layers": 1}, "model.mtp_pattern"),
+    ({"mtp_pattern": "*E"}, "model.mtp_pattern"),
+    ({"mtp_shared": True}, "model.mtp_shared"),
+    ({"moe_latent_size": 64}, "model.moe_latent_size"),
 ])
 def test_spec_refusals(fields, key):
     base = dict(name="h", n_layers=4, d_model=256, n_heads=4, n_kv_heads=4, d_ff=512, vocab_size=1000)
@@ -293,8 +362,12 @@ def test_megatron_pattern_pipes_are_the_pipeline_layout_and_mtp_is_noted():
     cut = PATTERN[:20] + "|" + PATTERN[20:]
     imp = import_megatron(NH8 + ["--hybrid-override-pattern", cut + "/*-", "--pipeline-model-parallel-size", "2",
                                  "--num-layers", "99"], gpus=8)
-    assert check(imp).layers_per_stage == (20, 32)
-    assert any("multi-token prediction" in n for n in imp.notes) and any("--num-layers 99 ignored" in n for n in imp.notes)
+    sc = check(imp)
+    assert sc.layers_per_stage == (20, 32) and (sc.model.mtp_layers, sc.model.mtp_pattern) == (1, "*-")
+    assert any("--num-layers 99 ignored" in n for n in imp.notes)
+    with pytest.raises(ConfigError) as e:  # MTP depths must be the same block
+        import_megatron(NH8 + ["--hybrid-layer-pattern", "M-M*/*-/M-"])
+    assert e.value.key == "--hybrid-layer-pattern"
     with pytest.raises(ConfigError) as e:  # three segments over two pipeline ranks
         import_megatron(NH8 + ["--hybrid-layer-pattern", "M-|M-|M*", "--pipeline-model-parallel-size", "2"])
     assert e.value.key == "--hybrid-layer-pattern"
@@ -332,3 +405,17 @@ def test_kernel_scan_command_reproduces_a_measured_forward():
     bad = subprocess.run([sys.executable, "-m", "parsim", "kernel", "scan", "--tokens", "64", "--heads", "6",
                           "--hardware", "dgx-h200"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--groups" in bad.stderr
+
+
+def test_plan_keeps_context_parallelism_off_mamba_layers_and_autoplan_refuses():
+    import subprocess
+    out = subprocess.run([sys.executable, "-m", "parsim", "plan", "--model", "nemotron-h-8b", "--gpus", "16",
+                          "--hardware", "dgx-h100", "--global-batch", "64", "--seq-len", "8192", "--json"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    assert rows and all(r["parallel"]["cp"] == 1 for r in rows)
+    bad = subprocess.run([sys.executable, "-m", "parsim", "autoplan", "--model", "nemotron-h-8b", "--gpus", "16",
+                          "--hardware", "dgx-h100", "--global-batch", "64", "--seq-len", "8192"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "hybrid" in bad.stderr

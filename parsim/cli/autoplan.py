@@ -69,6 +69,9 @@ def build_spec(args):
     rc = tuple(x.strip() for x in args.recompute.split(",") if x.strip())
     if not rc or any(x not in ("none", "full") for x in rc):
         raise ConfigError(FILE, "--recompute", f"expected a comma-separated list of none, full; got {args.recompute!r}")
+    if model.hybrid_pattern:
+        raise ConfigError(FILE, "--model", f"{model.name}: the op graph covers transformer blocks, not hybrid "
+                                           "(Mamba-2) layers: rank its layouts with parsim plan")
     if model.is_mla or (model.is_moe and (model.n_shared_experts or model.first_dense_layers or model.moe_every != 1)):
         raise ConfigError(FILE, "--model", f"{model.name}: the op graph covers dense MHA/GQA blocks and blocks of "
                                            "routed experts only (no MLA, shared experts or dense layers between)")

@@ -203,7 +203,7 @@ def layer_cost(inp: LayerInputs, moe_layer: bool) -> LayerCost:
             fwd = fwd + Parts(compute=ef * dev.eager_op_forward_s)
             inp_parts = inp_parts + Parts(compute=eb * dev.eager_op_backward_s)
         fwd, inp_parts, wgt, gemm_flops = _moe_parts(inp, ph, fwd, inp_parts, wgt, gemm_flops)
-        a2a = _moe.all_to_all_bytes(ph.routing, m.d_model, PRECISION_TABLE[prec].activation_bytes)
+        a2a = _moe.all_to_all_bytes(ph.routing, m.expert_width, PRECISION_TABLE[prec].activation_bytes)
         ep_sent = AxisBytes(ep=2 * float(a2a["send"]))  # dispatch + combine
         sent_f, sent_i = sent_f + ep_sent, sent_i + ep_sent
     expert = _expert_params(m, li)
@@ -604,7 +604,7 @@ def module_recompute(inp: LayerInputs, moe_layer: bool) -> tuple[Parts, float, A
     if ph is not None and "moe" in mods:
         out += Parts(recompute=ph.forward_s, ep_comm=2 * ph.all_to_all_s + ph.count_exchange_s)
         flops += ph.forward_flops
-        a2a = _moe.all_to_all_bytes(ph.routing, m.d_model, a)
+        a2a = _moe.all_to_all_bytes(ph.routing, m.expert_width, a)
         sent += AxisBytes(ep=2 * float(a2a["send"]))
     elif ph is not None and "moe_act" in mods:
         out += Parts(recompute=ph.kernels.activation[0])
@@ -664,7 +664,7 @@ def _expert_params(m: ModelSpec, li: int) -> float:
         return 0.0
     f = m.d_ff_expert or m.d_ff
     mats = 3 if m.ffn == "swiglu" else 2
-    return m.n_experts * mats * m.d_model * f
+    return m.n_experts * mats * m.expert_width * f
 
 
 def _weight_grad_stash(m: ModelSpec, tokens: int, tp: int, sp: bool) -> float:

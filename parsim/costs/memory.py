@@ -258,6 +258,8 @@ def _ffn_stash(spec: ModelSpec, opts: ActivationOptions, lin: float, moe: bool, 
         out.append(Stashed("mlp_act", (2 * f if gated else f) * e + f * lin, "tp", ("mlp",)))
     else:
         out.append(Stashed("moe_in", lin * h, "sp", ("layernorm",)))
+        if spec.moe_latent_size:  # LatentMoE: the down projection's output and the up projection's input
+            out.append(Stashed("moe_latent", (e + lin) * spec.moe_latent_size, "sp", ("moe",)))
         if routed:
             f = spec.d_ff_expert_
             out.append(Stashed("expert_fc1_out", spec.top_k * (2 * f if gated else f) * e, "tp", ("moe",)))
@@ -366,9 +368,10 @@ def moe_dispatched_activation_bytes(spec: ModelSpec, rows: float, expert_tp: int
     """
     f = -(-spec.d_ff_expert_ // expert_tp)
     mlp = (3 * f if spec.ffn == "swiglu" else 2 * f)
-    out = rows * (2 * spec.d_model + mlp) * opts.bytes_per_element
+    d = spec.expert_width  # LatentMoE: the experts' rows are latent-wide
+    out = rows * (2 * d + mlp) * opts.bytes_per_element
     if opts.fp8_linear_inputs:  # the grouped GEMMs' inputs (permuted tokens, FC2's) kept in FP8
-        out -= rows * (spec.d_model + f) * (opts.bytes_per_element - opts.quantized_input_bytes)
+        out -= rows * (d + f) * (opts.bytes_per_element - opts.quantized_input_bytes)
     if opts.recompute == "selective" and "moe" in opts.recompute_modules:
         return 0.0  # the checkpointed MoE layer keeps only its input (counted with the block)
     if opts.recompute == "selective" and "moe_act" in opts.recompute_modules:

@@ -304,7 +304,7 @@ class ModelCosts:
             return None
         ph = moe_phase(self.layer_inputs)
         r = ph.routing
-        b = all_to_all_bytes(r, self.inputs.model.d_model,
+        b = all_to_all_bytes(r, self.inputs.model.expert_width,
                              PRECISION_TABLE[self.inputs.training.precision].activation_bytes)
         return MoEFigures(r.group_size, ph.expert_tp, r.tokens_per_rank, tuple(float(x) for x in r.received),
                           r.imbalance, r.capacity, r.dropped_fraction, *ph.kernels.grouped_gemm,

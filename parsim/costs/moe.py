@@ -401,7 +401,8 @@ def layer_kernels(dev, model, cfg: MoEConfig, precision: str, r: Routing, kept: 
     (``rows`` in all), routing ``r.tokens_per_rank`` tokens, expert width ``f``; the grouped
     GEMMs (and their FP8 casts) at ``gemm_precision`` (default ``precision``)."""
     gp = gemm_precision or precision
-    d, e, k = model.d_model, model.n_experts, model.top_k
+    e, k = model.n_experts, model.top_k
+    d_router, d = model.d_model, model.expert_width  # LatentMoE: the experts and the dispatch see latent rows
     bpe = PRECISION_TABLE[precision].activation_bytes
     # a device that states the torch runtime's per-op host time (a CPU rank) is charged the MoE
     # block's counted ops instead (parsim.costs.layer.eager_moe_extra_ops), not launch gaps
@@ -411,9 +412,9 @@ def layer_kernels(dev, model, cfg: MoEConfig, precision: str, r: Routing, kept: 
     mem = dev.memory_time
     rf, rb = router_bytes(t, e)
     rp = precision if precision in ("fp16", "fp32", "tf32") else "bf16"  # never FP8 (Megatron, TE)
-    router = (_dense_gemm(dev, ti, e, d, rp) + mem(rf) + ROUTER_KERNELS[0] * launch,
-              _dense_gemm(dev, ti, d, e, rp) + mem(rb) + ROUTER_KERNELS[1] * launch,
-              _dense_gemm(dev, e, d, ti, rp))
+    router = (_dense_gemm(dev, ti, e, d_router, rp) + mem(rf) + ROUTER_KERNELS[0] * launch,
+              _dense_gemm(dev, ti, d_router, e, rp) + mem(rb) + ROUTER_KERNELS[1] * launch,
+              _dense_gemm(dev, e, d_router, ti, rp))
     pf, pb = permute_bytes(t, k, rows, d, bpe)
     permute = (mem(pf) + PERMUTE_KERNELS[0] * launch, mem(pb) + PERMUTE_KERNELS[1] * launch, 0.0)
     m = expert_rows(kept, gp, r.capacity, cfg.pad_to_capacity)
@@ -509,16 +510,16 @@ def moe_phase(model, hw, cfg: MoEConfig, precision: str, tokens: int, group: tup
     flex = cfg.dispatcher in ("deepep", "hybridep")  # HybridEP: the same node-deduplicated path
     if flex:
         a2a = deepep_time(hw, r.tokens_per_rank * (1.0 - r.dropped_fraction), m.top_k, m.n_experts,
-                          m.d_model * bpe, tuple(group), r.imbalance, (m.expert_groups, m.expert_groups_per_token))
+                          m.expert_width * bpe, tuple(group), r.imbalance, (m.expert_groups, m.expert_groups_per_token))
     else:
-        buf = max(r.sent, float(r.received.max())) * m.d_model * bpe
+        buf = max(r.sent, float(r.received.max())) * m.expert_width * bpe
         a2a = all_to_all_time(hw, buf, tuple(group))
     counts = count_exchange_time(hw, m.n_experts, tuple(group)) if not flex else 0.0
     if cfg.dispatcher_sms is not None:
         sms = cfg.dispatcher_sms
     else:
         sms = DISPATCHER_SMS[cfg.dispatcher] if flex else group_sms(hw, group)
-    flops = 2.0 * float(r.kept.sum()) / g * m.ffn_matrices * m.d_model * f
+    flops = 2.0 * float(r.kept.sum()) / g * m.ffn_matrices * m.expert_width * f
     return MoEPhase(r, tuple(group), expert_tp, times, slowest, pieces[slowest], a2a, flops,
                     float(r.received[slowest]), routing_stash_bytes(r.tokens_per_rank, m.n_experts), counts, sms)
 

@@ -35,7 +35,7 @@ from parsim.model import (
     head_gemm,
     head_params,
     is_moe_layer,
-    mtp_block_is_moe,
+    mtp_block_kinds,
     mtp_join_params,
     uniform_model,
 )
@@ -236,9 +236,14 @@ def stage_cost(inp: LayerInputs, shape: StageShape) -> StageCost:
     (:func:`mtp_cost`)."""
     n_blocks, moe_blocks = len(shape.kinds), sum(1 for k in shape.kinds if is_moe_kind(k))
     if shape.mtp:
-        shape = replace(shape, kinds=shape.kinds + (mtp_block_is_moe(inp.model),) * shape.mtp,
-                        bf16=shape.bf16 + (False,) * shape.mtp if shape.bf16 else ())
+        depth = mtp_block_kinds(inp.model)
+        shape = replace(shape, kinds=shape.kinds + depth * shape.mtp,
+                        bf16=shape.bf16 + (False,) * (len(depth) * shape.mtp) if shape.bf16 else ())
     bl = _blocks(inp, shape.kinds, shape.bf16)
+    if shape.mtp > 1 and inp.model.mtp_shared:  # one set of MTP weights for every depth
+        one = _blocks(inp, mtp_block_kinds(inp.model))
+        extra = shape.mtp - 1
+        bl = (bl[_PARAMS] - extra * one[_PARAMS], bl[_EXPERT] - extra * one[_EXPERT]) + bl[_EXPERT + 1:]
     params = _position_params(inp, shape, bl[_PARAMS])
     layers_f, layers_fb = Parts(*bl[_F:_I]), AxisBytes(*bl[_FB:_IB])
     f, i, w = layers_f, Parts(*bl[_I:_W]), Parts(*bl[_W:_FLOPS])
@@ -317,7 +322,7 @@ def _position_params(inp: LayerInputs, shape: StageShape, params: float) -> floa
         # the first stage the MTP embedding lookups need the word embeddings there too, a copy
         # whose gradient joins the first stage's (Megatron-Core's embedding group), unless the
         # tied head's copy already is that matrix
-        params += shape.mtp * mtp_join_params(m) / tp
+        params += (1 if m.mtp_shared else shape.mtp) * mtp_join_params(m) / tp
         if not shape.first and not shape.head_copy:
             params += m.vocab_size * m.d_model / tp
     return params

@@ -105,9 +105,13 @@ def _hybrid_pattern(v: dict, given: dict, notes: list[str]) -> list[str]:
                                   "modelled: give --hybrid-layer-pattern")
         return []
     flag = given["hybrid_pattern"]
-    main, _, mtp = v["hybrid_pattern"].partition("/")
-    if mtp:
-        notes.append(f"{flag}: the multi-token prediction layers after '/' ({mtp!r}) are not modelled")
+    main, *mtp = v["hybrid_pattern"].split("/")
+    mtp = [x for x in mtp if x]
+    if mtp:  # one pattern per MTP depth, all the same (Megatron's parse_hybrid_pattern)
+        if len(set(mtp)) > 1:
+            raise ConfigError(SOURCE, flag, f"its MTP depths differ ({', '.join(mtp)}): Megatron requires them equal")
+        v["hybrid_mtp_pattern"] = mtp[0]
+        v.setdefault("mtp_num_layers", len(mtp))
     segments = main.split("|")
     if any(not s for s in segments):
         raise ConfigError(SOURCE, flag, f"{v['hybrid_pattern']!r} has an empty pipeline segment")
@@ -130,20 +134,28 @@ def _segments_vpp(segments: list[str], pp: int, given: dict) -> int:
     return len(segments) // pp
 
 
-def _hybrid_model(v: dict, h: int) -> dict:
+def _hybrid_model(v: dict, h: int, notes: list[str]) -> dict:
     """The hybrid fields of ``_model``: the pattern and the Mamba-2 mixer's sizes (Megatron-Core's
     defaults: head dim 64, state 128, 8 groups; heads from the inner width 2 x hidden when not given)."""
     head_dim = v.get("mamba_head_dim", 64)
-    return {"hybrid_pattern": v["hybrid_pattern"], "mamba_head_dim": head_dim,
-            "mamba_heads": v.get("mamba_num_heads") or 2 * h // head_dim,
-            "mamba_state_dim": v.get("mamba_state_dim", 128), "mamba_groups": v.get("mamba_num_groups", 8)}
+    out = {"hybrid_pattern": v["hybrid_pattern"], "mamba_head_dim": head_dim,
+           "mamba_heads": v.get("mamba_num_heads") or 2 * h // head_dim,
+           "mamba_state_dim": v.get("mamba_state_dim", 128), "mamba_groups": v.get("mamba_num_groups", 8)}
+    if v.get("mtp_num_layers"):  # the MTP block: the pattern's, else attention then MoE (Nemotron 3's)
+        if "hybrid_mtp_pattern" not in v:
+            notes.append("--mtp-num-layers on a hybrid model without an MTP pattern: its block taken as \"*E\" "
+                         "(attention then MoE, Nemotron 3's)")
+        out["mtp_pattern"] = v.get("hybrid_mtp_pattern", "*E")
+        if v.get("mtp_repeated"):
+            out["mtp_shared"] = True
+    return out
 
 
 def _without_effect(v: dict, given: dict) -> list[str]:
     """Flags read but without effect in this configuration (as in Megatron), listed as such."""
     idle = []
     if "num_experts" not in v:
-        idle += [(d, "no --num-experts") for d in ("moe_router_topk", "moe_ffn_hidden_size", "moe_shared_size",
+        idle += [(d, "no --num-experts") for d in ("moe_router_topk", "moe_ffn_hidden_size", "moe_shared_size", "moe_latent_size",
                                                     "moe_layer_freq", "moe_capacity_factor", "etp", "overlap_ep_comm",
                                                     "moe_dispatcher", "moe_flex_backend", "moe_deepep_sms",
                                                     "moe_hybridep_sms")]
@@ -157,7 +169,9 @@ def _without_effect(v: dict, given: dict) -> list[str]:
         idle.append(("num_query_groups", "no --group-query-attention"))
     if "hybrid_pattern" not in v:
         idle += [(d, "no --hybrid-layer-pattern") for d in ("mamba_num_heads", "mamba_head_dim", "mamba_state_dim",
-                                                             "mamba_num_groups", "is_hybrid_model")]
+                                                             "mamba_num_groups", "is_hybrid_model", "hybrid_mtp_pattern")]
+    if not v.get("mtp_num_layers"):
+        idle.append(("mtp_repeated", "no --mtp-num-layers"))
     if v.get("recompute_granularity") != "full":
         idle += [(d, "no --recompute-granularity full") for d in ("recompute_method", "recompute_num_layers")]
     if v.get("recompute_granularity") != "selective" and not (v.get("recompute_granularity") is None
@@ -268,7 +282,7 @@ def _model(v: dict, tp: int, notes: list[str]) -> dict:
     if pos == "relative":
         notes.append(f"--position-embedding-type {pos}: no position weights counted (parsim's \"rope\")")
     if "hybrid_pattern" in v:
-        m.update(_hybrid_model(v, h))
+        m.update(_hybrid_model(v, h, notes))
     m["max_seq_len"] = v.get("max_position_embeddings", v["seq_length"])
     m["norm"] = "rmsnorm" if v.get("normalization") == "RMSNorm" else "layernorm"
     m["bias"] = not v.get("disable_bias_linear")
@@ -322,6 +336,8 @@ def _vocab(v: dict, tp: int, notes: list[str]) -> int:
 def _moe_model(v: dict, ffn: int) -> dict:
     m = {"n_experts": v["num_experts"], "top_k": v.get("moe_router_topk", 2),
          "d_ff_expert": v.get("moe_ffn_hidden_size", ffn)}
+    if v.get("moe_latent_size"):
+        m["moe_latent_size"] = v["moe_latent_size"]
     if "moe_shared_size" in v:
         m["n_shared_experts"] = 1
         m["d_ff_shared"] = v["moe_shared_size"]

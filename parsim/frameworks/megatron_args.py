@@ -77,6 +77,9 @@ FLAGS: dict[str, tuple[str, str]] = {
     "--mamba-head-dim": ("mamba_head_dim", "int"),
     "--mamba-state-dim": ("mamba_state_dim", "int"),
     "--mamba-num-groups": ("mamba_num_groups", "int"),
+    "--moe-latent-size": ("moe_latent_size", "int"),
+    "--mtp-use-repeated-layer": ("mtp_repeated", "true"),
+    "--mtp-hybrid-override-pattern": ("hybrid_mtp_pattern", "str"),  # deprecated: the pattern's "/" parts
     "--num-experts": ("num_experts", "int"),
     "--moe-router-topk": ("moe_router_topk", "int"),
     "--moe-ffn-hidden-size": ("moe_ffn_hidden_size", "int"),

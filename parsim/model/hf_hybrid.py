@@ -16,10 +16,12 @@
 - RMSNorm, untied head by default, ``use_bias`` / ``mlp_bias`` / ``attention_bias`` /
   ``mamba_proj_bias`` all one way (biases on every linear layer, or none).
 
-Refused in one line naming the key: Nemotron 3 Super's and Ultra's LatentMoE (``moe_latent_size``:
-experts computing in a narrower latent space), a gated MLP activation, biases on some linear
-layers only. Multi-token prediction layers (``num_nextn_predict_layers``) are named in
-``not_modelled``.
+- LatentMoE (Nemotron 3 Super, Ultra): ``moe_latent_size``, the width the routed experts work in.
+- Multi-token prediction: ``num_nextn_predict_layers`` depths (``mtp_layers``) of the block
+  ``mtp_hybrid_override_pattern`` (or ``mtp_layers_block_type``; the class's default: attention
+  then MoE, "*E") names (``mtp_pattern``).
+
+Refused in one line naming the key: a gated MLP activation, biases on some linear layers only.
 """
 from __future__ import annotations
 
@@ -69,9 +71,6 @@ def hybrid_fields(c: HFKeys, tied: bool | None) -> dict:
     if act not in _NON_GATED:
         raise c.error("mlp_hidden_act", f"{act!r} is not modelled (NemotronH's MLP is an up and a down "
                       f"projection with one of {', '.join(_NON_GATED)})")
-    if c.has("moe_latent_size"):
-        raise c.error("moe_latent_size", f"{c.data['moe_latent_size']!r}: LatentMoE (experts in a latent space "
-                      "narrower than the hidden size, Nemotron 3 Super / Ultra) is not modelled")
     d = c.int("hidden_size")
     heads = c.int("num_attention_heads", 32)
     f = dict(n_layers=n, d_model=d, n_heads=heads, n_kv_heads=c.int("num_key_value_heads", 8),
@@ -92,8 +91,24 @@ def hybrid_fields(c: HFKeys, tied: bool | None) -> dict:
         groups = c.int("n_group", 1)
         if groups > 1:
             f.update(expert_groups=groups, expert_groups_per_token=c.int("topk_group", 1))
+        if c.has("moe_latent_size"):
+            f["moe_latent_size"] = c.int("moe_latent_size")
     mtp = c.int("num_nextn_predict_layers", 0)
     if mtp:
-        f["not_modelled"] = (f"{mtp} multi-token prediction depth(s) (num_nextn_predict_layers): their weights "
-                             "and FLOPs are left out",)
+        f.update(mtp_layers=mtp, mtp_pattern=_mtp_pattern(c))
     return f
+
+
+def _mtp_pattern(c: HFKeys) -> str:
+    """The MTP block's layers: ``mtp_hybrid_override_pattern`` or ``mtp_layers_block_type`` (the class's
+    default: attention then MoE)."""
+    if c.has("mtp_hybrid_override_pattern"):
+        p = c.data["mtp_hybrid_override_pattern"]
+        if not isinstance(p, str) or not p:
+            raise c.error("mtp_hybrid_override_pattern", f"expected a non-empty string of layer symbols, got {p!r}")
+        return p
+    types = c.str_list("mtp_layers_block_type") or ["attention", "moe"]
+    odd = next((t for t in types if t not in _BLOCK_TYPES), None)
+    if odd is not None:
+        raise c.error("mtp_layers_block_type", f"{odd!r} is not one of {', '.join(_BLOCK_TYPES)}")
+    return "".join(_BLOCK_TYPES[t] for t in types)

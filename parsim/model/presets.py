@@ -321,6 +321,15 @@ _LIST += [
     _nemotron_h("nemotron-3-nano-30b-a3b", "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME", 2688, 1856, 32, 2,
                 64, max_seq_len=262144, n_experts=128, top_k=6, d_ff_expert=1856, n_shared_experts=1,
                 d_ff_shared=3712),
+    # Nemotron 3 Super 120B-A12B and Ultra 550B-A55B (their HF config.json in tests/data/hf): LatentMoE,
+    # 512 experts top-22 working in a 1024- / 2048-wide latent space, a shared expert on d_model; 40 / 48
+    # Mamba-2, 40 / 48 MoE and 8 / 12 attention layers; their MTP block ("*E") is a scenario's choice.
+    _nemotron_h("nemotron-3-super-120b-a12b", "MEMEMEM*EMEMEMEM*EMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*"
+                "EMEMEMEM*EMEMEMEME", 4096, 2688, 32, 2, 128, max_seq_len=262144, n_experts=512, top_k=22,
+                d_ff_expert=2688, n_shared_experts=1, d_ff_shared=5376, moe_latent_size=1024),
+    _nemotron_h("nemotron-3-ultra-550b-a55b", "MEMEMEM*EMEMEM*EMEMEMEM*EMEMEMEM*EMEMEM*EMEMEMEM*EMEMEMEM*EMEMEM*"
+                "EMEMEMEM*EMEMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME", 8192, 5120, 64, 2, 256, max_seq_len=262144,
+                n_experts=512, top_k=22, d_ff_expert=5120, n_shared_experts=1, d_ff_shared=10240, moe_latent_size=2048),
     # Granite 3.1 3B-A800M: 40 experts of 512, top-8, tied head.
     ModelSpec("granite3-3b-a800m", 32, 1536, 24, 8, 512, 49155, ffn="swiglu", tied_embeddings=True,
               max_seq_len=131072, n_experts=40, top_k=8, d_ff_expert=512),

@@ -46,6 +46,12 @@ def _pick_layer(spec: ModelSpec, layer_index: int | None) -> bool:
     return is_moe_layer(spec, layer_index)
 
 
+def _uniform(spec: ModelSpec, kind: str) -> ModelSpec:
+    """The hybrid model with every layer of ``kind`` (``parsim.model.spec.uniform_model``)."""
+    from parsim.model.spec import uniform_model
+    return uniform_model(spec, kind)
+
+
 def _layer_index(spec: ModelSpec, layer_index: int | None) -> int | None:
     """The layer a None index stands for in a hybrid model (layer 0), else the index as given."""
     return 0 if layer_index is None and spec.hybrid_pattern else layer_index
@@ -81,10 +87,16 @@ def _attention_other(spec: ModelSpec) -> int:
     return n
 
 
-def _mlp_params(spec: ModelSpec, d_ff: int) -> int:
-    matrices = spec.ffn_matrices * spec.d_model * d_ff
-    biases = ((spec.ffn_matrices - 1) * d_ff + spec.d_model) if spec.bias else 0
+def _mlp_params(spec: ModelSpec, d_ff: int, width: int | None = None) -> int:
+    d = width or spec.d_model  # the rows it reads and writes (a LatentMoE expert: the latent width)
+    matrices = spec.ffn_matrices * d * d_ff
+    biases = ((spec.ffn_matrices - 1) * d_ff + d) if spec.bias else 0
     return matrices + biases
+
+
+def _latent_params(spec: ModelSpec) -> int:
+    """LatentMoE's down and up projections around the routed experts (d x latent each)."""
+    return 2 * spec.d_model * spec.moe_latent_size if spec.moe_latent_size else 0
 
 
 def _norm_params(spec: ModelSpec) -> int:
@@ -110,7 +122,8 @@ def _ffn_params(spec: ModelSpec, moe: bool, active: bool) -> int:
     routed = spec.top_k if active else spec.n_experts
     router = spec.n_experts * (spec.d_model + (1 if spec.bias else 0))  # the router is a linear layer too
     return (router  # always touched
-            + routed * _mlp_params(spec, spec.d_ff_expert_)
+            + _latent_params(spec)
+            + routed * _mlp_params(spec, spec.d_ff_expert_, spec.expert_width)
             + spec.n_shared_experts * _mlp_params(spec, spec.d_ff_shared_))
 
 
@@ -174,8 +187,24 @@ def total_params(spec: ModelSpec) -> int:
 
 def mtp_block_is_moe(spec: ModelSpec) -> bool:
     """An MTP depth's block is of the last block's kind (Megatron-Core builds it from the
-    decoder's layer spec; DeepSeek-V3's is an MoE block)."""
+    decoder's layer spec; DeepSeek-V3's is an MoE block); a hybrid model's holds an MoE layer
+    when its ``mtp_pattern`` does."""
+    if spec.hybrid_pattern:
+        return "E" in spec.mtp_pattern
     return is_moe_layer(spec, spec.n_layers - 1)
+
+
+def mtp_block_kinds(spec: ModelSpec) -> tuple:
+    """The layers one MTP depth runs, as the stage costs them (``parsim.costs.stage.layer_kind``):
+    a hybrid model's ``mtp_pattern`` symbols, else one block of the last block's kind."""
+    if spec.hybrid_pattern:
+        return tuple(spec.mtp_pattern)
+    return (mtp_block_is_moe(spec),)
+
+
+def mtp_weight_copies(spec: ModelSpec) -> int:
+    """Sets of MTP weights: one per depth, or one for all (``mtp_shared``)."""
+    return min(1, spec.mtp_layers) if spec.mtp_shared else spec.mtp_layers
 
 
 def mtp_params(spec: ModelSpec) -> int:
@@ -185,7 +214,11 @@ def mtp_params(spec: ModelSpec) -> int:
     head are the model's own (shared), so they are not counted again."""
     if not spec.mtp_layers:
         return 0
-    return spec.mtp_layers * (layer_params(spec, spec.n_layers - 1) + mtp_join_params(spec))
+    if spec.hybrid_pattern:
+        block = sum(_hybrid_params(spec, k, active=False) for k in spec.mtp_pattern)
+    else:
+        block = layer_params(spec, spec.n_layers - 1)
+    return mtp_weight_copies(spec) * (block + mtp_join_params(spec))
 
 
 def mtp_join_params(spec: ModelSpec) -> int:
@@ -238,8 +271,9 @@ def _shard(x: int, tp: int) -> int:
     return -(-x // tp)
 
 
-def _mlp_gemms(spec: ModelSpec, prefix: str, m: int, d_ff: int, tp: int, count: int = 1) -> list[Gemm]:
-    d, f = spec.d_model, _shard(d_ff, tp)
+def _mlp_gemms(spec: ModelSpec, prefix: str, m: int, d_ff: int, tp: int, count: int = 1,
+               width: int | None = None) -> list[Gemm]:
+    d, f = width or spec.d_model, _shard(d_ff, tp)
     if spec.ffn == "swiglu":
         names = ("gate", "up", "down")
         return [Gemm(prefix + names[0], m, f, d, count), Gemm(prefix + names[1], m, f, d, count),
@@ -306,8 +340,11 @@ def layer_gemms(spec: ModelSpec, tokens: int, tp: int = 1,
     if not moe:
         return tuple(g + _mlp_gemms(spec, "", tokens, spec.d_ff, tp))
     g.append(Gemm("router", tokens, spec.n_experts, spec.d_model))
+    if spec.moe_latent_size:  # LatentMoE: replicated like the router, on every token
+        g.append(Gemm("latent_down", tokens, spec.moe_latent_size, spec.d_model))
+        g.append(Gemm("latent_up", tokens, spec.d_model, spec.moe_latent_size))
     rows = _shard(tokens * spec.top_k, spec.n_experts)
-    g += _mlp_gemms(spec, "expert_", rows, spec.d_ff_expert_, tp, count=spec.n_experts)
+    g += _mlp_gemms(spec, "expert_", rows, spec.d_ff_expert_, tp, count=spec.n_experts, width=spec.expert_width)
     if spec.n_shared_experts:
         g += _mlp_gemms(spec, "shared_", tokens, spec.n_shared_experts * spec.d_ff_shared_, tp)
     return tuple(g)
@@ -441,9 +478,9 @@ def _layer_matmul_weights(spec: ModelSpec, layer_index: int) -> int:
     if not has_ffn(spec, layer_index):
         return attention
     if is_moe_layer(spec, layer_index):
-        ffn = (spec.d_model * spec.n_experts
-               + spec.ffn_matrices * spec.d_model * (spec.top_k * spec.d_ff_expert_
-                                                     + spec.n_shared_experts * spec.d_ff_shared_))
+        ffn = (spec.d_model * spec.n_experts + _latent_params(spec)
+               + spec.ffn_matrices * spec.expert_width * spec.top_k * spec.d_ff_expert_
+               + spec.ffn_matrices * spec.d_model * spec.n_shared_experts * spec.d_ff_shared_)
     else:
         ffn = spec.ffn_matrices * spec.d_model * spec.d_ff
     return attention + ffn
@@ -463,12 +500,15 @@ def model_flops_per_step(spec: ModelSpec, tokens: int, seq_len: int) -> float:
     last = spec.n_layers - 1
     weights = sum(_layer_matmul_weights(spec, i) for i in range(spec.n_layers))
     weights += spec.vocab_size * spec.d_model  # LM head
-    weights += spec.mtp_layers * (_layer_matmul_weights(spec, last) + 2 * spec.d_model * spec.d_model
-                                  + spec.vocab_size * spec.d_model)
+    if spec.hybrid_pattern:
+        mtp_block = sum(_layer_matmul_weights(_uniform(spec, k), 0) for k in spec.mtp_pattern)
+    else:
+        mtp_block = _layer_matmul_weights(spec, last)
+    weights += spec.mtp_layers * (mtp_block + 2 * spec.d_model * spec.d_model + spec.vocab_size * spec.d_model)
     b = tokens / seq_len
     if spec.hybrid_pattern:  # attention layers' cores, and the Mamba layers' SSD scans
-        pattern = spec.hybrid_pattern
-        attn = pattern.count("*") * attention_core_flops(spec, b, seq_len, layer_index=pattern.find("*"))
+        pattern = spec.hybrid_pattern + spec.mtp_pattern * spec.mtp_layers
+        attn = pattern.count("*") * attention_core_flops(_uniform(spec, "*"), b, seq_len)
         attn += pattern.count("M") * mamba_scan_flops(spec, tokens)
     elif spec.layer_types is None:  # every block full: the product every existing number came from
         attn = (spec.n_layers + spec.mtp_layers) * attention_core_flops(spec, b, seq_len)
@@ -502,14 +542,15 @@ def megatron_hybrid_flops(spec: ModelSpec, batch: int, seq_len: int) -> float:
     writes it (whatever the heads give); an MoE layer 4 h f_e top_k (+ 4 h f_shared), x 3/2 gated;
     the logits 2 h V."""
     t, s, h, v = batch * seq_len, seq_len, spec.d_model, spec.vocab_size
-    pattern = spec.hybrid_pattern
+    pattern = spec.hybrid_pattern + spec.mtp_pattern * spec.mtp_layers  # the MTP depths' layers counted too
     gate = 1.5 if spec.ffn == "swiglu" else 1.0
     p = spec.head_dim_ * spec.n_heads / h
     attn = 4 * t * h * p * (h + h * spec.n_kv_heads / spec.n_heads) + 2 * t * s * h * p
     mlp = 4 * gate * t * spec.d_ff * h
     d_in, n, g = 2 * h, spec.mamba_state_dim, spec.mamba_groups
     mamba = 2 * t * h * (2 * d_in + 2 * g * n + spec.mamba_heads) + 7 * t * d_in * n + 2 * t * d_in * h
-    moe = 4 * gate * t * h * (spec.d_ff_expert_ * spec.top_k + spec.n_shared_experts * spec.d_ff_shared_)
+    moe = 4 * gate * t * (spec.expert_width * spec.d_ff_expert_ * spec.top_k + h * spec.n_shared_experts * spec.d_ff_shared_)
+    moe += 4 * t * h * spec.moe_latent_size  # LatentMoE's down and up projections
     fwd = (pattern.count("*") * attn + pattern.count("-") * mlp + pattern.count("M") * mamba
-           + pattern.count("E") * moe + 2 * t * h * v)
+           + pattern.count("E") * moe + 2 * t * h * v * (1 + spec.mtp_layers))
     return 3.0 * fwd

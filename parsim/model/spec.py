@@ -101,6 +101,12 @@ class ModelSpec:
     module (DeepSpeed ZeRO-3's parameter fetch: ``parsim.infer.zero_fetch``)."""
     d_ff_shared: int | None = None
     """Hidden size of one shared expert; default d_ff_expert (Qwen2-MoE uses a separate size)."""
+    moe_latent_size: int = 0
+    """LatentMoE (Nemotron 3 Super / Ultra; HF and Megatron-Core ``moe_latent_size``): the routed
+    experts work in a latent space of this width -- each token is projected down from d_model
+    before the dispatch (``fc1_latent_proj``) and back up after the combine (``fc2_latent_proj``),
+    so the all-to-alls carry latent-wide rows and each expert is latent x d_ff_expert. The router
+    and the shared experts stay on d_model. 0: experts on d_model."""
     q_lora_rank: int = 0
     """MLA: rank of the query down-projection (0 = plain query projection)."""
     kv_lora_rank: int = 0
@@ -151,6 +157,15 @@ class ModelSpec:
     through the shared output head: per depth one more block, a projection, three norms, an
     embedding lookup and an LM head and loss pass. The embedding and head are shared, so
     ``total_params`` leaves MTP out (DeepSeek's 671B) and ``mtp_params`` counts it."""
+    mtp_pattern: str = ""
+    """A hybrid model's multi-token prediction block: its layers' symbols (Megatron-Core's
+    ``mtp_hybrid_override_pattern``, HF ``mtp_layers_block_type``; Nemotron 3: "*E", an attention
+    and an MoE layer). Each of the ``mtp_layers`` depths runs these layers in place of one block
+    of the last block's kind. "" for transformer models."""
+    mtp_shared: bool = False
+    """The depths share one set of MTP weights, the same block run ``mtp_layers`` times
+    (Megatron-Core's ``mtp_use_repeated_layer``; Nemotron 3 Super's recipe trains 2 depths on the
+    checkpoint's one): compute and activations per depth, weights once."""
     hybrid_pattern: str = ""
     """Hybrid state-space models (Nemotron-H, Nemotron 3): one symbol per layer, Megatron-Core's
     ``--hybrid-override-pattern`` and Hugging Face's ``hybrid_override_pattern`` -- "M" a Mamba-2
@@ -216,6 +231,12 @@ class ModelSpec:
         return self.d_ff_expert if self.d_ff_expert is not None else self.d_ff
 
     @property
+    def expert_width(self) -> int:
+        """Width of the token rows the routed experts read and write and the dispatch carries:
+        ``moe_latent_size`` under LatentMoE, else d_model."""
+        return self.moe_latent_size or self.d_model
+
+    @property
     def d_ff_shared_(self) -> int:
         return self.d_ff_shared if self.d_ff_shared is not None else self.d_ff_expert_
 
@@ -279,6 +300,7 @@ latent dimensions): 64x the largest published vocabulary (Gemma 3: 262,144) and 
 MAX_POSITIONS = 2**27
 """Longest position table or attention window (the 2^27-token sequence a scenario may train)."""
 _WIDTHS = ("d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size", "head_dim", "d_ff_expert", "d_ff_shared",
+           "moe_latent_size",
            "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "mamba_heads",
            "mamba_head_dim", "mamba_state_dim", "mamba_groups", "mamba_conv_kernel", "mamba_chunk")
 
@@ -289,11 +311,11 @@ cost model walks every expert's rows (4,096: ~3 s a scenario; 65,536 took 43 s).
 _NONNEG_INT = ("n_experts", "n_shared_experts", "first_dense_layers", "q_lora_rank",
                "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
                "sliding_window", "attention_chunk", "position_offset", "mtp_layers", "expert_groups",
-               "expert_groups_per_token", "mamba_heads")
+               "expert_groups_per_token", "mamba_heads", "moe_latent_size")
 
 
 _BOOL = ("tied_embeddings", "bias", "qkv_bias", "qk_norm", "attention_sinks", "embedding_norm",
-         "parallel_residual", "fused_qkv", "norm_shift")
+         "parallel_residual", "fused_qkv", "norm_shift", "mtp_shared")
 
 
 _CHOICES = {"ffn": FFN_KINDS, "position": POSITION_KINDS, "norm": NORM_KINDS, "qk_norm_width": QK_NORM_WIDTHS,
@@ -368,6 +390,8 @@ def _validate(s: ModelSpec) -> None:
         if s.expert_groups_per_token * (s.n_experts // s.expert_groups) < s.top_k:
             raise bad("expert_groups_per_token", f"{s.expert_groups_per_token} groups of "
                       f"{s.n_experts // s.expert_groups} experts cannot hold top_k={s.top_k}")
+    if s.moe_latent_size and not s.is_moe:
+        raise bad("moe_latent_size", f"{s.moe_latent_size} needs routed experts (n_experts > 0)")
     if s.first_dense_layers > s.n_layers:
         raise bad("first_dense_layers", f"{s.first_dense_layers} exceeds n_layers={s.n_layers}")
     _validate_attention(s, bad)
@@ -394,9 +418,15 @@ def _validate_hybrid(s: ModelSpec, bad) -> None:
     p = s.hybrid_pattern
     if not isinstance(p, str):
         raise bad("hybrid_pattern", f"expected a string of layer symbols, got {p!r}")
+    if not isinstance(s.mtp_pattern, str):
+        raise bad("mtp_pattern", f"expected a string of layer symbols, got {s.mtp_pattern!r}")
+    if s.mtp_shared and not s.mtp_layers:
+        raise bad("mtp_shared", "shares the weights of multi-token prediction depths: needs mtp_layers > 0")
     if not p:
         if s.mamba_heads:
             raise bad("mamba_heads", "Mamba-2 layers need hybrid_pattern (their \"M\" layers)")
+        if s.mtp_pattern:
+            raise bad("mtp_pattern", "names hybrid layers: needs hybrid_pattern")
         return
     if len(p) != s.n_layers:
         raise bad("hybrid_pattern", f"{len(p)} symbols for n_layers={s.n_layers} (one per layer)")
@@ -410,10 +440,17 @@ def _validate_hybrid(s: ModelSpec, bad) -> None:
         raise bad("mamba_groups", f"{s.mamba_groups} groups must divide mamba_heads={s.mamba_heads}")
     if "E" in p and not s.is_moe:
         raise bad("hybrid_pattern", "has MoE (\"E\") layers but n_experts is 0")
+    odd = sorted(set(s.mtp_pattern) - set(HYBRID_SYMBOLS))
+    if odd:
+        raise bad("mtp_pattern", f"symbol {odd[0]!r} is not one of {', '.join(HYBRID_SYMBOLS)}")
+    if s.mtp_layers and not s.mtp_pattern:
+        raise bad("mtp_pattern", "a hybrid model's multi-token prediction block: give its layers (e.g. \"*E\")")
+    if ("E" in s.mtp_pattern and not s.is_moe) or ("M" in s.mtp_pattern and s.mamba_heads <= 0):
+        raise bad("mtp_pattern", f"{s.mtp_pattern!r} names layers the model has no sizes for")
     if s.is_moe and "E" not in p and len(set(p)) > 1:  # (one kind throughout: a layer of a mixed model, uniform_model)
         raise bad("n_experts", f"{s.n_experts} experts but hybrid_pattern has no MoE (\"E\") layer")
     # the pattern names every layer's kind: the fields that would name them otherwise must keep their defaults
-    for key, default in (("moe_every", 1), ("first_dense_layers", 0), ("layer_types", None), ("mtp_layers", 0),
+    for key, default in (("moe_every", 1), ("first_dense_layers", 0), ("layer_types", None),
                          ("block_norms", 2), ("parallel_residual", False)):
         if getattr(s, key) != default:
             raise bad(key, f"not modelled with hybrid_pattern (each hybrid layer is one pre-norm sub-layer; "

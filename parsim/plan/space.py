@@ -117,6 +117,7 @@ def make_scenario(spec: PlanSpec, c: Candidate) -> Scenario:
                         recompute_modules=modules)
     check_parallel(par, c.world, PLAN_FILE)
     _scn.check_model_parallel(spec.model, tr, par, PLAN_FILE)
+    _scn.check_hybrid(spec.model, tr, par, spec.hardware, PLAN_FILE)  # e.g. no cp over Mamba layers
     _scn.check_recompute_modules(tr, spec.model, PLAN_FILE)
     layers = partition_layers(spec.model.n_layers, par.n_stages, file=PLAN_FILE, interleaved=c.vpp > 1)
     sc = Scenario(c.key(), PLAN_FILE, spec.hardware, c.world, spec.model, tr, par,

@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 from parsim.config.scenario import Scenario
-from parsim.model import megatron_flops_per_step, model_flops_per_step, mtp_block_is_moe
+from parsim.model import megatron_flops_per_step, model_flops_per_step, mtp_block_kinds
 from parsim.model.spec import ModelSpec
 
 
@@ -20,7 +20,7 @@ def dropped_expert_flops(m: ModelSpec, tokens: float, dropped_fraction: float) -
     if not m.is_moe or dropped_fraction <= 0:
         return 0.0
     per_assignment = 2.0 * m.ffn_matrices * m.d_model * m.d_ff_expert_
-    moe_blocks = m.n_moe_layers + (m.mtp_layers if mtp_block_is_moe(m) else 0)
+    moe_blocks = m.n_moe_layers + m.mtp_layers * sum(1 for k in mtp_block_kinds(m) if k is True or k == "E")
     return 3.0 * dropped_fraction * tokens * m.top_k * moe_blocks * per_assignment
 
 

@@ -83,6 +83,9 @@ def check_supported(sc: Scenario) -> None:
     par, m, tr, f = sc.parallel, sc.model, sc.training, sc.file
     if m.is_mla:
         raise ConfigError(f, "model", "the validation runtime builds multi-head / grouped-query attention, not MLA")
+    if m.moe_latent_size:
+        raise ConfigError(f, "model.moe_latent_size", "the validation runtime's experts work on d_model rows, not "
+                          "LatentMoE's latent ones")
     if m.hybrid_pattern:
         raise ConfigError(f, "model.hybrid_pattern", "the validation runtime builds transformer blocks, not hybrid "
                           "(Mamba-2) layers")
