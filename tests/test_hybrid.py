@@ -244,7 +244,7 @@ def _doc(**over) -> dict:
            "parallel": {"dp": 8, "tp": 2, "sequence_parallel": True, "zero": 1, "framework": "megatron"},
            "overlap": {"grad_reduce": True}}
     for k, v in over.items():
-        doc[k] = {**doc.get(k, {}), **v} if isinstance(v, dict) else v
+        doc[k] = {**doc.get(k, {}), **v} if isinstance(v, dict) and k != "model" else v
     return doc
 
 
@@ -287,7 +287,9 @@ def test_hybrid_scenario_simulates_with_megatrons_flop_count():
 
 
 @pytest.mark.parametrize("over,key", [
-    ({"parallel": {"dp": 4, "cp": 2}}, "parallel.cp"),
+    # 24 Mamba heads over tp 1: cp 16 does not split them (MambaContextParallel asserts it)
+    ({"model": dataclasses.asdict(get_preset("nemotron-h-8b")) | {"mamba_heads": 24},
+      "parallel": {"dp": 1, "tp": 1, "cp": 16, "sequence_parallel": False}}, "parallel.cp"),
     ({"hardware": "cpu-gloo", "gpus": 2, "parallel": {"dp": 1}}, "hardware"),
     ({"parallel": {"dp": 1, "tp": 16}, "gpus": 16}, "parallel.tp"),
     ({"training": {"recompute": "op"}}, "training.recompute"),
@@ -407,15 +409,39 @@ def test_kernel_scan_command_reproduces_a_measured_forward():
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--groups" in bad.stderr
 
 
-def test_plan_keeps_context_parallelism_off_mamba_layers_and_autoplan_refuses():
+def test_plan_ranks_hybrid_layouts_within_mamba_limits_and_autoplan_refuses():
     import subprocess
     out = subprocess.run([sys.executable, "-m", "parsim", "plan", "--model", "nemotron-h-8b", "--gpus", "16",
                           "--hardware", "dgx-h100", "--global-batch", "64", "--seq-len", "8192", "--json"],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)
-    assert rows and all(r["parallel"]["cp"] == 1 for r in rows)
+    heads, groups = 128, 8
+    for r in rows:  # every layout MambaMixer and MambaContextParallel accept
+        tp, cp = r["parallel"]["tp"], r["parallel"]["cp"]
+        g = groups // tp
+        assert heads % (tp * cp) == 0 and (g % cp == 0 if g >= cp else cp % g == 0)
     bad = subprocess.run([sys.executable, "-m", "parsim", "autoplan", "--model", "nemotron-h-8b", "--gpus", "16",
                           "--hardware", "dgx-h100", "--global-batch", "64", "--seq-len", "8192"],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "hybrid" in bad.stderr
+
+
+def test_context_parallel_mamba_layers_exchange_heads_for_sequence():
+    from parsim.costs.inputs import cost_inputs
+    from parsim.costs.layer import layer_cost, mamba_cp_exchange
+    from parsim.costs.model_costs import ModelCosts
+    from parsim.costs.stage import block_inputs
+    one = ModelCosts(cost_inputs(scenario_from_dict(_doc(), "t"))).layer_inputs
+    two = ModelCosts(cost_inputs(scenario_from_dict(_doc(parallel={"dp": 4, "cp": 2}), "t"))).layer_inputs
+    m1, m2 = (layer_cost(*block_inputs(x, "M")) for x in (one, two))
+    # six all-to-alls (z, x, B, C, dt; y back), blocking, both passes; nothing over cp at cp = 1
+    assert m1.forward.cp_comm == 0 and m2.forward.cp_comm > 0 and m2.backward_input.cp_comm == m2.forward.cp_comm
+    t, sent = mamba_cp_exchange(block_inputs(two, "M")[0])
+    inner, bc, heads = 8192 / 2, 4 * 128, 64  # per TP rank: d_inner, B (or C), dt
+    tokens = 8192 // 2
+    assert sent == pytest.approx(tokens * 2 * (3 * inner + 2 * bc + heads) / 2)  # (cp-1)/cp of each
+    # the scan: the whole sequence on half the heads -- half a rank's work without cp
+    from parsim.costs.compute import mamba_scan_times
+    assert mamba_scan_times(block_inputs(two, "M")[0])[0] == pytest.approx(
+        mamba_scan_times(block_inputs(one, "M")[0])[0] / 2, rel=0.02)

@@ -301,21 +301,24 @@ def check_hybrid(model: ModelSpec, tr: TrainingConfig, par: ParallelConfig, hard
                  file: str) -> None:
     """What parsim's model of a hybrid (Mamba-2) model does not cover, refused in one line: its
     Mamba layers are costed by their kernels (a profile with kernel facts), without context
-    parallelism (Megatron-Core splits a Mamba layer's sequence over cp with all-to-alls of its
-    heads, not modelled), torchtitan's op-level checkpointing or Muon; and Megatron-Core's own
-    limits: tensor parallelism splits Mamba heads and groups evenly (``MambaMixer`` asserts it)."""
+    torchtitan's op-level checkpointing or Muon; and Megatron-Core's own limits: tensor
+    parallelism splits Mamba heads and groups evenly (``MambaMixer`` asserts it), context
+    parallelism gives each rank a whole number of a TP rank's heads and groups, or repeats groups
+    a whole number of times (``MambaContextParallel`` asserts it)."""
     if not model.hybrid_pattern:
         return
     mamba = "M" in model.hybrid_pattern
     if mamba and hardware.device.kernels is None:
         raise ConfigError(file, "hardware", f"{model.name}'s Mamba-2 layers are costed by their kernels; "
                           f"{hardware.device.name} gives no kernel facts (a GPU profile)")
-    if mamba and par.cp > 1:
-        raise ConfigError(file, "parallel.cp", f"context parallelism over {model.name}'s Mamba-2 layers is not "
-                          f"modelled (cp={par.cp}); use cp = 1")
     if mamba and (model.mamba_heads % par.tp or model.mamba_groups % par.tp):
         raise ConfigError(file, "parallel.tp", f"tp={par.tp} must divide the Mamba-2 heads ({model.mamba_heads}) "
                           f"and groups ({model.mamba_groups}) (Megatron-Core's MambaMixer splits both)")
+    if mamba and par.cp > 1:
+        heads, groups = model.mamba_heads // par.tp, model.mamba_groups // par.tp
+        if heads % par.cp or (groups % par.cp if groups >= par.cp else par.cp % groups):
+            raise ConfigError(file, "parallel.cp", f"cp={par.cp} must split a TP rank's {heads} Mamba-2 heads and "
+                              f"{groups} groups evenly, or be a multiple of the groups (MambaContextParallel)")
     if tr.recompute == "op":
         raise ConfigError(file, "training.recompute", "\"op\" (torchtitan's op-level checkpointing) is not "
                           f"modelled for hybrid models such as {model.name}")

@@ -184,8 +184,11 @@ def mamba_scan_times(inp: LayerInputs) -> tuple[float, float, int, int]:
     m, sh = inp.model, inp.shard
     if not has_mamba(m):
         return 0.0, 0.0, 0, 0
-    shape = ScanShape(sh.tokens, max(1, m.mamba_heads // sh.tp), m.mamba_head_dim, m.mamba_state_dim,
-                      max(1, m.mamba_groups // sh.tp), m.mamba_chunk)
+    # under context parallelism the scan runs the whole sequence on this rank's 1/cp of the heads
+    # (Megatron-Core's MambaContextParallel; a group's B and C repeated when cp exceeds the groups)
+    split = sh.tp * sh.cp
+    shape = ScanShape(sh.tokens * sh.cp, max(1, m.mamba_heads // split), m.mamba_head_dim, m.mamba_state_dim,
+                      max(1, m.mamba_groups // split), m.mamba_chunk)
     return scan_times(inp.hardware.device, shape, inp.options.precision)
 
 

@@ -189,12 +189,16 @@ def layer_cost(inp: LayerInputs, moe_layer: bool) -> LayerCost:
     if ca is not None:
         f_attn, i_attn = ca.forward_s, ca.backward_s
     cp_f, cp_i = (ca.forward_comm_s, ca.backward_comm_s) if ca is not None else (0.0, 0.0)
+    mamba_cp = mamba_cp_exchange(inp) if sh.cp > 1 and has_mamba(m) else None
+    if mamba_cp is not None:  # a Mamba layer's all-to-alls between sequence and head splits
+        cp_f, cp_i = mamba_cp[0], mamba_cp[0]
     fwd = Parts(compute=f_gemm + f_attn + f_mem + f_slow, tp_comm=tp_fwd, cp_comm=cp_f)
     inp_parts = Parts(compute=i_gemm + i_attn + i_mem + i_slow, tp_comm=tp_bwd, cp_comm=cp_i)
     wgt = Parts(compute=w_gemm)
-    sent_f = AxisBytes(tp=tp_layer_bytes(inp, act_bytes), cp=ca.forward_bytes if ca is not None else 0.0)
+    cp_sent = ca.forward_bytes if ca is not None else (mamba_cp[1] if mamba_cp is not None else 0.0)
+    sent_f = AxisBytes(tp=tp_layer_bytes(inp, act_bytes), cp=cp_sent)
     sent_i = AxisBytes(tp=tp_layer_bytes(inp, act_bytes, backward=True),
-                       cp=ca.backward_bytes if ca is not None else 0.0)  # dK/dV ride back too
+                       cp=ca.backward_bytes if ca is not None else cp_sent)  # dK/dV ride back too
     if ph is not None:
         if dev.eager_op_forward_s is not None and dev.eager_op_backward_s is not None:
             # a CPU rank runs the torch runtime's MoE block: its host time is the ops it dispatches
@@ -213,6 +217,27 @@ def layer_cost(inp: LayerInputs, moe_layer: bool) -> LayerCost:
     return LayerCost(fwd, inp_parts, wgt, gemm_flops + attn_flops, gemm_flops + 2 * attn_flops, gemm_flops,
                      sent_f, sent_i, params, expert / (sh.tp * sh.ep), act, wstash, transient,
                      attention_forward=core)
+
+
+def mamba_cp_exchange(inp: LayerInputs) -> tuple[float, float]:
+    """(seconds, bytes this GPU sends) of one pass's all-to-alls of a Mamba-2 layer under context
+    parallelism, as Megatron-Core's ``MambaContextParallel`` runs them: before the convolution and
+    the scan, z, x, B, C and dt go from this rank's 1/cp of the sequence (all heads) to the whole
+    sequence on 1/cp of the heads (``_all_to_all_cp2hp``, one call each; B and C repeated to cp
+    copies when a rank's groups are fewer than cp), and after them y goes back
+    (``_all_to_all_hp2cp``): six blocking all-to-alls over the cp group. The backward runs their
+    conjugates, the same bytes. The reorder copies that undo and redo attention's load-balanced
+    sequence split around them are not counted (memory-bound, one read and write of each tensor)."""
+    m, sh, o = inp.model, inp.shard, inp.options
+    a = PRECISION_TABLE[o.precision].activation_bytes
+    inner = m.mamba_inner / sh.tp
+    groups = m.mamba_groups / sh.tp
+    bc = max(groups, float(sh.cp)) * m.mamba_state_dim  # B (or C) after the repeat
+    widths = (inner, inner, bc, bc, m.mamba_heads / sh.tp, inner)  # z, x, B, C, dt; then y
+    group = inp.shard.cp_group
+    t = sum(cached_collective_time(inp.cluster, "all_to_all", sh.tokens * w * a, group) for w in widths)
+    sent = sum(bytes_sent_per_rank("all_to_all", sh.tokens * w * a, sh.cp) for w in widths)
+    return t, sent
 
 
 def attention_times(inp: LayerInputs) -> tuple[float, float]:
