@@ -229,7 +229,7 @@ def test_unsupported_values_name_file_and_key(tmp_path, directory, edit, key):
     assert str(e.value).startswith(f"{p}: {key}: ") and "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("model_type,says", [("bamba", "state-space"), ("qwen3_next", "state-space"),
+@pytest.mark.parametrize("model_type,says", [("bamba", "state-space"), ("kimi_linear", "state-space"),
                                              ("jamba", "state-space"), ("t5", "encoder")])
 def test_families_parsim_does_not_model_are_named(tmp_path, model_type, says):
     p = _write(tmp_path, {"model_type": model_type, "architectures": ["LlamaForCausalLM"], "hidden_size": 64})

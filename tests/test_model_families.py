@@ -291,12 +291,12 @@ def test_wrapper_tie_word_embeddings_is_read_from_the_wrapper(tmp_path):
     assert total_params(untied) - total_params(tied) == 151936 * 2048
 
 
-def test_qwen35_linear_attention_is_refused_by_key():
+def test_qwen35_text_config_imports_its_gated_deltanet_layers():
+    # Qwen3.5's linear_attention layers are Gated DeltaNet mixers (parsim.model.hf_gdn): 397B total
     p = HF / "Qwen3.5-397B-A17B" / "config.json"
-    with pytest.raises(ConfigError) as e:
-        model_from_hf_config(p)
-    assert str(e.value).startswith(f"{p}: text_config.layer_types: 'linear_attention' layers are not supported")
-    assert "\n" not in str(e.value)
+    m = model_from_hf_config(p)
+    assert m.hybrid_pattern.count("G") == 45 and abs(total_params(m) / 397e9 - 1) < 0.01
+    assert len(m.not_modelled) == 1 and "text_config" in m.not_modelled[0]
 
 
 def test_bloom_config_imports_to_the_preset(tmp_path):

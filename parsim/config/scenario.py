@@ -304,7 +304,8 @@ def check_hybrid(model: ModelSpec, tr: TrainingConfig, par: ParallelConfig, hard
     torchtitan's op-level checkpointing or Muon; and Megatron-Core's own limits: tensor
     parallelism splits Mamba heads and groups evenly (``MambaMixer`` asserts it), context
     parallelism gives each rank a whole number of a TP rank's heads and groups, or repeats groups
-    a whole number of times (``MambaContextParallel`` asserts it)."""
+    a whole number of times (``MambaContextParallel`` asserts it); Gated DeltaNet layers split their
+    key and value heads evenly over tensor and context parallelism (``GatedDeltaNet``)."""
     if not model.hybrid_pattern:
         return
     mamba = "M" in model.hybrid_pattern
@@ -319,6 +320,16 @@ def check_hybrid(model: ModelSpec, tr: TrainingConfig, par: ParallelConfig, hard
         if heads % par.cp or (groups % par.cp if groups >= par.cp else par.cp % groups):
             raise ConfigError(file, "parallel.cp", f"cp={par.cp} must split a TP rank's {heads} Mamba-2 heads and "
                               f"{groups} groups evenly, or be a multiple of the groups (MambaContextParallel)")
+    gdn = "G" in model.hybrid_pattern
+    if gdn and hardware.device.kernels is None:
+        raise ConfigError(file, "hardware", f"{model.name}'s Gated DeltaNet layers are costed by their kernels; "
+                          f"{hardware.device.name} gives no kernel facts (a GPU profile)")
+    split = par.tp * par.cp
+    if gdn and (model.gdn_key_heads % split or model.gdn_value_heads % split):
+        axis = "parallel.tp" if model.gdn_key_heads % par.tp or model.gdn_value_heads % par.tp else "parallel.cp"
+        raise ConfigError(file, axis, f"tp x cp = {split} must divide the Gated DeltaNet key heads "
+                          f"({model.gdn_key_heads}) and value heads ({model.gdn_value_heads}) (Megatron-Core's "
+                          "GatedDeltaNet splits both over tensor, then context parallelism)")
     if tr.recompute == "op":
         raise ConfigError(file, "training.recompute", "\"op\" (torchtitan's op-level checkpointing) is not "
                           f"modelled for hybrid models such as {model.name}")

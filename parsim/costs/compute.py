@@ -36,8 +36,9 @@ from parsim.costs.memory_ops import (
     non_tn_fp8_gemms,
     work_time,
 )
+from parsim.costs.gdn import DeltaShape, delta_times
 from parsim.costs.ssd import ScanShape, scan_times
-from parsim.model import attention_kind, causal_pairs, has_attention, has_mamba, sublayers
+from parsim.model import attention_kind, causal_pairs, has_attention, has_gdn, has_mamba, sublayers
 
 SEQUENCE_GATHERED_GEMMS = (("qkv", "q", "q_down", "kv_down", "mamba_in_proj"),
                            ("fc1", "gate", "up", "shared_fc1", "shared_gate", "shared_up"))
@@ -192,6 +193,28 @@ def mamba_scan_times(inp: LayerInputs) -> tuple[float, float, int, int]:
     return scan_times(inp.hardware.device, shape, inp.options.precision)
 
 
+@lru_cache(maxsize=4096)
+def gdn_delta_times(inp: LayerInputs) -> tuple[float, float, int, int]:
+    """(forward, backward seconds, forward, backward kernels) of one Gated DeltaNet layer's delta
+    rule on this rank (its value heads over tensor parallelism): :mod:`parsim.costs.gdn`; none in a
+    layer without one. Under context parallelism the kernels run whole sequences on this rank's
+    1/cp of the heads (Megatron-Core's GatedDeltaNet all-to-alls)."""
+    m, sh = inp.model, inp.shard
+    if not has_gdn(m):
+        return 0.0, 0.0, 0, 0
+    shape = DeltaShape(sh.microbatch_size, sh.seq_len, max(1, m.gdn_value_heads // (sh.tp * sh.cp)),
+                       m.gdn_key_dim, m.gdn_value_dim, m.gdn_chunk)
+    return delta_times(inp.hardware.device, shape, inp.options.precision)
+
+
+def mixer_scan_times(inp: LayerInputs) -> tuple[float, float, int, int]:
+    """A hybrid layer's recurrent mixer in the attention core's place: a Mamba-2 layer's SSD scan
+    (:func:`mamba_scan_times`), a Gated DeltaNet layer's delta rule (:func:`gdn_delta_times`), else none."""
+    if has_gdn(inp.model):
+        return gdn_delta_times(inp)
+    return mamba_scan_times(inp)
+
+
 def overlap_chunks(inp: LayerInputs, name: str) -> tuple[tuple[int, int], tuple[int, int]]:
     """((chunks, streams) of the forward, (chunks, streams) of the input gradient) the block's
     GEMM ``name`` runs as: its overlapped sequence-parallel collective's chunks and how many of
@@ -236,8 +259,8 @@ def block_compute(inp: LayerInputs, gemms: tuple, moe_layer: bool) -> BlockCompu
     n_gemm = len(gemms)
     a_f, a_i = attention_core_times(inp)
     k_attn = (1, ATTENTION_BACKWARD_KERNELS) if o.flash_attention and has_attention_kernel(inp) else (2, 4)
-    if not has_attention(inp.model):  # a hybrid layer: no attention core; a Mamba layer's scan in its place
-        s_f, s_i, k_f, k_i = mamba_scan_times(inp)
+    if not has_attention(inp.model):  # a hybrid layer: no attention core; a Mamba / DeltaNet mixer in its place
+        s_f, s_i, k_f, k_i = mixer_scan_times(inp)
         a_f, a_i, k_attn = s_f, s_i, (k_f, k_i)
     mf, mb = memory_work(inp, moe_layer)
     # two TP collectives per pass (one per sub-layer) launch kernels too (NCCL), counted with the block's gaps
@@ -248,5 +271,5 @@ def block_compute(inp: LayerInputs, gemms: tuple, moe_layer: bool) -> BlockCompu
 
 def clear_caches() -> None:
     """Empty this module's caches (a cold start)."""
-    for fn in (fused_attention_times, block_compute, mamba_scan_times):
+    for fn in (fused_attention_times, block_compute, mamba_scan_times, gdn_delta_times):
         fn.cache_clear()

@@ -53,7 +53,8 @@ from dataclasses import dataclass
 from parsim.cluster.collectives import select_algorithm
 from parsim.cluster.hardware import HardwareProfile
 from parsim.costs.ssd import ScanShape, scan_times
-from parsim.model import ModelSpec, has_attention, has_mamba, sublayers
+from parsim.costs.gdn import DeltaShape, delta_times
+from parsim.model import ModelSpec, has_attention, has_gdn, has_mamba, sublayers
 from parsim.model.shapes import (
     attention_core_flops,
     embedding_params,
@@ -271,6 +272,13 @@ def _hybrid_layer_s(hw: HardwareProfile, model: ModelSpec, li: int, batch: int, 
             t += _memo(cache, ("scan", shape, precision), lambda: scan_times(dev, shape, precision)[0])
         else:  # the state update reads and writes each sequence's state in place
             t += 2 * batch * mamba_state_bytes(model, tp, precision) / dev.effective_memory_bandwidth
+    elif has_gdn(model, li):
+        if new_tokens > 1:  # the chunked delta rule over the prompt
+            shape = DeltaShape(batch, new_tokens, max(1, model.gdn_value_heads // tp), model.gdn_key_dim,
+                               model.gdn_value_dim, model.gdn_chunk)
+            t += _memo(cache, ("delta", shape, precision), lambda: delta_times(dev, shape, precision)[0])
+        else:  # fused_recurrent_gated_delta_rule: each sequence's state read and written in place
+            t += 2 * batch * gdn_state_bytes(model, tp, precision) / dev.effective_memory_bandwidth
     comm = sublayers(model, li) * _memo(cache, ("all_reduce", tokens * model.d_model * a, tp),
                                         lambda: tp_allreduce_s(hw, tokens * model.d_model * a, tp))
     return t + comm + kernels / 2 * dev.kernel_launch_s
@@ -291,17 +299,29 @@ def mamba_state_bytes(model: ModelSpec, tp: int, precision: str) -> float:
     return ssm + conv
 
 
+def gdn_state_bytes(model: ModelSpec, tp: int, precision: str) -> float:
+    """The state one sequence keeps in one Gated DeltaNet layer on one GPU: a key dim x value dim
+    matrix per value head (fp32, as Mamba's: Qwen3.5's ``mamba_ssm_dtype = "float32"``) and the
+    convolution's window over q, k and v (``conv_kernel - 1`` past inputs, at the activations'
+    precision)."""
+    heads = max(1, model.gdn_value_heads // tp)
+    state = heads * model.gdn_key_dim * model.gdn_value_dim * MAMBA_STATE_BYTES
+    conv = model.gdn_conv_channels / tp * (model.gdn_conv_kernel - 1) * act_bytes(precision)
+    return state + conv
+
+
 def cache_bytes_per_sequence(model: ModelSpec, layers: tuple[int, ...], tp: int, context: int,
                              precision: str) -> float:
     """What one sequence of ``context`` tokens caches on one GPU holding ``layers``: K and V in each
     attention layer (:func:`kv_bytes_per_sequence`) and, in a hybrid model, each Mamba-2 layer's
-    fixed-size state (:func:`mamba_state_bytes`)."""
+    fixed-size state (:func:`mamba_state_bytes`) and each Gated DeltaNet layer's (:func:`gdn_state_bytes`)."""
     if not model.hybrid_pattern:
         return kv_bytes_per_sequence(model, len(layers), tp, context, precision)
     attention = sum(1 for li in layers if has_attention(model, li))
     mamba = sum(1 for li in layers if has_mamba(model, li))
+    gdn = sum(1 for li in layers if has_gdn(model, li))
     return (kv_bytes_per_sequence(model, attention, tp, context, precision)
-            + mamba * mamba_state_bytes(model, tp, precision))
+            + mamba * mamba_state_bytes(model, tp, precision) + gdn * gdn_state_bytes(model, tp, precision))
 
 
 def _fp(hw: HardwareProfile, precision: str) -> str:
@@ -326,5 +346,7 @@ def workspace_bytes(model: ModelSpec, tp: int, batch: int, prompt: int, precisio
     widest = model.d_ff // tp + 3 * model.n_heads * model.head_dim_ // tp
     if model.mamba_heads:  # a Mamba layer's input projection and convolution outputs
         widest = max(widest, (model.mamba_in_proj_width + model.mamba_conv_channels) // tp)
+    if model.gdn_value_heads:  # a DeltaNet layer's input projection and convolution outputs
+        widest = max(widest, (model.gdn_in_proj_width + model.gdn_conv_channels) // tp)
     block = tokens * (widest + 2 * model.d_model) * a
     return block + batch * model.vocab_size / (1 if replicated_head else tp) * 4

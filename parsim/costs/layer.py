@@ -44,8 +44,10 @@ from parsim.model import (
     attention_core_flops,
     block_kind,
     has_attention,
+    has_gdn,
     has_mamba,
     is_moe_layer,
+    gdn_scan_flops,
     mamba_scan_flops,
     sublayers,
     layer_elementwise_bytes,
@@ -189,8 +191,10 @@ def layer_cost(inp: LayerInputs, moe_layer: bool) -> LayerCost:
     if ca is not None:
         f_attn, i_attn = ca.forward_s, ca.backward_s
     cp_f, cp_i = (ca.forward_comm_s, ca.backward_comm_s) if ca is not None else (0.0, 0.0)
-    mamba_cp = mamba_cp_exchange(inp) if sh.cp > 1 and has_mamba(m) else None
-    if mamba_cp is not None:  # a Mamba layer's all-to-alls between sequence and head splits
+    mamba_cp = None
+    if sh.cp > 1 and (has_mamba(m) or has_gdn(m)):
+        mamba_cp = mamba_cp_exchange(inp) if has_mamba(m) else gdn_cp_exchange(inp)
+    if mamba_cp is not None:  # a Mamba / DeltaNet layer's all-to-alls between sequence and head splits
         cp_f, cp_i = mamba_cp[0], mamba_cp[0]
     fwd = Parts(compute=f_gemm + f_attn + f_mem + f_slow, tp_comm=tp_fwd, cp_comm=cp_f)
     inp_parts = Parts(compute=i_gemm + i_attn + i_mem + i_slow, tp_comm=tp_bwd, cp_comm=cp_i)
@@ -240,6 +244,21 @@ def mamba_cp_exchange(inp: LayerInputs) -> tuple[float, float]:
     return t, sent
 
 
+def gdn_cp_exchange(inp: LayerInputs) -> tuple[float, float]:
+    """(seconds, bytes this GPU sends) of one pass's all-to-alls of a Gated DeltaNet layer under
+    context parallelism, as Megatron-Core's ``GatedDeltaNet`` runs them: the input projection's output
+    (q, k, v, z, beta, alpha) from this rank's 1/cp of the sequence to the whole sequence on 1/cp of
+    the heads (``a2a_cp_to_hp``), and after the gated norm the output back: two blocking all-to-alls
+    over the cp group; the backward runs their conjugates, the same bytes."""
+    m, sh, o = inp.model, inp.shard, inp.options
+    a = PRECISION_TABLE[o.precision].activation_bytes
+    widths = (m.gdn_in_proj_width / sh.tp, m.gdn_value_width / sh.tp)
+    group = inp.shard.cp_group
+    t = sum(cached_collective_time(inp.cluster, "all_to_all", sh.tokens * w * a, group) for w in widths)
+    sent = sum(bytes_sent_per_rank("all_to_all", sh.tokens * w * a, sh.cp) for w in widths)
+    return t, sent
+
+
 def attention_times(inp: LayerInputs) -> tuple[float, float]:
     """(forward, backward) seconds of one block's attention core on this rank (its 1/cp share of
     the queries, before context parallelism's ring): with kernel facts the core's kernels
@@ -247,8 +266,8 @@ def attention_times(inp: LayerInputs) -> tuple[float, float]:
     blocks skipped when fused; the host's per-pass time added); plus the scores' and the head
     layout's traffic where the core is unfused."""
     dev, o = inp.hardware.device, inp.options
-    if not has_attention(inp.model):  # a hybrid layer: a Mamba layer's SSD scan, else nothing
-        s_f, s_i, _, _ = _compute.mamba_scan_times(inp)
+    if not has_attention(inp.model):  # a hybrid layer: a Mamba / DeltaNet layer's mixer, else nothing
+        s_f, s_i, _, _ = _compute.mixer_scan_times(inp)
         return s_f, s_i
     if dev.kernels is not None:
         a_f, a_i = _compute.attention_core_times(inp)
@@ -551,6 +570,8 @@ def _attention_flops(inp: LayerInputs) -> float:
     m, sh = inp.model, inp.shard
     if has_mamba(m):  # a Mamba layer: its SSD scan's FLOPs in the core's place
         return mamba_scan_flops(m, sh.microbatch_size * sh.seq_len, sh.tp)
+    if has_gdn(m):  # a Gated DeltaNet layer: its delta rule's
+        return gdn_scan_flops(m, sh.microbatch_size * sh.seq_len, sh.tp)
     if m.layer_types is None:
         return attention_core_flops(m, sh.microbatch_size, sh.seq_len, sh.tp)
     return sum(attention_core_flops(m, sh.microbatch_size, sh.seq_len, sh.tp, li)
@@ -703,8 +724,12 @@ def _weight_grad_stash(m: ModelSpec, tokens: int, tp: int, sp: bool) -> float:
     if kind == "M":  # the input projection's input and output gradient, the output projection's
         inputs = 2 * h / rep + 2 * m.mamba_inner / tp
         grads = 2 * m.mamba_in_proj_width / tp + 2 * h / rep
+    elif kind == "G":
+        inputs = 2 * h / rep + 2 * m.gdn_value_width / tp
+        grads = 2 * m.gdn_in_proj_width / tp + 2 * h / rep
     elif kind == "*":
-        inputs, grads = 2 * h / rep + 2 * q / tp, 2 * (q + 2 * kv) / tp + 2 * h / rep
+        gate = q if m.attn_output_gate else 0
+        inputs, grads = 2 * h / rep + 2 * q / tp, 2 * (q + gate + 2 * kv) / tp + 2 * h / rep
     elif kind in ("-", "E"):
         inputs, grads = 2 * h / rep + 2 * f / tp, fc1_out + 2 * h / rep
     else:

@@ -169,7 +169,9 @@ def block_stash(spec: ModelSpec, seq_len: int, opts: ActivationOptions, layer_in
         out += _attention_stash(spec, seq_len, opts, lin)
     elif kind == "M":
         out += mamba_stash(spec, opts, lin)
-    if kind in ("M", "*", "T") and spec.block_norms == 4:  # sandwich norms (Gemma 2/3): each sub-layer's output normed before its add
+    elif kind == "G":
+        out += gdn_stash(spec, opts, lin)
+    if kind in ("M", "G", "*", "T") and spec.block_norms == 4:  # sandwich norms (Gemma 2/3): each sub-layer's output normed before its add
         out.append(Stashed("post_attn_norm_in", e * h, "sp"))
     shared_norm = spec.block_norms == 1  # one norm feeds both branches: the FFN reads qkv_in's tensor
     if kind in ("T", "-", "E"):
@@ -214,6 +216,8 @@ def _attention_stash(spec: ModelSpec, seq_len: int, opts: ActivationOptions, lin
         kv = spec.n_kv_heads * spec.head_dim_
         out.append(Stashed("qkv_in", lin * h, "sp"))  # norm fused into the QKV linear (TE LayerNormLinear)
         out.append(Stashed("qkv", e * (q + 2 * kv), "tp"))
+        if spec.attn_output_gate:  # the gate's sigmoid input and the ungated output (the product's gradient)
+            out.append(Stashed("attn_gate", 2 * e * q, "tp"))
         out.append(Stashed("attn_out", lin * q, "tp"))
     if opts.dropout:
         out.append(Stashed("attn_mask", 1.0 * h, "sp"))
@@ -242,6 +246,28 @@ def mamba_stash(spec: ModelSpec, opts: ActivationOptions, lin: float) -> list[St
            Stashed("mamba_out_in", lin * spec.mamba_inner, "tp")]
     if opts.dropout:
         out.append(Stashed("mamba_mask", 1.0 * h, "sp"))
+    return out
+
+
+def gdn_stash(spec: ModelSpec, opts: ActivationOptions, lin: float) -> list[Stashed]:
+    """What a Gated DeltaNet layer keeps per token for its backward (Megatron-Core ``GatedDeltaNet``
+    with flash-linear-attention's kernels): the pre-norm's input and output (fused into the input
+    projection, as a Mamba layer's); the input projection's whole output (q, k, v, z, beta and alpha
+    are views of it; the convolution, the gates and the gated norm keep theirs); the convolution's
+    output (q, k, v after SiLU) and the L2-normed q and k the kernel reads; the kernel's own saved
+    tensors -- the fp32 gates (one a value head and token), beta, and the chunk's inverted
+    triangular factor (C values a head and token) -- and its output; the gated norm's output (the
+    output projection's input); a dropout mask with dropout."""
+    h, e = spec.d_model, opts.bytes_per_element
+    heads = spec.gdn_value_heads
+    out = [Stashed("gdn_norm_in", e * h, "sp"),
+           Stashed("gdn_in", lin * h, "sp"),
+           Stashed("gdn_qkvzba", e * spec.gdn_in_proj_width, "tp"),
+           Stashed("gdn_conv_out", e * (spec.gdn_conv_channels + 2 * spec.gdn_key_width), "tp"),
+           Stashed("gdn_delta", heads * (4.0 + e + e * spec.gdn_chunk) + e * spec.gdn_value_width, "tp"),
+           Stashed("gdn_out_in", lin * spec.gdn_value_width, "tp")]
+    if opts.dropout:
+        out.append(Stashed("gdn_mask", 1.0 * h, "sp"))
     return out
 
 

@@ -161,15 +161,23 @@ def forward_pieces(spec: ModelSpec, tokens: int, tp: int, sp: bool, act_bytes: f
     if spec.mamba_inner:
         inner = spec.mamba_inner / tp
         pieces["mamba"] = MemoryWork((2 * spec.mamba_conv_channels / tp + 3 * inner) * a, 2)
+    if spec.gdn_value_heads:  # the convolution, the q and k L2 norms, the gates, the gated norm
+        width = 2 * spec.gdn_conv_channels + 4 * spec.gdn_key_width + 3 * spec.gdn_value_width
+        pieces["gdn"] = MemoryWork(width / tp * a, 5)
+    if spec.attn_output_gate:  # sigmoid(gate) * attention output: read both, write one
+        pieces["rotary"] = pieces["rotary"] + MemoryWork(3 * spec.n_heads * spec.head_dim_ / tp * a, 1)
     return {name: w.scaled_bytes(tokens) for name, w in pieces.items()}
 
 
-HYBRID_PIECES = {"M": ("norm", "mamba"), "*": ("norm", "rotary"), "-": ("norm", "activation"),
+HYBRID_PIECES = {"M": ("norm", "mamba"), "G": ("norm", "gdn"), "*": ("norm", "rotary"), "-": ("norm", "activation"),
                  "E": ("norm", "activation")}
 """The memory-bound ops of each hybrid layer beside its one residual add (and dropout): a Mamba-2
 layer's pre-norm (fused into its input projection), its causal convolution over x, B and C with the
 SiLU (``causal_conv1d``: read and write those channels) and its gated RMSNorm (``RMSNormGated``:
-read y and z, write the output); the scan itself is :func:`parsim.costs.compute.mamba_scan_times`'."""
+read y and z, write the output); the scan itself is :func:`parsim.costs.compute.mamba_scan_times`'. A
+Gated DeltaNet layer's: its pre-norm, the causal convolution over q, k and v with the SiLU, the L2 norms
+of q and k, the gates (beta's sigmoid, alpha's softplus) and the gated RMSNorm over the output and z
+(the delta rule itself: :func:`parsim.costs.compute.gdn_delta_times`)."""
 
 
 def block_forward_work(spec: ModelSpec, tokens: int, tp: int, sp: bool, act_bytes: float,
@@ -264,8 +272,10 @@ def _hybrid_linears(spec: ModelSpec, tp: int, kind: str, qw: float, kvw: float, 
     d = spec.d_model
     if kind == "M":
         return ((d, spec.mamba_in_proj_width / tp), (spec.mamba_inner / tp, d))
+    if kind == "G":
+        return ((d, spec.gdn_in_proj_width / tp), (spec.gdn_value_width / tp, d))
     if kind == "*":
-        return ((d, qw + 2 * kvw), (qw, d))
+        return ((d, qw * (2 if spec.attn_output_gate else 1) + 2 * kvw), (qw, d))
     return ((d, fc1), (f, d))
 
 

@@ -134,6 +134,16 @@ CHOICES = {
 }
 
 
+REFUSED = {
+    "--experimental-attention-variant": "Megatron's experimental attention variants (Gated DeltaNet, DSA) are not "
+                                        "read from a command line: give the model as a [model] preset "
+                                        "(qwen3-next-80b-a3b, qwen3.5-397b-a17b) or hf_config, whose Gated DeltaNet "
+                                        "layers parsim models",
+}
+"""Flags that change the model in a way the importer does not read: refused in one line rather than
+listed as without effect."""
+
+
 def parse_args(argv: list[str]) -> tuple[dict, dict, list[str]]:
     """Megatron flags -> (values by destination, the flag each destination was given as,
     the arguments the importer does not read, as written)."""
@@ -148,6 +158,8 @@ def parse_args(argv: list[str]) -> tuple[dict, dict, list[str]]:
             other.append(tok)
             continue
         flag, eq, inline = tok.partition("=")
+        if flag in REFUSED:
+            raise ConfigError(SOURCE, flag, REFUSED[flag])
         if flag not in FLAGS:
             vals = [inline] if eq else []
             while not eq and i < len(argv) and not argv[i].startswith("--"):

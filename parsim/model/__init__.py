@@ -4,6 +4,8 @@ from parsim.model.hf import SUPPORTED as HF_MODEL_TYPES
 from parsim.model.hf import model_from_hf_config
 from parsim.model.presets import PRESETS, get_preset, model_from_table
 from parsim.model.shapes import (
+                                 gdn_mixer_params,
+                                 gdn_scan_flops,
                                  mamba_mixer_params,
                                  mamba_scan_flops,
                                  megatron_hybrid_flops,
@@ -41,6 +43,7 @@ from parsim.model.spec import (
                                  block_kind,
                                  has_attention,
                                  has_ffn,
+                                 has_gdn,
                                  has_mamba,
                                  is_moe_layer,
                                  sublayers,
@@ -55,6 +58,6 @@ __all__ = [
     "active_params", "layer_gemms",
     "attention_core_flops", "layer_elementwise_bytes", "head_gemm", "layer_flops", "head_flops",
     "model_flops_per_step", "megatron_flops_per_step", "megatron_hybrid_flops",
-    "HYBRID_SYMBOLS", "block_kind", "has_attention", "has_ffn", "has_mamba", "sublayers", "uniform_model",
-    "mamba_mixer_params", "mamba_scan_flops",
+    "HYBRID_SYMBOLS", "block_kind", "has_attention", "has_ffn", "has_mamba", "has_gdn", "sublayers", "uniform_model",
+    "mamba_mixer_params", "mamba_scan_flops", "gdn_mixer_params", "gdn_scan_flops",
 ]

@@ -20,14 +20,15 @@ DeepSeek-V3):
   see parsim.model.hf_families.
 - gpt2, gpt_neox, opt, bloom: see parsim.model.hf_classic; dbrx, mpt, falcon (their own key
   names): see parsim.model.hf_own_keys; nemotron_h (hybrid Mamba-2 / attention / MLP / MoE
-  layers: Nemotron-H, Nemotron Nano 2, Nemotron 3): see parsim.model.hf_hybrid.
+  layers: Nemotron-H, Nemotron Nano 2, Nemotron 3): see parsim.model.hf_hybrid; qwen3_next, qwen3_5,
+  qwen3_5_moe (Gated DeltaNet and gated attention blocks: Qwen3-Next, Qwen3.5): see parsim.model.hf_gdn.
 - A wrapper whose language model sits in ``text_config`` (Llama 4, Qwen3-VL, Qwen3.5, Gemma 3,
   Mistral 3): the
   text model is imported (``tie_word_embeddings`` read from the wrapper when the text config
   lacks it) and ``not_modelled`` names the rest (vision encoder, projector).
 
 ``layer_types`` (full_attention / sliding_attention / chunked_attention) is honoured for every
-family; any other kind (e.g. Qwen3.5's linear_attention) is refused. Ignored, and said so in
+family; any other kind is refused (Qwen3-Next's and Qwen3.5's linear_attention are their own family's). Ignored, and said so in
 ``not_modelled``: a Mistral/Qwen-style ``sliding_window`` given without ``layer_types``.
 DeepSeek's multi-token-prediction modules (``num_nextn_predict_layers``) become
 ``mtp_layers``. Ignored silently (no weights, or not parsim's concern): rope scaling,
@@ -46,6 +47,9 @@ from parsim.errors import ConfigError
 from parsim.files import read_input_text
 from parsim.model import hf_families as fam
 from parsim.model.hf_classic import CLASSIC, classic_fields
+from parsim.model.hf_gdn import ARCHITECTURES as GDN_ARCHITECTURES
+from parsim.model.hf_gdn import GDN, gdn_fields
+from parsim.model.hf_gdn import TEXT_TYPES as GDN_TEXT_TYPES
 from parsim.model.hf_hybrid import ARCHITECTURES as HYBRID_ARCHITECTURES
 from parsim.model.hf_hybrid import HYBRID, hybrid_fields
 from parsim.model.hf_keys import HFKeys
@@ -56,7 +60,7 @@ from parsim.model.spec import MAX_LAYERS, ModelSpec
 _DENSE = ("llama", "mistral", "qwen2", "qwen3") + fam.LLAMA_KEYED_DENSE
 _MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "deepseek_v32", "gpt_oss",
         "llama4") + fam.LLAMA_KEYED_MOE
-SUPPORTED = _DENSE + _MOE + CLASSIC + OWN_KEYS + HYBRID
+SUPPORTED = _DENSE + _MOE + CLASSIC + OWN_KEYS + HYBRID + GDN
 _ARCH = {
     "LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3", "MixtralForCausalLM": "mixtral", "Qwen2MoeForCausalLM": "qwen2_moe",
@@ -65,16 +69,18 @@ _ARCH = {
     "GptOssForCausalLM": "gpt_oss", "Llama4ForCausalLM": "llama4", "Llama4ForConditionalGeneration": "llama4",
     "GPT2LMHeadModel": "gpt2", "GPTNeoXForCausalLM": "gpt_neox", "OPTForCausalLM": "opt",
     "BloomForCausalLM": "bloom", **fam.ARCHITECTURES, **OWN_KEYS_ARCHITECTURES, **HYBRID_ARCHITECTURES,
+    **GDN_ARCHITECTURES,
 }
 # the language model of a wrapper (its text_config's model_type) -> the family with its shapes
 _TEXT_TYPES = {"llama4_text": "llama4", "qwen3_vl_text": "qwen3", "qwen3_vl_moe_text": "qwen3_moe",
-               "qwen3_5_text": "qwen3", "qwen3_5_moe_text": "qwen3_moe"}
+               **GDN_TEXT_TYPES}
 _LAYER_KINDS = {"full_attention": "full", "sliding_attention": "sliding", "chunked_attention": "chunked"}
 _STATE_SPACE = ("mamba", "mamba2", "jamba", "zamba", "zamba2", "bamba", "falcon_h1", "falcon_mamba",
-                "granitemoehybrid", "qwen3_next", "minimax", "kimi_linear", "rwkv", "rwkv7", "lfm2", "plamo2",
+                "granitemoehybrid", "minimax", "kimi_linear", "rwkv", "rwkv7", "lfm2", "plamo2",
                 "recurrent_gemma", "xlstm")
 """Families whose mixers are state-space or linear-attention layers (alone or beside attention),
-other than the hybrid Mamba-2 family parsim models (``nemotron_h``: ``parsim.model.hf_hybrid``)."""
+other than the hybrid families parsim models (``nemotron_h``'s Mamba-2 layers: ``parsim.model.hf_hybrid``;
+Qwen3-Next's and Qwen3.5's Gated DeltaNet layers: ``parsim.model.hf_gdn``)."""
 _NOT_DECODERS = ("t5", "mt5", "umt5", "bart", "mbart", "pegasus", "marian", "bert", "roberta", "deberta",
                  "deberta-v2", "electra", "albert", "distilbert", "whisper", "encoder-decoder")
 """Encoder-only and encoder-decoder families."""
@@ -100,8 +106,8 @@ def _model_type(data: dict, file: str, prefix: str = "") -> str | None:
     if mt in _STATE_SPACE:
         raise ConfigError(file, f"{prefix}model_type", f"{mt!r} has state-space or linear-attention mixers "
                                                        "(Mamba, RWKV, linear attention) parsim does not model: it "
-                                                       "models softmax-attention decoders and nemotron_h's hybrid "
-                                                       "Mamba-2 layers")
+                                                       "models softmax-attention decoders, nemotron_h's hybrid "
+                                                       "Mamba-2 layers and Qwen3-Next / Qwen3.5's Gated DeltaNet")
     if mt in _NOT_DECODERS:
         raise ConfigError(file, f"{prefix}model_type", f"{mt!r} is an encoder or encoder-decoder model: parsim "
                                                        "models decoder-only stacks")
@@ -304,6 +310,8 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
         fields = own_keys_fields(c, tied)
     elif c.model_type in HYBRID:
         fields = hybrid_fields(c, tied)
+    elif c.model_type in GDN:
+        fields = gdn_fields(c, tied)
     else:
         family_tied = fam.TIED_DEFAULT.get(c.model_type, False)
         fields = _decoder_fields(c, c.bool("tie_word_embeddings", family_tied) if tied is None else tied)

@@ -80,6 +80,20 @@ def _nemotron_h(name: str, pattern: str, d_model: int, d_ff: int, n_heads: int, 
                      mamba_head_dim=mamba_head_dim, mamba_state_dim=mamba_state_dim, **moe)
 
 
+def _qwen_gdn(name: str, blocks: int, d_model: int, n_heads: int, gdn_value_heads: int, n_experts: int,
+              top_k: int, d_ff_expert: int, vocab_size: int, d_ff: int, **extra) -> ModelSpec:
+    """Qwen3-Next / Qwen3.5 MoE (Hugging Face ``qwen3_next`` / ``qwen3_5_moe``; :mod:`parsim.model.hf_gdn`):
+    blocks of a Gated DeltaNet (three in four) or a gated attention (every fourth) mixer and an MoE
+    FFN with one shared expert as wide as a routed one, each block two hybrid layers; 16 key heads and
+    128-channel key and value heads; 2 KV heads of 256; RMSNorm, SwiGLU, RoPE, untied head. ``d_ff``: the
+    config's dense width (no block uses it)."""
+    pattern = "".join(("*" if (i + 1) % 4 == 0 else "G") + "E" for i in range(blocks))
+    return ModelSpec(name, 2 * blocks, d_model, n_heads, 2, d_ff, vocab_size, ffn="swiglu", head_dim=256,
+                     qk_norm=True, attn_output_gate=True, max_seq_len=262144, hybrid_pattern=pattern,
+                     gdn_key_heads=16, gdn_value_heads=gdn_value_heads, n_experts=n_experts, top_k=top_k,
+                     d_ff_expert=d_ff_expert, n_shared_experts=1, d_ff_shared=d_ff_expert, **extra)
+
+
 _NEMOTRON_H_52 = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
 _NEMOTRON_H_47B = ("M-M-M-M-M-M-M-M-M*-M-M-M-M-M-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-M-M---MM---M-M*"
                    "-M-M-M-M-M-")
@@ -330,6 +344,12 @@ _LIST += [
     _nemotron_h("nemotron-3-ultra-550b-a55b", "MEMEMEM*EMEMEM*EMEMEMEM*EMEMEMEM*EMEMEM*EMEMEMEM*EMEMEMEM*EMEMEM*"
                 "EMEMEMEM*EMEMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME", 8192, 5120, 64, 2, 256, max_seq_len=262144,
                 n_experts=512, top_k=22, d_ff_expert=5120, n_shared_experts=1, d_ff_shared=10240, moe_latent_size=2048),
+    # Qwen3-Next-80B-A3B ("80B total parameters, 3B active"; 48 blocks, 512 experts of 512, top-10)
+    # and Qwen3.5-397B-A17B ("397B total, 17B activated"; 60 blocks, 512 experts of 1024, top-10,
+    # one MTP depth in its config): their HF configs in tests/data/hf (Qwen3-Coder-Next, the same
+    # shapes as the 80B; Qwen3.5-397B-A17B's text_config).
+    _qwen_gdn("qwen3-next-80b-a3b", 48, 2048, 16, 32, 512, 10, 512, 151936, 5120),
+    _qwen_gdn("qwen3.5-397b-a17b", 60, 4096, 32, 64, 512, 10, 1024, 248320, 5632, mtp_layers=1, mtp_pattern="*E"),
     # Granite 3.1 3B-A800M: 40 experts of 512, top-8, tied head.
     ModelSpec("granite3-3b-a800m", 32, 1536, 24, 8, 512, 49155, ffn="swiglu", tied_embeddings=True,
               max_seq_len=131072, n_experts=40, top_k=8, d_ff_expert=512),

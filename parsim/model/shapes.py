@@ -67,7 +67,8 @@ def _attention_matrices(spec: ModelSpec) -> int:
         kv += spec.kv_lora_rank * nh * (spec.qk_nope_head_dim + spec.v_head_dim)
         return q + kv + nh * spec.v_head_dim * d
     hd = spec.head_dim_
-    return d * (nh + 2 * spec.n_kv_heads) * hd + nh * hd * d
+    gate = nh * hd if spec.attn_output_gate else 0  # the output gate, projected beside the query
+    return d * (nh + 2 * spec.n_kv_heads) * hd + d * gate + nh * hd * d
 
 
 def _attention_other(spec: ModelSpec) -> int:
@@ -116,6 +117,21 @@ def mamba_mixer_params(spec: ModelSpec) -> int:
     return n + conv * (spec.mamba_conv_kernel + 1) + 3 * spec.mamba_heads + inner
 
 
+def gdn_mixer_params(spec: ModelSpec) -> int:
+    """Weights of one Gated DeltaNet mixer (Megatron-Core ``GatedDeltaNet``, Transformers'
+    ``Qwen3NextGatedDeltaNet``): the input projection to q, k, v, z, beta and alpha
+    (``gdn_in_proj_width`` x d), the depthwise causal convolution over q, k and v
+    (``gdn_conv_kernel`` taps, no bias: both frameworks' default), ``dt_bias`` and ``A_log`` (one per
+    value head), the gated RMSNorm over one value head (its scale shared by the heads) and the output
+    projection (d x value width); biases on both projections only with ``bias``. The layer's pre-norm
+    is not the mixer's."""
+    d, width = spec.d_model, spec.gdn_in_proj_width
+    n = d * width + spec.gdn_value_width * d
+    if spec.bias:
+        n += width + d
+    return n + spec.gdn_conv_channels * spec.gdn_conv_kernel + 2 * spec.gdn_value_heads + spec.gdn_value_dim
+
+
 def _ffn_params(spec: ModelSpec, moe: bool, active: bool) -> int:
     if not moe:
         return _mlp_params(spec, spec.d_ff)
@@ -145,6 +161,8 @@ def _hybrid_params(spec: ModelSpec, kind: str, active: bool) -> int:
     """One hybrid layer of ``kind``: its pre-norm and its sub-layer."""
     if kind == "M":
         body = mamba_mixer_params(spec)
+    elif kind == "G":
+        body = gdn_mixer_params(spec)
     elif kind == "*":
         body = _attention_matrices(spec) + _attention_other(spec)
     else:
@@ -285,7 +303,7 @@ def _attention_gemms(spec: ModelSpec, m: int, tp: int) -> list[Gemm]:
     d, nh = spec.d_model, spec.n_heads
     if not spec.is_mla:
         hd = spec.head_dim_
-        qkv = _shard(nh * hd, tp) + 2 * hd * _shard(spec.n_kv_heads, tp)
+        qkv = _shard(nh * hd, tp) * (2 if spec.attn_output_gate else 1) + 2 * hd * _shard(spec.n_kv_heads, tp)
         return [Gemm("qkv", m, qkv, d), Gemm("attn_out", m, d, _shard(nh * hd, tp))]
     qk = spec.qk_nope_head_dim + spec.qk_rope_head_dim
     heads = _shard(nh, tp)
@@ -322,6 +340,29 @@ def mamba_scan_flops(spec: ModelSpec, tokens: float, tp: int = 1) -> float:
     return tokens * (2 * q * n * g + 2 * q * p * h + 4 * n * p * h)
 
 
+def _gdn_gemms(spec: ModelSpec, m: int, tp: int) -> tuple[Gemm, ...]:
+    """A Gated DeltaNet mixer's two linear layers on one TP rank: the column-parallel input
+    projection (q, k, v, z, beta, alpha of this rank's heads) and the row-parallel output projection
+    (Megatron-Core ``GatedDeltaNet``: ``in_proj`` and ``out_proj``)."""
+    kh, vh = _shard(spec.gdn_key_heads, tp), _shard(spec.gdn_value_heads, tp)
+    key, value = kh * spec.gdn_key_dim, vh * spec.gdn_value_dim
+    return (Gemm("gdn_in_proj", m, 2 * key + 2 * value + 2 * vh, spec.d_model),
+            Gemm("gdn_out_proj", m, spec.d_model, value))
+
+
+def gdn_scan_flops(spec: ModelSpec, tokens: float, tp: int = 1) -> float:
+    """Forward FLOPs of one Gated DeltaNet layer's delta-rule kernels on one TP rank, as the chunked
+    algorithm runs them (Yang et al. 2024, "Parallelizing Linear Transformers with the Delta Rule",
+    Sec. 3; flash-linear-attention's ``chunk_gated_delta_rule``), per value head and chunk of C
+    tokens with key dim K and value dim V: K K^T (2 C^2 K), the triangular inverse (C^3 / 3), the
+    WY factors w and u (2 C^2 K + 2 C^2 V), the state pass (u - w h, then h += k^T v: 4 C K V) and
+    the outputs (q h, q k^T, its product with v: 2 C K V + 2 C^2 K + 2 C^2 V) -- per token
+    6 C K + 4 C V + 6 K V + C^2 / 3 a head (:mod:`parsim.costs.gdn` counts them kernel by kernel)."""
+    c, k, v = spec.gdn_chunk, spec.gdn_key_dim, spec.gdn_value_dim
+    heads = spec.gdn_value_heads / tp
+    return tokens * heads * (6 * c * k + 4 * c * v + 6 * k * v + c * c / 3)
+
+
 def layer_gemms(spec: ModelSpec, tokens: int, tp: int = 1,
                 layer_index: int | None = None) -> tuple[Gemm, ...]:
     """Forward GEMMs of one block for ``tokens`` tokens on one TP rank (see module docstring).
@@ -334,6 +375,8 @@ def layer_gemms(spec: ModelSpec, tokens: int, tp: int = 1,
     kind = block_kind(spec, layer_index)
     if kind == "M":
         return _mamba_gemms(spec, tokens, tp)
+    if kind == "G":
+        return _gdn_gemms(spec, tokens, tp)
     g = _attention_gemms(spec, tokens, tp) if has_attention(spec, layer_index) else []
     if not has_ffn(spec, layer_index):
         return tuple(g)
@@ -417,9 +460,13 @@ def layer_elementwise_bytes(spec: ModelSpec, tokens: int, tp: int = 1, sp: bool 
     rope = 0.0
     if has_attention(spec, layer_index) and spec.position == "rope":
         rope = 2 * (spec.n_heads + kv_heads) * rope_dim / tp
+    if has_attention(spec, layer_index) and spec.attn_output_gate:  # sigmoid(gate) * attn: read two, write one
+        rope += 3 * spec.n_heads * spec.head_dim_ / tp
     act = 3 if spec.ffn == "swiglu" else 2
     if kind == "M":
         ffn = (2 * spec.mamba_conv_channels + 3 * spec.mamba_inner) / tp
+    elif kind == "G":  # conv over q, k, v; the q and k L2 norms; the gated norm (read o and z, write)
+        ffn = (2 * spec.gdn_conv_channels + 4 * spec.gdn_key_width + 3 * spec.gdn_value_width) / tp
     elif not has_ffn(spec, layer_index):
         ffn = 0.0
     elif spec.is_moe and (kind == "E" or (kind == "T" and spec.n_moe_layers)):
@@ -460,6 +507,8 @@ def layer_flops(spec: ModelSpec, batch: int, seq_len: int, tp: int = 1,
     attn = attention_core_flops(spec, batch, seq_len, tp, layer_index)
     if block_kind(spec, layer_index) == "M":  # the SSD scan: its backward runs about twice its forward
         attn = mamba_scan_flops(spec, batch * seq_len, tp)
+    elif block_kind(spec, layer_index) == "G":  # the delta rule's chunked kernels, likewise
+        attn = gdn_scan_flops(spec, batch * seq_len, tp)
     return PassFlops(gemm + attn, gemm + 2 * attn, gemm)
 
 
@@ -474,6 +523,8 @@ def _layer_matmul_weights(spec: ModelSpec, layer_index: int) -> int:
     kind = block_kind(spec, layer_index)
     if kind == "M":
         return spec.d_model * spec.mamba_in_proj_width + spec.mamba_inner * spec.d_model
+    if kind == "G":
+        return spec.d_model * spec.gdn_in_proj_width + spec.gdn_value_width * spec.d_model
     attention = _attention_matrices(spec) if has_attention(spec, layer_index) else 0
     if not has_ffn(spec, layer_index):
         return attention
@@ -510,6 +561,7 @@ def model_flops_per_step(spec: ModelSpec, tokens: int, seq_len: int) -> float:
         pattern = spec.hybrid_pattern + spec.mtp_pattern * spec.mtp_layers
         attn = pattern.count("*") * attention_core_flops(_uniform(spec, "*"), b, seq_len)
         attn += pattern.count("M") * mamba_scan_flops(spec, tokens)
+        attn += pattern.count("G") * gdn_scan_flops(spec, tokens)
     elif spec.layer_types is None:  # every block full: the product every existing number came from
         attn = (spec.n_layers + spec.mtp_layers) * attention_core_flops(spec, b, seq_len)
     else:
@@ -539,18 +591,25 @@ def megatron_hybrid_flops(spec: ModelSpec, batch: int, seq_len: int) -> float:
     Per token, forward: an attention layer 4 h p (h + h g/n) + 2 s h p (p = heads x head dim / h,
     g/n the KV-head share; the causal half and the FMA's 2 cancel); an MLP layer 4 f h (x 3/2
     gated); a Mamba layer 2 h (2 d_in + 2 G N + H) + 7 d_in N + 2 d_in h with d_in = 2h as Megatron
-    writes it (whatever the heads give); an MoE layer 4 h f_e top_k (+ 4 h f_shared), x 3/2 gated;
+    writes it (whatever the heads give); a Gated DeltaNet layer (``gdn_layer_flops``) 2 (h w_in + k c
+    + 4 H_v d_v^2 + h w_v), w_in its input projection's width, c its convolution's channels, the
+    delta rule counted as four d_v x d_v products a head; an attention output gate adds its projection
+    (2 h p h); an MoE layer 4 h f_e top_k (+ 4 h f_shared), x 3/2 gated;
     the logits 2 h V."""
     t, s, h, v = batch * seq_len, seq_len, spec.d_model, spec.vocab_size
     pattern = spec.hybrid_pattern + spec.mtp_pattern * spec.mtp_layers  # the MTP depths' layers counted too
     gate = 1.5 if spec.ffn == "swiglu" else 1.0
     p = spec.head_dim_ * spec.n_heads / h
     attn = 4 * t * h * p * (h + h * spec.n_kv_heads / spec.n_heads) + 2 * t * s * h * p
+    if spec.attn_output_gate:  # the gate's projection, counted with the query's (--attention-output-gate)
+        attn += 2 * t * h * p * h
     mlp = 4 * gate * t * spec.d_ff * h
     d_in, n, g = 2 * h, spec.mamba_state_dim, spec.mamba_groups
     mamba = 2 * t * h * (2 * d_in + 2 * g * n + spec.mamba_heads) + 7 * t * d_in * n + 2 * t * d_in * h
     moe = 4 * gate * t * (spec.expert_width * spec.d_ff_expert_ * spec.top_k + h * spec.n_shared_experts * spec.d_ff_shared_)
     moe += 4 * t * h * spec.moe_latent_size  # LatentMoE's down and up projections
-    fwd = (pattern.count("*") * attn + pattern.count("-") * mlp + pattern.count("M") * mamba
+    gdn = 2 * t * (h * spec.gdn_in_proj_width + spec.gdn_conv_kernel * spec.gdn_conv_channels
+                   + 4 * spec.gdn_value_heads * spec.gdn_value_dim ** 2 + h * spec.gdn_value_width)
+    fwd = (pattern.count("*") * attn + pattern.count("-") * mlp + pattern.count("M") * mamba + pattern.count("G") * gdn
            + pattern.count("E") * moe + 2 * t * h * v * (1 + spec.mtp_layers))
     return 3.0 * fwd

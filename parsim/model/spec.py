@@ -26,10 +26,13 @@ QK_NORM_WIDTHS = ("head", "projection")
 BLOCK_NORMS = (1, 2, 4)
 
 
-HYBRID_SYMBOLS = {"M": "Mamba-2 mixer", "*": "self-attention", "-": "MLP", "E": "mixture of experts"}
+HYBRID_SYMBOLS = {"M": "Mamba-2 mixer", "G": "Gated DeltaNet mixer", "*": "self-attention", "-": "MLP",
+                  "E": "mixture of experts"}
 """The layers of a hybrid model (``ModelSpec.hybrid_pattern``), Megatron-Core's symbols
-(``megatron/core/ssm/mamba_hybrid_layer_allocation.py``): each is one pre-norm sub-layer with its
-residual add, not a whole transformer block."""
+(``megatron/core/ssm/mamba_hybrid_layer_allocation.py``) and "G", parsim's for a Gated DeltaNet
+linear-attention mixer (Megatron-Core builds those models as GPT blocks with
+``--experimental-attention-variant gated_delta_net``; each such block is a "G" or "*" layer and its
+FFN layer here): each is one pre-norm sub-layer with its residual add, not a whole transformer block."""
 
 
 @dataclass(frozen=True)
@@ -188,6 +191,26 @@ class ModelSpec:
     mamba_chunk: int = 128
     """Chunk length Q of the SSD scan kernels (HF ``chunk_size``; Megatron's ``chunk_size`` 128):
     quadratic attention-like work within a chunk, a state passed between chunks."""
+    gdn_key_heads: int = 0
+    """Query and key heads of each Gated DeltaNet ("G") layer (Megatron ``--linear-num-key-heads``,
+    HF ``linear_num_key_heads``); repeated over the value heads they serve."""
+    gdn_value_heads: int = 0
+    """Value heads of each "G" layer (``--linear-num-value-heads``, HF ``linear_num_value_heads``): the
+    heads the delta-rule kernel runs, each with a ``gdn_key_dim`` x ``gdn_value_dim`` state."""
+    gdn_key_dim: int = 128
+    """Channels of a query / key head (``--linear-key-head-dim``, HF ``linear_key_head_dim``; 128)."""
+    gdn_value_dim: int = 128
+    """Channels of a value head (``--linear-value-head-dim``, HF ``linear_value_head_dim``; 128)."""
+    gdn_conv_kernel: int = 4
+    """Width of the causal depthwise convolution over q, k and v (``--linear-conv-kernel-dim``,
+    HF ``linear_conv_kernel_dim``; 4)."""
+    gdn_chunk: int = 64
+    """Chunk length of the chunked delta-rule kernels (flash-linear-attention's
+    ``chunk_gated_delta_rule``: 64, which Megatron-Core and Transformers call)."""
+    attn_output_gate: bool = False
+    """Attention's output is gated, ``attn * sigmoid(gate)`` before the output projection, the gate
+    projected beside the query (Qwen3-Next, Qwen3.5: HF ``attn_output_gate``, Megatron
+    ``--attention-output-gate``): the query projection is twice as wide."""
     not_modelled: tuple[str, ...] = ()
     """Parts of the source architecture that the counts and FLOPs leave out, one line each
     (e.g. DeepSeek-V3.2's lightning indexer), so that reports can say so."""
@@ -270,6 +293,27 @@ class ModelSpec:
         return 2 * self.mamba_inner + 2 * self.mamba_groups * self.mamba_state_dim + self.mamba_heads
 
     @property
+    def gdn_key_width(self) -> int:
+        """Width of a Gated DeltaNet layer's queries (and of its keys): key heads x key dim."""
+        return self.gdn_key_heads * self.gdn_key_dim
+
+    @property
+    def gdn_value_width(self) -> int:
+        """Width of a Gated DeltaNet layer's values (and of its output gate z): value heads x value dim."""
+        return self.gdn_value_heads * self.gdn_value_dim
+
+    @property
+    def gdn_conv_channels(self) -> int:
+        """Channels of a Gated DeltaNet layer's convolution: q, k and v (not z)."""
+        return 2 * self.gdn_key_width + self.gdn_value_width
+
+    @property
+    def gdn_in_proj_width(self) -> int:
+        """Output features of a Gated DeltaNet layer's input projection: q, k, v, z, beta and alpha
+        (Megatron-Core's ``in_proj``, ``2 qk_dim + 2 v_dim + 2 Hv``; HF's in_proj_qkvz and in_proj_ba)."""
+        return 2 * self.gdn_key_width + 2 * self.gdn_value_width + 2 * self.gdn_value_heads
+
+    @property
     def ffn_matrices(self) -> int:
         """Weight matrices per FFN: 2 (gelu) or 3 (swiglu)."""
         return 3 if self.ffn == "swiglu" else 2
@@ -278,7 +322,8 @@ class ModelSpec:
 # ---------------------------------------------------------------- validation
 _POS_INT = ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size",
             "max_seq_len", "top_k", "moe_every", "block_norms", "mamba_head_dim", "mamba_state_dim",
-            "mamba_groups", "mamba_conv_kernel", "mamba_chunk")
+            "mamba_groups", "mamba_conv_kernel", "mamba_chunk", "gdn_key_dim", "gdn_value_dim",
+            "gdn_conv_kernel", "gdn_chunk")
 
 
 MAX_LAYERS = 100_000
@@ -302,7 +347,8 @@ MAX_POSITIONS = 2**27
 _WIDTHS = ("d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size", "head_dim", "d_ff_expert", "d_ff_shared",
            "moe_latent_size",
            "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "mamba_heads",
-           "mamba_head_dim", "mamba_state_dim", "mamba_groups", "mamba_conv_kernel", "mamba_chunk")
+           "mamba_head_dim", "mamba_state_dim", "mamba_groups", "mamba_conv_kernel", "mamba_chunk", "gdn_key_heads",
+           "gdn_value_heads", "gdn_key_dim", "gdn_value_dim", "gdn_conv_kernel", "gdn_chunk")
 
 
 MAX_EXPERTS = 4096
@@ -311,11 +357,11 @@ cost model walks every expert's rows (4,096: ~3 s a scenario; 65,536 took 43 s).
 _NONNEG_INT = ("n_experts", "n_shared_experts", "first_dense_layers", "q_lora_rank",
                "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
                "sliding_window", "attention_chunk", "position_offset", "mtp_layers", "expert_groups",
-               "expert_groups_per_token", "mamba_heads", "moe_latent_size")
+               "expert_groups_per_token", "mamba_heads", "moe_latent_size", "gdn_key_heads", "gdn_value_heads")
 
 
 _BOOL = ("tied_embeddings", "bias", "qkv_bias", "qk_norm", "attention_sinks", "embedding_norm",
-         "parallel_residual", "fused_qkv", "norm_shift", "mtp_shared")
+         "parallel_residual", "fused_qkv", "norm_shift", "mtp_shared", "attn_output_gate")
 
 
 _CHOICES = {"ffn": FFN_KINDS, "position": POSITION_KINDS, "norm": NORM_KINDS, "qk_norm_width": QK_NORM_WIDTHS,
@@ -401,6 +447,9 @@ def _validate(s: ModelSpec) -> None:
 
 
 def _validate_attention(s: ModelSpec, bad) -> None:
+    if s.attn_output_gate is True and s.is_mla:
+        raise bad("attn_output_gate", "a gated attention output is modelled for multi-head / grouped-query "
+                  "attention, not multi-latent attention")
     if s.layer_types is None:
         return
     if not isinstance(s.layer_types, tuple) or len(s.layer_types) != s.n_layers:
@@ -425,6 +474,9 @@ def _validate_hybrid(s: ModelSpec, bad) -> None:
     if not p:
         if s.mamba_heads:
             raise bad("mamba_heads", "Mamba-2 layers need hybrid_pattern (their \"M\" layers)")
+        if s.gdn_value_heads or s.gdn_key_heads:
+            raise bad("gdn_value_heads" if s.gdn_value_heads else "gdn_key_heads",
+                      "Gated DeltaNet layers need hybrid_pattern (their \"G\" layers)")
         if s.mtp_pattern:
             raise bad("mtp_pattern", "names hybrid layers: needs hybrid_pattern")
         return
@@ -438,6 +490,13 @@ def _validate_hybrid(s: ModelSpec, bad) -> None:
         raise bad("mamba_heads", "must be positive when hybrid_pattern has Mamba (\"M\") layers")
     if s.mamba_heads and s.mamba_heads % s.mamba_groups:
         raise bad("mamba_groups", f"{s.mamba_groups} groups must divide mamba_heads={s.mamba_heads}")
+    if "G" in p + s.mtp_pattern:
+        for key in ("gdn_key_heads", "gdn_value_heads"):
+            if getattr(s, key) <= 0:
+                raise bad(key, "must be positive when hybrid_pattern has Gated DeltaNet (\"G\") layers")
+        if s.gdn_value_heads % s.gdn_key_heads:
+            raise bad("gdn_key_heads", f"{s.gdn_key_heads} key heads must divide gdn_value_heads={s.gdn_value_heads} "
+                      "(each serves an equal run of value heads)")
     if "E" in p and not s.is_moe:
         raise bad("hybrid_pattern", "has MoE (\"E\") layers but n_experts is 0")
     odd = sorted(set(s.mtp_pattern) - set(HYBRID_SYMBOLS))
@@ -460,7 +519,7 @@ def _validate_hybrid(s: ModelSpec, bad) -> None:
 # ---------------------------------------------------------------- parameter counts
 def block_kind(spec: ModelSpec, layer_index: int | None = None) -> str:
     """What layer ``layer_index`` is: "T" a transformer block (attention and an FFN, every layer of a
-    model without ``hybrid_pattern``), else its hybrid symbol ("M", "*", "-", "E"). None: layer 0."""
+    model without ``hybrid_pattern``), else its hybrid symbol ("M", "G", "*", "-", "E"). None: layer 0."""
     if not spec.hybrid_pattern:
         return "T"
     if layer_index is None:
@@ -483,6 +542,11 @@ def has_ffn(spec: ModelSpec, layer_index: int | None = None) -> bool:
 def has_mamba(spec: ModelSpec, layer_index: int | None = None) -> bool:
     """Layer ``layer_index`` is a hybrid model's Mamba-2 mixer ("M")."""
     return block_kind(spec, layer_index) == "M"
+
+
+def has_gdn(spec: ModelSpec, layer_index: int | None = None) -> bool:
+    """Layer ``layer_index`` is a hybrid model's Gated DeltaNet mixer ("G")."""
+    return block_kind(spec, layer_index) == "G"
 
 
 def sublayers(spec: ModelSpec, layer_index: int | None = None) -> int:
