@@ -77,6 +77,24 @@ def test_published_totals(preset, total, active):
     assert abs(active_params(m) / active - 1) < 0.01
 
 
+@pytest.mark.parametrize("directory,total", [
+    # Megatron-Bridge docs/models/qwen/qwen35-vl.md: "27B parameter vision-language model", "35B total
+    # parameters, 3B activated per token", "122B total parameters, 10B activated per token" (the vision
+    # tower, ~0.4B, is outside text_config)
+    ("Qwen3.5-27B", 27e9), ("Qwen3.5-35B-A3B", 35e9), ("Qwen3.5-122B-A10B", 122e9)])
+def test_qwen35_family_totals(directory, total):
+    m = model_from_hf_config(HF / directory / "config.json")
+    assert abs(total_params(m) / total - 1) < 0.01 and m.mtp_layers == 1
+
+
+def test_qwen35_dense_blocks_by_hand():
+    m = model_from_hf_config(HF / "Qwen3.5-27B" / "config.json")
+    assert set(m.hybrid_pattern[1::2]) == {"-"} and m.mtp_pattern == "*-" and not m.is_moe
+    assert layer_params(m, 1) == 3 * 5120 * 17408 + 5120  # a SwiGLU MLP and its pre-norm
+    # 16 key / 48 value heads of 128: in_proj 5120 x (2 x 2048 + 2 x 6144 + 96), conv 10240 x 4
+    assert layer_params(m, 0) == 5120 * 16480 + 10240 * 4 + 96 + 128 + 6144 * 5120 + 5120
+
+
 def test_qwen35_active_count_by_hand():
     # per block: 10 routed + 1 shared expert of 3 x 4096 x 1024, router 512 x 4096, two pre-norms; 45 GDN
     # mixers (in_proj 4096 x (2 x 2048 + 2 x 8192 + 128), conv 12288 x 4, 128 gates, norm 128, out
@@ -310,3 +328,16 @@ def test_megatron_gdn_command_line_is_refused_in_one_line():
         import_megatron(["--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "4",
                          "--experimental-attention-variant", "gated_delta_net"], gpus=8)
     assert e.value.key == "--experimental-attention-variant" and "qwen3-next-80b-a3b" in str(e.value)
+
+
+def test_infer_runs_a_gdn_model_on_replicas(tmp_path):
+    # gpus beyond tp x pp are replicas (the scenario loader's own default), each serving the batch;
+    # the synthesised training table used to name a global batch the file never gave
+    from parsim.infer.run import load_inference, run_inference
+    p = tmp_path / "qn.toml"
+    p.write_text('name = "qn"\nhardware = "dgx-h100"\ngpus = 4\n[model]\npreset = "qwen3-next-80b-a3b"\n'
+                 '[inference]\nbatch = 8\nprompt_tokens = 4096\ngenerate_tokens = 16\n')
+    job = load_inference(p)
+    assert job.scenario.parallel.dp == 4
+    summary, _ = run_inference(job)
+    assert summary["generate_tokens_per_s"] > 0 and not summary["fits_in_memory"]  # 148 GiB of weights a GPU

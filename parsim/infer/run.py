@@ -89,7 +89,12 @@ def load_inference(path: str | Path, overrides: list[str] | None = None) -> Infe
     inf = parse_inference(doc.pop("inference"), file)
     off = parse_offload_inference(doc.pop("offload", {}), file)
     par = doc.get("parallel", {})
-    dp = par.get("dp", 1) if isinstance(par, dict) else 1
+    par = par if isinstance(par, dict) else {}
+    dp = par.get("dp")
+    if dp is None:  # the replicas the GPUs left after tp x pp make (the scenario loader's own default)
+        gpus, split = doc.get("gpus"), [par.get(k, 1) for k in ("tp", "pp", "cp")]
+        if isinstance(gpus, int) and all(isinstance(x, int) and x > 0 for x in split):
+            dp = max(1, gpus // (split[0] * split[1] * split[2]))
     doc["training"] = {"global_batch": inf.batch * (dp if isinstance(dp, int) and dp > 0 else 1),
                        "microbatch_size": inf.batch, "seq_len": inf.context,
                        "precision": inf.precision if inf.precision in ("fp16", "bf16", "fp32") else "fp16"}
