@@ -322,12 +322,41 @@ def test_bundled_scenario_simulates_and_plan_keeps_head_splits(tmp_path):
     assert r["fits_in_memory"] and r["step_time_s"] > 0 and sc.model.mtp_layers == 1
 
 
-def test_megatron_gdn_command_line_is_refused_in_one_line():
-    from parsim.frameworks import import_megatron
+QWEN3_NEXT_ARGS = (
+    "--num-layers 48 --hidden-size 2048 --num-attention-heads 16 --group-query-attention --num-query-groups 2 "
+    "--kv-channels 256 --ffn-hidden-size 5120 --swiglu --normalization RMSNorm --disable-bias-linear "
+    "--untie-embeddings-and-output-weights --position-embedding-type rope --qk-layernorm --attention-output-gate "
+    "--experimental-attention-variant gated_delta_net --linear-attention-freq 4 --num-experts 512 "
+    "--moe-router-topk 10 --moe-ffn-hidden-size 512 --moe-shared-expert-intermediate-size 512 --vocab-size 151936 "
+    "--seq-length 4096 --max-position-embeddings 262144 --pipeline-model-parallel-size 4 "
+    "--expert-model-parallel-size 8 --micro-batch-size 1 --global-batch-size 256 --bf16").split()
+
+
+def test_megatron_gdn_command_line_imports_to_the_preset():
+    # Megatron-Bridge's Qwen3-Next provider as pretrain_gpt.py flags (its defaults: 16 key, 32 value heads)
+    from parsim.frameworks import check, import_megatron
+    sc = check(import_megatron(QWEN3_NEXT_ARGS, gpus=32))
+    assert dataclasses.replace(sc.model, name=NEXT) == get_preset(NEXT)
+    # the list spelling of the same layout, and a block split stated in blocks (doubled into layers)
+    listed = [a if a != "4" or QWEN3_NEXT_ARGS[i - 1] != "--linear-attention-freq" else "([1]*3+[0]*1)*12"
+              for i, a in enumerate(QWEN3_NEXT_ARGS)]
+    first = check(import_megatron(listed + ["--decoder-first-pipeline-num-layers", "9"], gpus=32))
+    assert first.model.hybrid_pattern == sc.model.hybrid_pattern
+    assert first.schedule.first_stage_layers == 18  # 9 blocks: 18 hybrid layers, the other 78 over 3 ranks
+
+
+@pytest.mark.parametrize("edit,flag", [
+    (lambda a: a + ["--experimental-attention-variant", "dsa"], "--experimental-attention-variant"),
+    (lambda a: [x for i, x in enumerate(a) if x != "--linear-attention-freq" and a[i - 1] != "--linear-attention-freq"],
+     "--linear-attention-freq"),
+    (lambda a: a + ["--linear-attention-freq", "[1]*5"], "--linear-attention-freq"),
+    (lambda a: a + ["--linear-num-key-heads", "7"], "model.gdn_key_heads"),
+])
+def test_megatron_gdn_refusals_name_the_flag(edit, flag):
+    from parsim.frameworks import check, import_megatron
     with pytest.raises(ConfigError) as e:
-        import_megatron(["--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "4",
-                         "--experimental-attention-variant", "gated_delta_net"], gpus=8)
-    assert e.value.key == "--experimental-attention-variant" and "qwen3-next-80b-a3b" in str(e.value)
+        check(import_megatron(edit(list(QWEN3_NEXT_ARGS)), gpus=32))
+    assert e.value.key == flag and "\n" not in str(e.value)
 
 
 def test_infer_runs_a_gdn_model_on_replicas(tmp_path):

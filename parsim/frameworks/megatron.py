@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from parsim.errors import ConfigError
 from parsim.frameworks.emit import Imported, stage_layout
-from parsim.frameworks.megatron_args import SOURCE, moe_layer_pattern, parse_args, window_layers
+from parsim.frameworks.megatron_args import SOURCE, linear_attention_layers, moe_layer_pattern, parse_args, window_layers
 
 GPT2_BPE_VOCAB = 50257
 """GPT-2 BPE vocabulary (Radford et al. 2019; Megatron's GPT2BPETokenizer)."""
@@ -47,6 +47,14 @@ def import_megatron(argv: list[str], hardware: str | None = None, gpus: int | No
     dp = gpus // (tp * pp * cp)
     vpp = _vpp(v, given, pp) if len(segments) <= 1 else _segments_vpp(segments, pp, given)
     model = _model(v, tp, notes)
+    if "G" in model.get("hybrid_pattern", ""):  # a block is two hybrid layers: per-rank layer counts double
+        for k in ("first_layers", "last_layers"):
+            if k in v:
+                v[k] *= 2
+        for k in ("account_embedding", "account_loss"):
+            if v.get(k):
+                raise ConfigError(SOURCE, given[k], "not modelled with Gated DeltaNet layers (their blocks are "
+                                  "two hybrid layers each)")
     training = _training(v, dp, notes)
     parallel = {"dp": dp, "tp": tp, "pp": pp} | {k: x for k, x in (("cp", cp), ("ep", ep), ("vpp", vpp)) if x > 1}
     parallel["zero"] = _zero(v)
@@ -312,7 +320,44 @@ def _model(v: dict, tp: int, notes: list[str]) -> dict:
         m.update(_moe_model(v, ffn))
     if v.get("mtp_num_layers"):  # Megatron-Core's default placement: the last pipeline stage
         m["mtp_layers"] = v["mtp_num_layers"]
+    if v.get("attention_output_gate"):
+        m["attn_output_gate"] = True
+    if "attention_variant" in v:
+        _gdn_model(v, m)
     return m
+
+
+GDN_VARIANTS = ("gated_delta_net", "gdn")
+"""``--experimental-attention-variant`` values that are Gated DeltaNet (``gated_delta_net`` is the
+deprecated spelling of ``gdn``); ``gdn2`` and ``dsa`` are other layers."""
+
+
+def _gdn_model(v: dict, m: dict) -> None:
+    """A GPT model with Gated DeltaNet layers (Megatron-Core's ``--experimental-attention-variant
+    gdn`` with ``--linear-attention-freq``): each block becomes two hybrid layers, its mixer ("G" or
+    "*") and its FFN ("E" where ``--moe-layer-freq`` puts an MoE, else "-"); the DeltaNet's sizes from
+    ``--linear-*`` (Megatron's defaults: 16 key and 32 value heads of 128, a convolution of 4)."""
+    variant = v["attention_variant"]
+    if variant not in GDN_VARIANTS:
+        raise ConfigError(SOURCE, "--experimental-attention-variant", f"{variant!r} is not modelled (parsim models "
+                          f"the Gated DeltaNet variant: {', '.join(GDN_VARIANTS)})")
+    if "linear_attention_freq" not in v:
+        raise ConfigError(SOURCE, "--linear-attention-freq", "missing: which layers are Gated DeltaNet "
+                          "(e.g. 4: three in four)")
+    if "window_size" in v or m.get("is_mla") or "q_lora_rank" in m:
+        raise ConfigError(SOURCE, "--experimental-attention-variant", "with sliding windows or multi-latent "
+                          "attention is not modelled")
+    n = m["n_layers"]
+    linear = linear_attention_layers(v["linear_attention_freq"], n)
+    first, every = m.pop("first_dense_layers", 0), m.pop("moe_every", 1)
+    moe = [bool(m.get("n_experts")) and i >= first and (i - first) % every == 0 for i in range(n)]
+    m["hybrid_pattern"] = "".join(("G" if g else "*") + ("E" if e else "-") for g, e in zip(linear, moe))
+    m["n_layers"] = 2 * n
+    m.update(gdn_key_heads=v.get("linear_num_key_heads", 16), gdn_value_heads=v.get("linear_num_value_heads", 32),
+             gdn_key_dim=v.get("linear_key_head_dim", 128), gdn_value_dim=v.get("linear_value_head_dim", 128),
+             gdn_conv_kernel=v.get("linear_conv_kernel_dim", 4))
+    if m.get("mtp_layers"):  # the MTP block: a softmax-attention block (Qwen3-Next's checkpoint), its FFN the last's
+        m["mtp_pattern"] = "*" + ("E" if moe[-1] else "-")
 
 
 def _vocab(v: dict, tp: int, notes: list[str]) -> int:

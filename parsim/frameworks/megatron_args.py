@@ -65,6 +65,14 @@ FLAGS: dict[str, tuple[str, str]] = {
     "--qk-pos-emb-head-dim": ("qk_pos_emb_head_dim", "int"),
     "--v-head-dim": ("v_head_dim", "int"),
     "--qk-layernorm": ("qk_layernorm", "true"),
+    "--experimental-attention-variant": ("attention_variant", "str"),
+    "--linear-attention-freq": ("linear_attention_freq", "str"),
+    "--linear-conv-kernel-dim": ("linear_conv_kernel_dim", "int"),
+    "--linear-key-head-dim": ("linear_key_head_dim", "int"),
+    "--linear-value-head-dim": ("linear_value_head_dim", "int"),
+    "--linear-num-key-heads": ("linear_num_key_heads", "int"),
+    "--linear-num-value-heads": ("linear_num_value_heads", "int"),
+    "--attention-output-gate": ("attention_output_gate", "true"),
     "--squared-relu": ("squared_relu", "true"),
     "--window-size": ("window_size", "str"),
     "--window-attn-skip-freq": ("window_skip_freq", "str"),
@@ -134,16 +142,6 @@ CHOICES = {
 }
 
 
-REFUSED = {
-    "--experimental-attention-variant": "Megatron's experimental attention variants (Gated DeltaNet, DSA) are not "
-                                        "read from a command line: give the model as a [model] preset "
-                                        "(qwen3-next-80b-a3b, qwen3.5-397b-a17b) or hf_config, whose Gated DeltaNet "
-                                        "layers parsim models",
-}
-"""Flags that change the model in a way the importer does not read: refused in one line rather than
-listed as without effect."""
-
-
 def parse_args(argv: list[str]) -> tuple[dict, dict, list[str]]:
     """Megatron flags -> (values by destination, the flag each destination was given as,
     the arguments the importer does not read, as written)."""
@@ -158,8 +156,6 @@ def parse_args(argv: list[str]) -> tuple[dict, dict, list[str]]:
             other.append(tok)
             continue
         flag, eq, inline = tok.partition("=")
-        if flag in REFUSED:
-            raise ConfigError(SOURCE, flag, REFUSED[flag])
         if flag not in FLAGS:
             vals = [inline] if eq else []
             while not eq and i < len(argv) and not argv[i].startswith("--"):
@@ -243,6 +239,27 @@ def moe_layer_pattern(text: str, n_layers: int) -> tuple[int, int]:
             return first, every
     raise ConfigError(SOURCE, flag, f"{text!r} is not dense layers followed by every k-th layer MoE, "
                                     "the shapes parsim models")
+
+
+def linear_attention_layers(text: str, n_layers: int) -> list[bool]:
+    """``--linear-attention-freq`` -> per layer, whether it is a linear-attention (Gated DeltaNet)
+    layer, as Megatron-Core reads it: an integer N, N - 1 linear layers then one softmax-attention
+    layer, repeated (layer i linear unless (i + 1) % N == 0); or a list of 1 (linear) and 0 (softmax),
+    spelled as Megatron's list arguments (``[1]*3+[0]*1``, a whole such sum in parentheses times k)."""
+    flag = "--linear-attention-freq"
+    t = text.replace(" ", "")
+    if t.isdigit():
+        every = int(t)
+        if every < 1:
+            raise ConfigError(SOURCE, flag, f"must be positive, got {every}")
+        return [(i + 1) % every != 0 for i in range(n_layers)]
+    times = 1
+    if t.startswith("(") and ")*" in t and t.rsplit(")*", 1)[1].isdigit():
+        t, times = t[1:].rsplit(")*", 1)[0], int(t.rsplit(")*", 1)[1])
+    pattern = layer_flags(t, flag, "([1]*3+[0]*1)*12") * times
+    if len(pattern) != n_layers:
+        raise ConfigError(SOURCE, flag, f"has {len(pattern)} entries, the model {n_layers} layers")
+    return [bool(p) for p in pattern]
 
 
 def window_layers(window: str, skip: str | None, n_layers: int) -> tuple[int, list[bool]]:
