@@ -1,0 +1,39 @@
+"""parsim's GEMM model against measured GEMMs it was not built from (aiconfigurator's TensorRT-LLM
+grids on seven GPUs, ``benchmarks/data/aiconfigurator_gemm_times.csv``; ``benchmarks/kernel_crosscheck.py``).
+
+Oracle: published kernel measurements. BF16 everywhere and FP8 on Hopper hold within 10% / 20% at the
+median (burst model: the collector replays a few calls in a CUDA graph); FP8 on Blackwell is a known
+gap (``reports/kernel-crosscheck.md``), held as a strict expected failure so that a change closing it
+is seen."""
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import kernel_crosscheck  # noqa: E402
+
+RATIOS = kernel_crosscheck.ratios()
+BLACKWELL = ("B200", "GB200", "B300", "GB300")
+
+
+@pytest.mark.parametrize("gpu", list(kernel_crosscheck.PROFILES))
+def test_bf16_gemms_hold_within_ten_percent_at_the_median(gpu):
+    r = RATIOS[(gpu, "bf16")]["burst"]
+    assert len(r) >= 100 and 0.9 < statistics.median(r) < 1.1
+
+
+@pytest.mark.parametrize("gpu", ["H100 SXM", "H200 SXM"])
+def test_hopper_fp8_gemms_hold_within_twenty_percent(gpu):
+    d = RATIOS[(gpu, "fp8")]
+    assert 0.8 < statistics.median(d["burst"]) < 1.2 and 0.9 < statistics.median(d["big_burst"]) < 1.1
+
+
+@pytest.mark.xfail(strict=True, reason="parsim's FP8 GEMMs on Blackwell run 25-32% faster than TensorRT-LLM's "
+                                       "cuBLASLt FP8 at the median (reports/kernel-crosscheck.md)")
+@pytest.mark.parametrize("gpu", BLACKWELL)
+def test_blackwell_fp8_gemms_hold_within_twenty_percent(gpu):
+    assert 0.8 < statistics.median(RATIOS[(gpu, "fp8")]["burst"]) < 1.2
