@@ -370,3 +370,22 @@ def test_infer_runs_a_gdn_model_on_replicas(tmp_path):
     assert job.scenario.parallel.dp == 4
     summary, _ = run_inference(job)
     assert summary["generate_tokens_per_s"] > 0 and not summary["fits_in_memory"]  # 148 GiB of weights a GPU
+
+
+def test_kernel_deltanet_command_reproduces_a_measured_forward():
+    # aiconfigurator, H100 SXM: 16 key / 32 value heads of 128, one sequence of 32,768 tokens: 4.027 ms
+    # (a row the rate was fitted on: the command prints the model, launches aside)
+    import subprocess
+    out = subprocess.run([sys.executable, "-m", "parsim", "kernel", "deltanet", "--tokens", "32768", "--heads", "32",
+                          "--hardware", "dgx-h100", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    got = json.loads(out.stdout)
+    assert abs(got["time_s"] / 4.027e-3 - 1) < 0.10 and len(got["kernels"]) == 6
+    assert got["state_kernels_sm_share"] == pytest.approx(64 / 132)  # 32 heads x 2 slices of 64 over 132 SMs
+    back = subprocess.run([sys.executable, "-m", "parsim", "kernel", "deltanet", "--tokens", "32768", "--heads", "32",
+                           "--hardware", "dgx-h100", "--backward", "--json"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert len(json.loads(back.stdout)["kernels"]) == 7
+    bad = subprocess.run([sys.executable, "-m", "parsim", "kernel", "deltanet", "--tokens", "64", "--heads", "4",
+                          "--hardware", "dgx-h100", "--precision", "fp8"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--precision" in bad.stderr

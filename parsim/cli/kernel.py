@@ -88,7 +88,18 @@ def register(sub) -> None:
     s.add_argument("--backward", action="store_true", help="the backward's kernels (the states recomputed first)")
     _common(s, default_precision=None)
     s.set_defaults(func=cmd_scan)
-    for q in (g, a, e, s):
+    dn = ks.add_parser("deltanet", help="one Gated DeltaNet layer's delta rule (flash-linear-attention's "
+                                        "chunk_gated_delta_rule kernels): time, TFLOP/s, efficiency")
+    dn.add_argument("--tokens", required=True, help="tokens of each sequence")
+    dn.add_argument("--heads", required=True, help="value heads (the heads the kernels run)")
+    dn.add_argument("--sequences", default="1", help="sequences, each its own state pass (default 1)")
+    dn.add_argument("--key-dim", default="128", help="channels of a query / key head (default 128)")
+    dn.add_argument("--value-dim", default="128", help="channels of a value head (default 128)")
+    dn.add_argument("--chunk", default="64", help="chunk length C (default 64, flash-linear-attention's)")
+    dn.add_argument("--backward", action="store_true", help="the backward's kernels (the states recomputed first)")
+    _common(dn, default_precision=None)
+    dn.set_defaults(func=cmd_deltanet)
+    for q in (g, a, e, s, dn):
         _one_line_errors(q)
 
 
@@ -266,6 +277,40 @@ def cmd_experts(args) -> int:
     text = (f"experts {experts} x {m}x{n}x{k} {precision} on {hw.name} ({dev.name}), {impl}: {t * 1e6:.1f} us, "
             f"{out['tflops']:.1f} TFLOP/s, {out['efficiency']:.1%} of {peak / 1e12:.0f} peak (TFLOP/s as {others})"
             + _sustained_text(out))
+    return _emit(args, out, text)
+
+
+def cmd_deltanet(args) -> int:
+    from parsim.costs.gdn import DeltaShape, backward_kernels, delta_rate, delta_times, forward_kernels, state_share
+    from parsim.scenario import MAX_SEQ_LEN
+
+    tokens = _positive_int("--tokens", args.tokens, most=MAX_SEQ_LEN)
+    heads = _positive_int("--heads", args.heads, most=2 ** 16)
+    sequences = _positive_int("--sequences", args.sequences, most=2 ** 20)
+    dims = {k: _positive_int(f"--{k.replace('_', '-')}", getattr(args, k), most=2 ** 12)
+            for k in ("key_dim", "value_dim", "chunk")}
+    hw, dev, precision = _device(args)
+    if precision not in ("bf16", "fp16"):
+        raise ConfigError(WHERE, "--precision", f"the delta rule runs bf16 or fp16, got {precision}")
+    shape = DeltaShape(sequences, tokens, heads, dims["key_dim"], dims["value_dim"], dims["chunk"])
+    pick = 1 if args.backward else 0
+    t = delta_times(dev, shape, precision)[pick]
+    sustained = delta_times(hw.device, shape, precision)[pick]
+    kernels = (backward_kernels if args.backward else forward_kernels)(shape, 2)
+    flops = sum(k.flops for k in kernels)
+    peak = dev.peak(precision)
+    out = {"time_s": t, "tflops": flops / t / 1e12, "efficiency": flops / t / peak,
+           "sustained_time_s": sustained, "sustained_tflops": flops / sustained / 1e12, "gpus": args.gpus_n,
+           "hardware": hw.name, "device": dev.name, "precision": precision, "backward": args.backward,
+           "sequences": sequences, "tokens": tokens, "heads": heads, **dims, "flops": flops,
+           "peak_tflops": peak / 1e12, "kernel_rate_tflops": delta_rate(dev) / 1e12,
+           "state_kernels_sm_share": state_share(dev, shape),
+           "kernels": [{"name": k.name, "flops": k.flops, "bytes": k.bytes} for k in kernels]}
+    text = (f"deltanet {'backward' if args.backward else 'forward'} {sequences} x {tokens} tokens, {heads} heads "
+            f"K={dims['key_dim']} V={dims['value_dim']} C={dims['chunk']} {precision} on {hw.name} ({dev.name}): "
+            f"{t * 1e6:.1f} us over {len(kernels)} kernels, {out['tflops']:.1f} TFLOP/s, "
+            f"{out['efficiency']:.1%} of {peak / 1e12:.0f} peak (the kernels' rate {out['kernel_rate_tflops']:.1f}, "
+            f"state kernels on {out['state_kernels_sm_share']:.0%} of the SMs)" + _sustained_text(out))
     return _emit(args, out, text)
 
 
