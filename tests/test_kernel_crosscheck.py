@@ -2,9 +2,9 @@
 grids on seven GPUs, ``benchmarks/data/aiconfigurator_gemm_times.csv``; ``benchmarks/kernel_crosscheck.py``).
 
 Oracle: published kernel measurements. BF16 everywhere and FP8 on Hopper hold within 10% / 20% at the
-median (burst model: the collector replays a few calls in a CUDA graph); FP8 on Blackwell is a known
-gap (``reports/kernel-crosscheck.md``), held as a strict expected failure so that a change closing it
-is seen."""
+median (burst model: the collector replays a few calls in a CUDA graph), FP8 on Hopper within 15% where
+the measured call's own input quantization is light; FP8 on Blackwell is a known gap
+(``reports/kernel-crosscheck.md``), held as a strict expected failure so that a change closing it is seen."""
 from __future__ import annotations
 
 import statistics
@@ -27,16 +27,18 @@ def test_bf16_gemms_hold_within_ten_percent_at_the_median(gpu):
 
 
 @pytest.mark.parametrize("gpu", ["H100 SXM", "H200 SXM"])
-def test_hopper_fp8_gemms_hold_within_twenty_percent(gpu):
+def test_hopper_fp8_gemms_hold_within_fifteen_percent(gpu):
+    # the shapes whose dynamic input quantization (inside the measured call) is under a tenth of the GEMM
     d = RATIOS[(gpu, "fp8")]
-    assert 0.8 < statistics.median(d["burst"]) < 1.2 and 0.9 < statistics.median(d["big_burst"]) < 1.1
+    assert len(d["light_quant"]) >= 20 and 0.85 < statistics.median(d["light_quant"]) < 1.15
+    assert 0.9 < statistics.median(d["big_burst"]) < 1.1
 
 
-@pytest.mark.xfail(strict=True, reason="parsim's FP8 GEMMs on Blackwell run 25-32% faster than TensorRT-LLM's "
-                                       "cuBLASLt FP8 at the median (reports/kernel-crosscheck.md)")
-@pytest.mark.parametrize("gpu", BLACKWELL)
-def test_blackwell_fp8_gemms_hold_within_twenty_percent(gpu):
-    assert 0.8 < statistics.median(RATIOS[(gpu, "fp8")]["burst"]) < 1.2
+@pytest.mark.xfail(strict=True, reason="parsim's FP8 GEMMs on Blackwell run 13-29% faster than TensorRT-LLM's "
+                                       "cuBLASLt FP8 where its quantization is light (reports/kernel-crosscheck.md)")
+def test_blackwell_fp8_gemms_hold_within_fifteen_percent():
+    pooled = [x for g in BLACKWELL for x in RATIOS[(g, "fp8")]["light_quant"]]
+    assert len(pooled) >= 100 and 0.85 < statistics.median(pooled) < 1.15
 
 
 @pytest.mark.parametrize("gpu", ["H100 SXM", "H200 SXM"])
