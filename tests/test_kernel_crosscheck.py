@@ -15,6 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import kernel_crosscheck  # noqa: E402
+from parsim.cluster.hardware import load_profile  # noqa: E402
 
 RATIOS = kernel_crosscheck.ratios()
 BLACKWELL = ("B200", "GB200", "B300", "GB300")
@@ -46,3 +47,16 @@ def test_hopper_flashattention3_holds_within_fifteen_percent_of_vllms(gpu):
     # parsim's FA3 is fitted to the FA3 paper's curves; vLLM's FA3 measured on paged, varlen calls
     v = kernel_crosscheck.attention_ratios()[(gpu, "fa3")]
     assert len(v) >= 50 and 0.85 < statistics.median(x for _, x in v) < 1.15
+
+
+def test_fp8_split_accumulation_costs_what_fast_accumulation_saves_on_hopper():
+    # one FP32 FMA per output element every 128 K on the CUDA cores (66.9 TFLOP/s on an H100):
+    # 2 m n ceil(k / 128) FLOPs -- by hand at 8192^3; pytorch/ao#2377 measures fast accumulation
+    # 1.1-1.2x faster; nothing on Blackwell (tcgen05 accumulates in FP32)
+    from parsim.costs.memory_ops import fp8_promotion_time
+    h100 = load_profile("dgx-h100").device.burst()
+    promo = fp8_promotion_time(h100, 8192, 8192, 8192)
+    assert promo == pytest.approx(2 * 8192 * 8192 * 64 / 66.9e12)
+    gemm = h100.gemm_time(8192, 8192, 8192, "fp8")
+    assert 1.1 <= (gemm + promo) / gemm <= 1.2
+    assert fp8_promotion_time(load_profile("dgx-b200").device.burst(), 8192, 8192, 8192) == 0.0

@@ -3,8 +3,8 @@ H100s, expert parallelism 8; ``benchmarks/moe_layer_check.py``, ``benchmarks/dat
 
 Oracle: Megatron-LM's measured forward and backward milliseconds, which nothing in parsim was fitted
 to. BF16 holds within 15% a time (6.6% MAPE over twelve); the flex dispatchers' per-GPU deduplication
-shows as the measured speed-up over the all-to-all dispatcher; TE's blockwise FP8 is a known gap
-(parsim 2-24% too fast), held as a strict expected failure."""
+shows as the measured speed-up over the all-to-all dispatcher; TE's blockwise FP8 holds within 10% MAPE
+(8.1%) with the Hopper split accumulation costed."""
 from __future__ import annotations
 
 import json
@@ -38,8 +38,8 @@ def test_flex_dispatchers_send_a_token_once_per_gpu():
     assert ms["mixtral_a2a_tp1ep8_bf16"][0] == pytest.approx(ms["mixtral_deepep_tp1ep8_bf16"][0], rel=0.02)
 
 
-@pytest.mark.xfail(strict=True, reason="TE's blockwise FP8 MoE layer runs slower than parsim's FP8 costs say "
-                                       "(14% MAPE, parsim too fast): reports in the closing note")
 def test_fp8_blockwise_moe_layer_within_ten_percent_mape():
+    # TE's blockwise recipe on Hopper promotes every GEMM's partial sums to FP32 each 128 K elements
+    # (parsim.costs.memory_ops.fp8_promotion_time): 14.3% MAPE without it, parsim too fast in 11 of 12
     e = [abs(x) for c, fb in ERRORS.items() if c.endswith("fp8") for x in fb]
-    assert sum(e) / len(e) < 0.10
+    assert sum(e) / len(e) < 0.10 and max(e) < 0.16

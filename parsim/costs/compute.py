@@ -33,6 +33,7 @@ from parsim.costs.memory_ops import (
     default_fp8_recipe,
     fp8_cast_work,
     fp8_gemm_precision,
+    fp8_promotion_time,
     non_tn_fp8_gemms,
     work_time,
 )
@@ -249,12 +250,18 @@ def block_compute(inp: LayerInputs, gemms: tuple, moe_layer: bool) -> BlockCompu
     dev, o = inp.hardware.device, inp.options
     g_f = g_i = g_w = 0.0
     n_f = n_i = 0
+    blockwise = o.precision == "fp8" and fp8_recipe(inp) == "blockwise"
     for g in gemms:
         p = gemm_precision(inp, g.name)
         (c_f, s_f), (c_i, s_i) = overlap_chunks(inp, g.name)
         g_f += chunked_gemm_time(dev, g.m, g.n, g.k, p, g.count, c_f, s_f)
         g_i += chunked_gemm_time(dev, g.m, g.k, g.n, p, g.count, c_i, s_i)
         g_w += dev.gemm_time(g.k, g.n, g.m, p, g.count)
+        if p == "fp8":  # split accumulation on Hopper: the gradients' GEMMs, and every blockwise one
+            g_i += fp8_promotion_time(dev, g.m, g.k, g.n, g.count)
+            g_w += fp8_promotion_time(dev, g.k, g.n, g.m, g.count)
+            if blockwise:
+                g_f += fp8_promotion_time(dev, g.m, g.n, g.k, g.count)
         n_f, n_i = n_f + c_f, n_i + c_i
     n_gemm = len(gemms)
     a_f, a_i = attention_core_times(inp)

@@ -384,3 +384,28 @@ def loss_transient_bytes_per_logit(activation_bytes: float, fused_kernels: bool,
     if cross_entropy_fusion:
         return 0.0
     return activation_bytes if fused_kernels else 8.0
+
+
+FP8_PROMOTION_INTERVAL = 128
+"""K elements between two promotions of an FP8 GEMM's tensor-core partial sums into FP32 on the CUDA
+cores on Hopper: DeepSeek-V3's report (arXiv:2412.19437, Sec. 3.3.2: N_C = 128, four WGMMAs) and
+CUTLASS's ``mma_promotion_interval = 4`` (MMAs of k = 32) for its FP8 kernels without fast
+accumulation; blockwise scaling (1x128 / 128x128) applies its scales at the same boundary."""
+
+
+def fp8_promotion_time(dev, m: int, n: int, k: int, count: int = 1) -> float:
+    """Seconds an FP8 GEMM on Hopper spends promoting its partial sums (``FP8_PROMOTION_INTERVAL``):
+    one FP32 multiply-add per output element per interval on the CUDA cores (``fp32`` peak, at the
+    clock the tensor cores keep), serialised with the tensor-core main loop. Taken where the
+    frameworks turn fast accumulation off -- Transformer Engine's dgrad and wgrad GEMMs
+    (``use_split_accumulator``), torchao's input- and weight-gradient GEMMs -- and in every GEMM of
+    the blockwise recipe; none on Blackwell, whose tcgen05 MMA accumulates in FP32 in tensor memory
+    (Transformer Engine sets no fast-accumulation mode for sm100). On an H100 it costs
+    2 x 1,979 / (66.9 x 2 x 128) = 23% of the tensor-core peak's time, ~16% at a GEMM's
+    typical 70% of it: pytorch/ao#2377 measures fast accumulation 1.1-1.2x faster."""
+    kf = dev.kernels
+    fp32 = dev.peak_flops.get("fp32")
+    if kf is None or kf.mma_style != "warpgroup" or not fp32:
+        return 0.0
+    promotions = -(-k // FP8_PROMOTION_INTERVAL)
+    return 2.0 * m * n * promotions * count / (fp32 * dev.clock_ratio)

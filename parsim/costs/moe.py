@@ -35,7 +35,7 @@ from parsim.cluster.hardware import canonical_precision
 from parsim.cluster.kernels import expert_gemm_time
 from parsim.cluster.precision import PRECISION_TABLE
 from parsim.config.moe import DISPATCHER_SMS, MoEConfig, layer_histograms
-from parsim.costs.memory_ops import fp8_copy_bytes, non_tn_fp8_gemms
+from parsim.costs.memory_ops import fp8_copy_bytes, fp8_promotion_time, non_tn_fp8_gemms
 
 
 # ---------------------------------------------------------------- routing
@@ -402,10 +402,12 @@ class MoEKernels:
 
 
 def layer_kernels(dev, model, cfg: MoEConfig, precision: str, r: Routing, kept: np.ndarray, rows: float,
-                  f: int, gemm_precision: str | None = None) -> MoEKernels:
+                  f: int, gemm_precision: str | None = None, blockwise: bool = False) -> MoEKernels:
     """The pieces of one MoE layer on a rank whose local experts keep ``kept`` assignments
     (``rows`` in all), routing ``r.tokens_per_rank`` tokens, expert width ``f``; the grouped
-    GEMMs (and their FP8 casts) at ``gemm_precision`` (default ``precision``)."""
+    GEMMs (and their FP8 casts) at ``gemm_precision`` (default ``precision``); an FP8 GEMM's
+    split accumulation on Hopper (``memory_ops.fp8_promotion_time``) in the gradients' GEMMs, and
+    in the forward's too under the ``blockwise`` recipe."""
     gp = gemm_precision or precision
     e, k = model.n_experts, model.top_k
     d_router, d = model.d_model, model.expert_width  # LatentMoE: the experts and the dispatch see latent rows
@@ -433,6 +435,12 @@ def layer_kernels(dev, model, cfg: MoEConfig, precision: str, r: Routing, kept: 
           + 2 * launch,
           _grouped(dev, [(d, n1, x) for x in m], gp, impl) + _grouped(dev, [(f, d, x) for x in m], gp, impl)
           + 2 * launch)
+    if canonical_precision(gp) == "fp8":
+        def promo(shapes):
+            return sum(fp8_promotion_time(dev, a, b, c) for a, b, c in shapes if a and b and c)
+        gg = (gg[0] + (promo(fc1) + promo(fc2) if blockwise else 0.0),
+              gg[1] + promo([(x, f, d) for x in m]) + promo([(x, d, n1) for x in m]),
+              gg[2] + promo([(d, n1, x) for x in m]) + promo([(f, d, x) for x in m]))
     padded = float(sum(m))
     af, ab = activation_bytes(padded, f, model.ffn_matrices, bpe)
     activation = (mem(af) + launch, mem(ab) + launch, 0.0)
@@ -489,7 +497,7 @@ class MoEPhase:
 
 
 def moe_phase(model, hw, cfg: MoEConfig, precision: str, tokens: int, group: tuple[int, ...], expert_tp: int,
-              tp: int, gemm_precision: str | None = None) -> MoEPhase:
+              tp: int, gemm_precision: str | None = None, blockwise: bool = False) -> MoEPhase:
     """Costs of one MoE layer for one microbatch of ``tokens`` tokens per rank (after cp) on the
     EP group ``group`` (:func:`ep_group_ranks`; experts sharded over ``expert_tp`` of the ``tp``
     ranks). ``precision``: the training precision (activations, dispatch); ``gemm_precision``:
@@ -508,7 +516,7 @@ def moe_phase(model, hw, cfg: MoEConfig, precision: str, tokens: int, group: tup
         key = tuple(np.round(rows, 6))
         if key not in cache:
             cache[key] = layer_kernels(dev, m, cfg, precision, r, rows, float(r.received[i]), f,
-                                       gemm_precision or precision)
+                                       gemm_precision or precision, blockwise)
         pieces.append(cache[key])
     times = np.array([[p.total(0), p.total(1), p.total(2)] for p in pieces])
     slowest = int(np.argmax(times.sum(axis=1)))
