@@ -325,11 +325,11 @@ def kernel_table() -> str:
 
 HELDOUT_NEW_PROFILES = ("grand-teton-h100", "dgx-a100-40g")
 """Profiles added after the 'before' column was taken: their rows were not expressible then."""
-HELDOUT_NEW_ROWS = ("nemo-longseq-b200-", "nemofw2502-b200-mixtral8x22b-", "mb-26.06-", "mb-26.06.01-")
+HELDOUT_NEW_ROWS = ("nemo-longseq-b200-", "nemofw2502-b200-mixtral8x22b-", "mb-26.06-", "mb-26.06.01-", "zoo-")
 """Rows (id prefixes) made expressible after the 'before' column by the data set or a preset: the
 NeMo B200 long-sequence table's GPU count taken from its layout (its page's column is 4x it), the
 mixtral-8x22b preset, and rows added to the data set since (Megatron-Bridge's 26.06 and 26.06.01
-pre-training tables)."""
+pre-training tables, Megatron-MoE-ModelZoo's Qwen3 best-practice table)."""
 HELDOUT_NEW_MODELS = ("nemotron3",)
 """Row ids naming a model family added to the data set after the 'before' column (Megatron-Bridge's
 Nemotron 3 rows, added with parsim's hybrid Mamba-2 models)."""

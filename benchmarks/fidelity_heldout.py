@@ -1,4 +1,4 @@
-"""Held-out fidelity: parsim against 233 published training runs not used to fit it (9 flagged rows excepted).
+"""Held-out fidelity: parsim against 238 published training runs not used to fit it (9 flagged rows excepted).
 
     python benchmarks/fidelity_heldout.py [--markdown reports/fidelity-heldout.md] [--json]
 
@@ -42,6 +42,9 @@ Rules
   their presets (hybrid Mamba-2 / attention / MoE models, ``hybrid_pattern``; Super and Ultra with
   LatentMoE); Nemotron 3.5 Lightning -> the Nano preset (its backbone). Nemotron 3 rows train the
   recipes' multi-token prediction: 2 depths of one shared "*E" block (``mtp_pattern``, ``mtp_shared``).
+  Qwen3-Next-80B-A3B -> its preset (Gated DeltaNet / gated attention blocks, each two hybrid layers).
+  Rows from Megatron-MoE-ModelZoo's best-practice tables carry what their scripts set in a
+  ``stated`` block (``_stated_settings``: dispatcher, EP overlap, ``--recompute-modules``, MTP).
   DeepSeek-V3's multi-token-prediction modules (``model.mtp_layers``, on the last pipeline
   stage) when the run trains them: its table or id says so, or Megatron-Bridge's recipes (which
   set ``mtp_num_layers = 1``) or DeepSeek's own report ran it (``mtp_trained``); a run that does
@@ -298,6 +301,7 @@ PRESET_RULES: tuple[tuple[str, str], ...] = (
     (r"^nemotron-3\.5-lightning-30b-a3b$", "nemotron-3-nano-30b-a3b"),  # the Nano backbone (its MTP: the row's)
     (r"^nemotron-3-super-120b-a12b$", "nemotron-3-super-120b-a12b"),
     (r"^nemotron-3-ultra-550b-a55b$", "nemotron-3-ultra-550b-a55b"),
+    (r"^qwen3-next-80b-a3b$", "qwen3-next-80b-a3b"),
 )
 """(pattern on the lower-cased model name, preset name) -- first match wins."""
 
@@ -587,6 +591,8 @@ def mtp_trained(row: dict) -> str | bool | None:
         # Megatron-Bridge's DeepSeek-V3 recipes set it (recipes/deepseek/h100/deepseek_v3.py:
         # cfg.model.mtp_num_layers = 1), and their pipeline layouts place it with the loss
         return "Megatron-Bridge's DeepSeek-V3 recipes: mtp_num_layers = 1"
+    if (row.get("stated") or {}).get("mtp_trained"):
+        return row["stated"]["mtp_trained"]
     if "hai-llm" in row["framework"]["name"].lower():
         return "the DeepSeek-V3 report: MTP depth 1 in training"
     return None
@@ -756,6 +762,7 @@ def convert(row: dict) -> tuple[dict | Skip, list[str]]:
     }
     if moe is not None:
         notes += _moe_recipe(row, moe, doc["overlap"], doc["training"], notes)
+        notes += _stated_settings(row, moe, doc["overlap"], doc["training"], notes)
         notes += _stated_dispatcher(row, moe)
     notes += _dense_recipe(row, doc, notes)
     framework, grad_dtype, n = framework_states_for(row, fam, zero, precision)
@@ -859,6 +866,24 @@ def _moe_recipe(row: dict, moe: dict, overlap: dict, training: dict, notes: list
     if names and _recipe_recompute(row, training, notes, {"recompute": "selective", "recompute_modules": names}):
         note += f", recompute selective {'+'.join(names)}"
     return [note]
+
+
+def _stated_settings(row: dict, moe: dict, overlap: dict, training: dict, notes: list[str]) -> list[str]:
+    """A row's own ``stated`` block -- what its source's command line sets (Megatron-MoE-ModelZoo's
+    scripts): the dispatcher, EP overlap (``A2A_OVERLAP`` / the table's "+1f1b overlap") and the
+    selective recomputation's modules (``--recompute-modules``)."""
+    st = row.get("stated") or {}
+    out = []
+    if st.get("dispatcher"):
+        moe["dispatcher"] = st["dispatcher"]
+        out.append(f"dispatcher {st['dispatcher']} (the run's command line)")
+    if "ep_overlap" in st:
+        overlap["ep_comm"] = bool(st["ep_overlap"])
+        out.append(f"EP overlap {'on' if st['ep_overlap'] else 'off'} (the run's command line)")
+    if st.get("recompute_modules"):
+        training["recompute_modules"] = list(st["recompute_modules"])
+        out.append(f"recompute selective {'+'.join(st['recompute_modules'])} (the run's command line)")
+    return out
 
 
 def _stated_dispatcher(row: dict, moe: dict) -> list[str]:

@@ -389,3 +389,25 @@ def test_kernel_deltanet_command_reproduces_a_measured_forward():
                           "--hardware", "dgx-h100", "--precision", "fp8"], cwd=ROOT, capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--precision" in bad.stderr
+
+
+def test_megatron_moe_modelzoo_command_line_imports_to_the_preset():
+    # yanring/Megatron-MoE-ModelZoo e8650517, model_configs/benchmarking/Qwen3-Next-80B-A3B.yaml's model
+    # flags (the dev branch's --linear-attention-type spelling) with run_next_80b.sh's layout
+    from parsim.frameworks import check, import_megatron
+    argv = ("--tensor-model-parallel-size 1 --pipeline-model-parallel-size 4 --expert-model-parallel-size 32 "
+            "--expert-tensor-parallel-size 1 --use-distributed-optimizer --sequence-parallel --disable-bias-linear "
+            "--micro-batch-size 1 --global-batch-size 256 --untie-embeddings-and-output-weights "
+            "--position-embedding-type rope --rotary-percent 0.25 --normalization RMSNorm --apply-layernorm-1p "
+            "--swiglu --num-layers 48 --hidden-size 2048 --ffn-hidden-size 5120 --num-attention-heads 16 "
+            "--group-query-attention --num-query-groups 2 --kv-channels 256 --qk-layernorm --attention-output-gate "
+            "--seq-length 4096 --max-position-embeddings 262144 --make-vocab-size-divisible-by 1187 "
+            "--vocab-size 151936 --linear-attention-type gated_delta_net --linear-attention-freq 4 "
+            "--linear-conv-kernel-dim 4 --linear-key-head-dim 128 --linear-value-head-dim 128 "
+            "--linear-num-key-heads 16 --linear-num-value-heads 32 --num-experts 512 --moe-ffn-hidden-size 512 "
+            "--moe-shared-expert-intermediate-size 512 --moe-router-topk 10 --moe-grouped-gemm --mtp-num-layers 1 "
+            "--bf16").split()
+    sc = check(import_megatron(argv, gpus=128))
+    ref = dataclasses.replace(get_preset(NEXT), mtp_layers=1, mtp_pattern="*E")
+    assert dataclasses.replace(sc.model, name=NEXT) == ref
+    assert (sc.parallel.pp, sc.parallel.dp) == (4, 32)

@@ -66,6 +66,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     "--v-head-dim": ("v_head_dim", "int"),
     "--qk-layernorm": ("qk_layernorm", "true"),
     "--experimental-attention-variant": ("attention_variant", "str"),
+    "--linear-attention-type": ("attention_variant", "str"),  # the Megatron-Core dev branch's spelling (Megatron-MoE-ModelZoo)
     "--linear-attention-freq": ("linear_attention_freq", "str"),
     "--linear-conv-kernel-dim": ("linear_conv_kernel_dim", "int"),
     "--linear-key-head-dim": ("linear_key_head_dim", "int"),
