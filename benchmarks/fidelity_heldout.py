@@ -870,8 +870,9 @@ def _moe_recipe(row: dict, moe: dict, overlap: dict, training: dict, notes: list
 
 def _stated_settings(row: dict, moe: dict, overlap: dict, training: dict, notes: list[str]) -> list[str]:
     """A row's own ``stated`` block -- what its source's command line sets (Megatron-MoE-ModelZoo's
-    scripts): the dispatcher, EP overlap (``A2A_OVERLAP`` / the table's "+1f1b overlap") and the
-    selective recomputation's modules (``--recompute-modules``)."""
+    scripts): the dispatcher, EP overlap (``A2A_OVERLAP`` / the table's "+1f1b overlap"), the
+    data-parallel overlaps where the command line leaves them off, and the selective
+    recomputation's modules (``--recompute-modules``)."""
     st = row.get("stated") or {}
     out = []
     if st.get("dispatcher"):
@@ -880,6 +881,9 @@ def _stated_settings(row: dict, moe: dict, overlap: dict, training: dict, notes:
     if "ep_overlap" in st:
         overlap["ep_comm"] = bool(st["ep_overlap"])
         out.append(f"EP overlap {'on' if st['ep_overlap'] else 'off'} (the run's command line)")
+    if st.get("dp_overlap") is False:  # no --overlap-grad-reduce / --overlap-param-gather on the command line
+        overlap["grad_reduce"] = overlap["param_gather"] = False
+        out.append("no data-parallel overlap (the run's command line)")
     if st.get("recompute_modules"):
         training["recompute_modules"] = list(st["recompute_modules"])
         out.append(f"recompute selective {'+'.join(st['recompute_modules'])} (the run's command line)")
