@@ -208,3 +208,28 @@ def test_paired_breakdown_adds_up_to_the_step(dispatcher):
     on = qwen30b(dispatcher, True)
     assert sum(on["breakdown_s"].values()) == pytest.approx(on["step_time_s"], rel=1e-9)
     assert on["breakdown_s"]["ep_comm"] > 0
+
+
+def test_each_all_to_all_hides_only_under_its_paired_piece():
+    # Megatron's combined 1F1B pairs pieces, not passes: B.combine | F.attention, F.dispatch | B.experts,
+    # B.dispatch | F.experts, F.combine | B.attention. With SMs free, the saving is the four mins by hand.
+    from parsim.costs.inputs import cost_inputs
+    from parsim.costs.layer import moe_phase
+    from parsim.costs.model_costs import ModelCosts
+    from parsim.costs.parts import Parts
+    from parsim.schedule.ir import Op
+    doc = {"name": "q", "hardware": AB["hardware"], "gpus": AB["gpus"], "model": {"preset": AB["model"]},
+           "training": {"global_batch": AB["global_batch"], "microbatch_size": 1, "seq_len": AB["seq_len"],
+                        "precision": "bf16", "recompute": "none"},
+           "parallel": {"dp": AB["gpus"], "ep": AB["ep"], "zero": 1, "framework": "megatron"},
+           "overlap": {"ep_comm": True}, "moe": {"routing": "balanced", "dispatcher": "deepep", "dispatcher_sms": 0}}
+    mc = ModelCosts(cost_inputs(scenario_from_dict(doc, "q.toml")))
+    assert mc.inputs.ep_pairs
+    ph = moe_phase(mc.layer_inputs)
+    n = mc.stage_costs[0].moe_layers
+    fe, be = n * ph.forward_s, n * (ph.backward_input_s + ph.backward_weight_s)
+    f = Parts(compute=fe + 0.010, ep_comm=0.040)  # 10 ms of attention beside 20 ms a2a pieces
+    b = Parts(compute=be + 0.030, ep_comm=0.040)
+    want = min(0.020, 0.010) + min(0.020, be) + min(0.020, fe) + min(0.020, 0.030)
+    assert mc._ep_pair_saving(f, b, 0, 0, Op.B) == pytest.approx(want, rel=1e-9)
+    assert want < min(0.040, b.compute) + min(0.040, f.compute)  # less than whole passes would hide

@@ -197,7 +197,7 @@ class ModelCosts:
         if dur is None:
             f, b = self.stage_costs[f_stage].parts[Op.F], self.stage_costs[b_stage].parts[b_op]
             if self.inputs.ep_pairs:
-                dur = f.total + b.total - self._ep_pair_saving(f, b)
+                dur = f.total + b.total - self._ep_pair_saving(f, b, f_stage, b_stage, b_op)
             else:
                 comm = lambda p: p.tp_comm + p.cp_comm + p.ep_comm
                 dur = f.total + b.total - min(comm(f), b.compute + b.recompute) - min(comm(b), f.compute + f.recompute)
@@ -211,17 +211,32 @@ class ModelCosts:
         the pair starts); DualPipe's composites keep both stashes for the pair."""
         return self.inputs.ep_pairs
 
-    def _ep_pair_saving(self, f: Parts, b: Parts) -> float:
-        """Seconds a Megatron combined-1F1B pair saves: each half's expert all-to-alls run on the
-        communication stream beside the other half's compute (TP and CP collectives stay on the
-        compute stream: models/common/model_chunk_schedule_plan.py), and the SMs the dispatch
-        kernels hold slow that compute (``parsim.cluster.contention``)."""
-        sms = moe_phase(self.layer_inputs).dispatcher_sms if self.layer_inputs.moe is not None else 0
+    def _ep_pair_saving(self, f: Parts, b: Parts, f_stage: int, b_stage: int, b_op: Op) -> float:
+        """Seconds a Megatron combined-1F1B pair saves: the halves run block by block, each of one
+        half's expert all-to-alls on the communication stream beside one piece of the other half's
+        compute (models/common/model_chunk_schedule_plan.py, ``schedule_layer_1f1b``): the
+        backward's combine beside the forward's attention (the block's non-expert work), the
+        forward's dispatch beside the backward's experts, the backward's dispatch beside the
+        forward's experts, the forward's combine beside the backward's attention. Each hides up to
+        its piece, not the whole pass: an all-to-all longer than its piece shows the rest. TP and CP
+        collectives stay on the compute stream; the SMs the dispatch kernels hold slow the compute
+        beside them (``parsim.cluster.contention``)."""
+        li = self.layer_inputs
+        if li.moe is None:
+            return 0.0
+        ph = moe_phase(li)
         dev = self.inputs.hardware.device
+        n_f, n_b = self.stage_costs[f_stage].moe_layers, self.stage_costs[b_stage].moe_layers
+        b_expert = ph.backward_input_s + (ph.backward_weight_s if b_op == Op.B else 0.0)
+        f_work, b_work = f.compute + f.recompute, b.compute + b.recompute
+        f_exp = min(f_work, n_f * ph.forward_s)
+        b_exp = min(b_work, n_b * b_expert)
+        pieces = ((b.ep_comm / 2, f_work - f_exp), (f.ep_comm / 2, b_exp),
+                  (b.ep_comm / 2, f_exp), (f.ep_comm / 2, b_work - b_exp))
         saving = 0.0
-        for comm, work in ((f.ep_comm, b.compute + b.recompute), (b.ep_comm, f.compute + f.recompute)):
+        for comm, work in pieces:
             hidden = min(comm, work)
-            saving += hidden - _contention.slowdown_s(dev, sms, hidden, work)
+            saving += hidden - _contention.slowdown_s(dev, ph.dispatcher_sms, hidden, work)
         return max(0.0, saving)
 
     @property
