@@ -212,15 +212,16 @@ class ModelCosts:
         return self.inputs.ep_pairs
 
     def _ep_pair_saving(self, f: Parts, b: Parts, f_stage: int, b_stage: int, b_op: Op) -> float:
-        """Seconds a Megatron combined-1F1B pair saves: the halves run block by block, each of one
-        half's expert all-to-alls on the communication stream beside one piece of the other half's
-        compute (models/common/model_chunk_schedule_plan.py, ``schedule_layer_1f1b``): the
-        backward's combine beside the forward's attention (the block's non-expert work), the
-        forward's dispatch beside the backward's experts, the backward's dispatch beside the
-        forward's experts, the forward's combine beside the backward's attention. Each hides up to
-        its piece, not the whole pass: an all-to-all longer than its piece shows the rest. TP and CP
-        collectives stay on the compute stream; the SMs the dispatch kernels hold slow the compute
-        beside them (``parsim.cluster.contention``)."""
+        """Seconds a Megatron combined-1F1B pair saves: the halves run block by block in three
+        segments, the expert all-to-alls on the communication stream beside the compute the
+        other stream runs then (megatron/core/models/common/model_chunk_schedule_plan.py,
+        ``run``'s diagram: "comm_stream: combine_bwd | dispatch_fwd->dispatch_bwd | combine_fwd",
+        "comp_stream: pre_dispatch_fwd | mlp_bwd->mlp_bwd_dw->mlp_fwd | pre_dispatch_bwd"): the
+        backward's combine beside the forward's attention (the block's non-expert work), both
+        dispatches beside both passes' experts, the forward's combine beside the backward's
+        attention. Each segment hides at most its compute: an all-to-all longer than its segment
+        shows the rest. TP and CP collectives stay on the compute stream; the SMs the dispatch
+        kernels hold slow the compute beside them (``parsim.cluster.contention``)."""
         li = self.layer_inputs
         if li.moe is None:
             return 0.0
@@ -231,8 +232,8 @@ class ModelCosts:
         f_work, b_work = f.compute + f.recompute, b.compute + b.recompute
         f_exp = min(f_work, n_f * ph.forward_s)
         b_exp = min(b_work, n_b * b_expert)
-        pieces = ((b.ep_comm / 2, f_work - f_exp), (f.ep_comm / 2, b_exp),
-                  (b.ep_comm / 2, f_exp), (f.ep_comm / 2, b_work - b_exp))
+        pieces = ((b.ep_comm / 2, f_work - f_exp), (f.ep_comm / 2 + b.ep_comm / 2, f_exp + b_exp),
+                  (f.ep_comm / 2, b_work - b_exp))
         saving = 0.0
         for comm, work in pieces:
             hidden = min(comm, work)
