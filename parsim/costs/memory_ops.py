@@ -80,28 +80,58 @@ class MemoryWork:
     """Of ``bytes``, those eager RMSNorm chains move (at ``Device.eager_norm_efficiency``)."""
     rotary_bytes: float = 0.0
     """Of ``bytes``, those eager rotary chains move (at ``Device.eager_rotary_efficiency``)."""
+    conv_bytes: float = 0.0
+    """Of ``bytes``, those a causal depthwise convolution moves (Mamba-2's, Gated DeltaNet's): at the
+    slower of the streaming rate and the kernel's own (:data:`CONV_BYTES_PER_CLOCK_PER_SM`)."""
 
     def __add__(self, other: "MemoryWork") -> "MemoryWork":
         return MemoryWork(self.bytes + other.bytes, self.kernels + other.kernels,
-                          self.norm_bytes + other.norm_bytes, self.rotary_bytes + other.rotary_bytes)
+                          self.norm_bytes + other.norm_bytes, self.rotary_bytes + other.rotary_bytes,
+                          self.conv_bytes + other.conv_bytes)
 
     def scaled(self, k: float) -> "MemoryWork":
         """k times the work (bytes and kernels; a backward is ``scaled(2)``)."""
-        return MemoryWork(self.bytes * k, int(round(self.kernels * k)), self.norm_bytes * k, self.rotary_bytes * k)
+        return MemoryWork(self.bytes * k, int(round(self.kernels * k)), self.norm_bytes * k, self.rotary_bytes * k,
+                          self.conv_bytes * k)
 
     def scaled_bytes(self, k: float) -> "MemoryWork":
         """The same kernels over k times the bytes (per-token work -> a microbatch)."""
-        return MemoryWork(self.bytes * k, self.kernels, self.norm_bytes * k, self.rotary_bytes * k)
+        return MemoryWork(self.bytes * k, self.kernels, self.norm_bytes * k, self.rotary_bytes * k,
+                          self.conv_bytes * k)
+
+
+CONV_BYTES_PER_CLOCK_PER_SM = 9.73
+"""Bytes the causal depthwise convolution kernel (Dao-AILab's ``causal_conv1d_fn``, which
+Megatron-Core's MambaMixer and SGLang call; flash-linear-attention's Triton one for Gated DeltaNet is
+costed alike) moves per SM per clock: it does not reach HBM's rate -- 2.4 TB/s on an H100, 2.9 on a
+B200, whatever their bandwidth -- but keeps about the same rate per SM and clock on both. The fit of
+``benchmarks/fit_causal_conv.py`` on aiconfigurator's measured H100 times
+(``benchmarks/data/causal_conv1d_times.csv``: 82 shapes, 0.8%); held out, the B200's 82 (9.9%, the
+model 10% slow; 54.9% at the streaming rate alone) and the GB200's 82 (1.8%)."""
+
+
+def conv_rate(dev) -> float | None:
+    """Bytes/s of the causal-convolution kernel on ``dev`` (its SMs, the clock of its BF16 peak,
+    training's power-saturated share); None without kernel facts (the streaming rate then)."""
+    kf = dev.kernels
+    if kf is None:
+        return None
+    clock = dev.peak_flops["bf16"] / (kf.sm_count * kf.tensor_flop_per_clock_per_sm) * dev.clock_ratio
+    return CONV_BYTES_PER_CLOCK_PER_SM * kf.sm_count * clock
 
 
 def work_time(dev, w: MemoryWork) -> float:
     """Seconds of ``w``'s kernels on ``dev`` (launches aside): its bytes at the streaming rate
     (``memory_efficiency``), the eager norm and rotary chains' at their own measured rates where the
-    profile gives them (``eager_norm_efficiency``, ``eager_rotary_efficiency``)."""
-    t = dev.memory_time(max(0.0, w.bytes - w.norm_bytes - w.rotary_bytes))
+    profile gives them (``eager_norm_efficiency``, ``eager_rotary_efficiency``), a causal
+    convolution's at the slower of the streaming rate and its kernel's (:func:`conv_rate`)."""
+    t = dev.memory_time(max(0.0, w.bytes - w.norm_bytes - w.rotary_bytes - w.conv_bytes))
     for part, eff in ((w.norm_bytes, dev.eager_norm_efficiency), (w.rotary_bytes, dev.eager_rotary_efficiency)):
         if part:
             t += part / (dev.memory_bandwidth * eff) if eff is not None else dev.memory_time(part)
+    if w.conv_bytes:
+        rate = conv_rate(dev)
+        t += max(dev.memory_time(w.conv_bytes), w.conv_bytes / rate if rate else 0.0)
     return t
 
 
@@ -160,10 +190,12 @@ def forward_pieces(spec: ModelSpec, tokens: int, tp: int, sp: bool, act_bytes: f
         }
     if spec.mamba_inner:
         inner = spec.mamba_inner / tp
-        pieces["mamba"] = MemoryWork((2 * spec.mamba_conv_channels / tp + 3 * inner) * a, 2)
+        conv = 2 * spec.mamba_conv_channels / tp * a
+        pieces["mamba"] = MemoryWork(conv + 3 * inner * a, 2, conv_bytes=conv)
     if spec.gdn_value_heads:  # the convolution, the q and k L2 norms, the gates, the gated norm
-        width = 2 * spec.gdn_conv_channels + 4 * spec.gdn_key_width + 3 * spec.gdn_value_width
-        pieces["gdn"] = MemoryWork(width / tp * a, 5)
+        conv = 2 * spec.gdn_conv_channels / tp * a
+        pieces["gdn"] = MemoryWork(conv + (4 * spec.gdn_key_width + 3 * spec.gdn_value_width) / tp * a, 5,
+                                   conv_bytes=conv)
     if spec.attn_output_gate:  # sigmoid(gate) * attention output: read both, write one
         pieces["rotary"] = pieces["rotary"] + MemoryWork(3 * spec.n_heads * spec.head_dim_ / tp * a, 1)
     return {name: w.scaled_bytes(tokens) for name, w in pieces.items()}
