@@ -425,3 +425,21 @@ def test_causal_conv_rate_is_the_documented_fit_and_holds_off_it():
     # the streaming rate alone misses the B200 by half
     e = fit_causal_conv.errors(1e9, "B200")
     assert sum(map(abs, e)) / len(e) > 0.5
+
+
+def test_decode_step_reads_and_writes_the_fp32_state_at_hbm_rate():
+    # aiconfigurator's measured fused_recurrent_gated_delta_rule decode (benchmarks/data/gdn_decode_times.csv):
+    # the state, value heads x 128 x 128 fp32 a sequence, read and written once -- what parsim's decode
+    # charges a "G" layer (gdn_state_bytes without the conv window, twice, at the streaming rate)
+    import csv
+    devs = {"H100 SXM": "dgx-h100", "B200": "dgx-b200", "GB200": "gb200-nvl72"}
+    with open(ROOT / "benchmarks" / "data" / "gdn_decode_times.csv") as f:
+        rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
+    for gpu, prof in devs.items():
+        dev = load_profile(prof).device.burst()
+        big = [r for r in rows if r["gpu"] == gpu and int(r["sequences"]) >= 512]
+        errs = []
+        for r in big:
+            state = int(r["sequences"]) * int(r["value_heads"]) * 128 * 128 * 4
+            errs.append(2 * state / dev.effective_memory_bandwidth / (float(r["ms"]) * 1e-3) - 1)
+        assert len(errs) >= 15 and abs(sorted(errs)[len(errs) // 2]) < 0.10, gpu
