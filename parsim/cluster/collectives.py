@@ -15,8 +15,6 @@ latency a:
   tree (double binary, across nodes) same bandwidth term, latency 2 ceil(log2 n) a (all-reduce),
                         ceil(log2 n) a (broadcast, reduce)
   NVLS all-reduce       S/B_nvls + 2a                  (NVSwitch reduces in the switch)
-  NVLS reduce-scatter   S/(2 B_nvls) + a               (multimem ld_reduce: the all-reduce's first half)
-  NVLS all-gather       S/(2 B_nvls) + a               (multimem st: the all-reduce's second half)
   hierarchical          reduce-scatter inside the node, the collective on S/g across
                         nodes (each local rank on its own rail), all-gather inside the node
 
@@ -32,7 +30,11 @@ algorithm is chosen as NCCL's tuner does: the fastest modelled one for this size
 NVLS by kind (:data:`NVLS`): NCCL implements NVLink SHARP for all-reduce, reduce-scatter and
 all-gather (``src/device/all_reduce.h``, ``reduce_scatter.h``, ``all_gather.h``:
 ``RunWorkElement<..., NCCL_ALGO_NVLS, NCCL_PROTO_SIMPLE>``, NCCL >= 2.18 on NVSwitch
-systems of Hopper and later); every other kind has none (the reason is stated there).
+systems of Hopper and later). Only the all-reduce gains from it: the switch reduces, so each
+port carries the buffer once each way instead of 2(n-1)/n of it; a reduce-scatter or all-gather
+still moves (n-1)/n of the buffer through every port, as the ring does, and is costed as the
+ring (measured: nccl-tests at NCCL 2.29 on 8 H100 reach 335 GB/s bus bandwidth for both at
+512 MB, against 445 for the NVLS all-reduce). Every other kind has none (the reason is stated there).
 
 Gradient buckets (:func:`bucketed_time`): frameworks reduce gradients in buckets (PyTorch
 DDP ``bucket_cap_mb`` = 25 MB; Megatron-core ``bucket_size`` = max(40M, 1M x dp)
@@ -78,8 +80,12 @@ NVLS: dict[str, tuple[float, int] | str] = {
     # The all-reduce is a multimem ld_reduce (reduce-scatter) then a multimem st (all-gather):
     # each half moves half its traffic, so reduce-scatter and all-gather take S / (2 B_nvls).
     "all_reduce": (1.0, 2),
-    "reduce_scatter": (0.5, 1),
-    "all_gather": (0.5, 1),
+    "reduce_scatter": ("NVLS moves (n-1)/n of the buffer through each GPU's NVLink port, as the ring does: no "
+                       "bandwidth to gain (nccl-tests, NCCL 2.29, 8 H100: 336 GB/s bus bandwidth at 512 MB, "
+                       "ring-class; aiconfigurator's nccl_perf); costed as the ring"),
+    "all_gather": ("NVLS multicasts each shard, but every GPU still receives (n-1)/n of the buffer through its "
+                   "port: no bandwidth to gain (nccl-tests, NCCL 2.29, 8 H100: 335 GB/s bus bandwidth at "
+                   "512 MB); costed as the ring"),
     "broadcast": "no NVLS kernel in NCCL (ring/tree only)",
     "reduce": "no NVLS kernel in NCCL (ring/tree only)",
     "gather": "point-to-point sends to the root; the switch's multicast does not apply",
