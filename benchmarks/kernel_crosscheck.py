@@ -161,11 +161,11 @@ FINDINGS = [
     "measured kernel is FlashInfer's TensorRT-LLM-gen prefill, not the FA4 / cuDNN kernel parsim models, "
     "which it trails by 0-30%. Collectives inside a node (nccl-tests, NCCL 2.29; NVLS reduce-scatter and "
     "all-gather costed as the rings they measure like -- 335 GB/s on 8 H100 at 512 MiB, not the 480 the NVLS "
-    "all-reduce's formula gave them): parsim is too fast everywhere. From 64 MiB H100 0.77-0.86, B200 "
-    "0.63-0.82, GB200 0.52-0.77 of the measured time; below 64 MiB 0.27-0.73 -- NCCL's bandwidth ramps up "
-    "with the message through its protocols and channels, which one per-step latency and one efficiency "
-    "do not describe, and Blackwell's NVLink 5 reaches less of its line rate than the profiles' efficiency "
-    "says. Not fitted yet (the largest gap this report shows; the data is committed: "
+    "all-reduce's formula gave them; Blackwell's NVLink efficiency these runs' 0.684, not H100's 0.82 "
+    "carried over): parsim is too fast nearly everywhere. From 64 MiB H100 0.77-0.86, B200 0.76-0.98, "
+    "GB200 0.62-0.91 of the measured time; below 64 MiB 0.27-0.73 -- NCCL's bandwidth ramps up with the "
+    "message through its protocols and channels, which one per-step latency and one efficiency do not "
+    "describe. Not fitted yet (the largest gap this report shows; the data is committed: "
     "benchmarks/data/nccl_tests_times.csv).", ""]
 
 
