@@ -443,3 +443,25 @@ def test_decode_step_reads_and_writes_the_fp32_state_at_hbm_rate():
             state = int(r["sequences"]) * int(r["value_heads"]) * 128 * 128 * 4
             errs.append(2 * state / dev.effective_memory_bandwidth / (float(r["ms"]) * 1e-3) - 1)
         assert len(errs) >= 15 and abs(sorted(errs)[len(errs) // 2]) < 0.10, gpu
+
+
+@pytest.mark.parametrize("scenario", ["scenarios/nemotron-h-8b-h100.toml", "scenarios/qwen3-next-80b-h100.toml"])
+def test_recurrent_mixers_cost_on_a_gpu_without_bf16(scenario):
+    # a V100 has kernel facts but no BF16 peak: the scan, delta-rule and convolution rates take the
+    # kernel models' clock from its FP16 peak (parsim.cluster.kernels.sm_clock_hz), as attention does
+    from parsim.cluster.kernels import sm_clock_hz
+    from parsim.costs.gdn import delta_rate
+    from parsim.costs.memory_ops import CONV_BYTES_PER_CLOCK_PER_SM, conv_rate
+    from parsim.costs.ssd import SSD_FLOP_PER_CLOCK_PER_SM, scan_rate
+    from parsim.scenario import load_scenario
+    import parsim.costs.gdn as gdn
+    dev = load_profile("dgx2-v100").device
+    clock = sm_clock_hz(dev)
+    sms = dev.kernels.sm_count
+    assert clock == pytest.approx(dev.peak_flops["fp16"] / (sms * dev.kernels.tensor_flop_per_clock_per_sm)
+                                  * dev.clock_ratio)
+    assert scan_rate(dev) == pytest.approx(SSD_FLOP_PER_CLOCK_PER_SM * sms * clock)
+    assert delta_rate(dev) == pytest.approx(gdn.GDN_FLOP_PER_CLOCK_PER_SM * sms * clock)
+    assert conv_rate(dev) == pytest.approx(CONV_BYTES_PER_CLOCK_PER_SM * sms * clock)
+    sc = load_scenario(ROOT / scenario, overrides=["hardware=dgx2-v100", "training.precision=fp16"])
+    assert simulate(sc).metrics["step_time_s"] > 0

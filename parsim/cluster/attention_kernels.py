@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from parsim.cluster.kernels import BASE_PRECISIONS, INPUT_BYTES
+from parsim.cluster.kernels import BASE_PRECISIONS, INPUT_BYTES, sm_clock_hz
 
 ATTENTION_PRECISIONS = ("bf16", "fp16", "fp8")
 """Precisions the fused kernels run (FP8: FlashAttention-3 Sec. 3.3, cuDNN on Hopper/Blackwell)."""
@@ -269,9 +269,8 @@ def _rates(dev: Any, precision: str) -> tuple[float, float, float, int]:
     kf = dev.kernels
     base = next(p for p in BASE_PRECISIONS if p in dev.peak_flops)
     # the peak's clock, lowered to the power-saturated one under training load (dev.clock_ratio)
-    clock = dev.peak_flops[base] / (kf.sm_count * kf.tensor_flop_per_clock_per_sm) * dev.clock_ratio
     flop_clk = kf.tensor_flop_per_clock_per_sm * dev.peak(precision) / dev.peak_flops[base]
-    return clock, flop_clk, kf.sfu_op_per_clock_per_sm, kf.sm_count
+    return sm_clock_hz(dev), flop_clk, kf.sfu_op_per_clock_per_sm, kf.sm_count
 
 
 def _step_clocks(pm: PassModel, bq: int, bk: int, d: int, matmuls: int, flop_clk: float, sfu: float,

@@ -42,6 +42,15 @@ from parsim.units import to_si
 
 BASE_PRECISIONS = ("bf16", "fp16")
 """The tensor-core rate ``tensor_flop_per_clock_per_sm`` is counted in (bf16, else fp16)."""
+
+
+def sm_clock_hz(dev: Any) -> float:
+    """The SM clock ``dev``'s kernel models run at: the clock its base (BF16, else FP16) tensor
+    peak implies over its SMs, times the power-saturated share under training load
+    (``Device.clock_ratio``; 1 in a burst). Needs kernel facts."""
+    kf = dev.kernels
+    base = next(p for p in BASE_PRECISIONS if p in dev.peak_flops)
+    return dev.peak_flops[base] / (kf.sm_count * kf.tensor_flop_per_clock_per_sm) * dev.clock_ratio
 INPUT_BYTES = {"bf16": 2.0, "fp16": 2.0, "tf32": 4.0, "fp32": 4.0, "fp8": 1.0,
                "mxfp8": 1.0 + 1.0 / 32.0, "nvfp4": 0.5 + 1.0 / 16.0}
 """Bytes per A/B element a kernel reads (MXFP8: one 8-bit scale per 32 elements, OCP MX spec;

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from parsim.cluster.kernels import sm_clock_hz
 from parsim.cluster.precision import PRECISION_TABLE
 from parsim.costs.ssd import Kernel, kernels_time
 
@@ -143,11 +144,9 @@ def state_share(dev, s: DeltaShape) -> float:
 
 
 def delta_rate(dev) -> float:
-    """FLOP/s of the delta-rule kernels on ``dev`` (its SMs, the clock of its BF16 peak, times the
-    power-saturated share under training load)."""
-    kf = dev.kernels
-    clock = dev.peak_flops["bf16"] / (kf.sm_count * kf.tensor_flop_per_clock_per_sm) * dev.clock_ratio
-    return GDN_FLOP_PER_CLOCK_PER_SM * kf.sm_count * clock
+    """FLOP/s of the delta-rule kernels on ``dev``: its SMs at the kernel models' clock
+    (:func:`parsim.cluster.kernels.sm_clock_hz`)."""
+    return GDN_FLOP_PER_CLOCK_PER_SM * dev.kernels.sm_count * sm_clock_hz(dev)
 
 
 def delta_kernels_time(dev, s: DeltaShape, kernels: tuple[Kernel, ...]) -> float:

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from parsim.cluster.kernels import sm_clock_hz
 from parsim.model import ModelSpec, block_kind
 
 FP8_RECIPES = ("delayed", "current", "mxfp8", "blockwise", "rowwise", "nvfp4")
@@ -111,13 +112,11 @@ model 10% slow; 54.9% at the streaming rate alone) and the GB200's 82 (1.8%)."""
 
 
 def conv_rate(dev) -> float | None:
-    """Bytes/s of the causal-convolution kernel on ``dev`` (its SMs, the clock of its BF16 peak,
-    training's power-saturated share); None without kernel facts (the streaming rate then)."""
-    kf = dev.kernels
-    if kf is None:
+    """Bytes/s of the causal-convolution kernel on ``dev``: its SMs at the kernel models' clock
+    (:func:`parsim.cluster.kernels.sm_clock_hz`); None without kernel facts (the streaming rate then)."""
+    if dev.kernels is None:
         return None
-    clock = dev.peak_flops["bf16"] / (kf.sm_count * kf.tensor_flop_per_clock_per_sm) * dev.clock_ratio
-    return CONV_BYTES_PER_CLOCK_PER_SM * kf.sm_count * clock
+    return CONV_BYTES_PER_CLOCK_PER_SM * dev.kernels.sm_count * sm_clock_hz(dev)
 
 
 def work_time(dev, w: MemoryWork) -> float:

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from parsim.cluster.kernels import sm_clock_hz
 from parsim.cluster.precision import PRECISION_TABLE
 
 
@@ -131,11 +132,9 @@ within 9%); the batch-8 rows, measured twice up to 30% apart, run 42-120% faster
 
 
 def scan_rate(dev) -> float:
-    """FLOP/s of the scan kernels on ``dev`` (its SMs, the clock of its BF16 peak, times the
-    power-saturated share under training load)."""
-    kf = dev.kernels
-    clock = dev.peak_flops["bf16"] / (kf.sm_count * kf.tensor_flop_per_clock_per_sm) * dev.clock_ratio
-    return SSD_FLOP_PER_CLOCK_PER_SM * kf.sm_count * clock
+    """FLOP/s of the scan kernels on ``dev``: its SMs at the kernel models' clock
+    (:func:`parsim.cluster.kernels.sm_clock_hz`)."""
+    return SSD_FLOP_PER_CLOCK_PER_SM * dev.kernels.sm_count * sm_clock_hz(dev)
 
 
 def kernels_time(dev, kernels: tuple[Kernel, ...]) -> float:
