@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import parsim.costs.gdn as gdn  # noqa: E402
+from parsim.calibrate.search import golden_section_min  # noqa: E402
 from parsim.cluster.hardware import load_profile  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data" / "gdn_kernel_times.csv"
@@ -67,12 +68,7 @@ def fit() -> float:
     """The rate minimising the squared log error of the fit rows (golden-section search)."""
     def loss(x: float) -> float:
         return sum(math.log1p(e) ** 2 for _, e in errors(x, fitted))
-    lo, hi = 20.0, 4000.0
-    g = (math.sqrt(5) - 1) / 2
-    for _ in range(60):
-        a, b = hi - g * (hi - lo), lo + g * (hi - lo)
-        lo, hi = (lo, b) if loss(a) < loss(b) else (a, hi)
-    return (lo + hi) / 2
+    return golden_section_min(loss, 20.0, 4000.0, 1e-3)
 
 
 def _summary(label: str, errs: list[tuple[dict, float]]) -> str:

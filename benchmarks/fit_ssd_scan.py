@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import parsim.costs.ssd as ssd  # noqa: E402
+from parsim.calibrate.search import golden_section_min  # noqa: E402
 from parsim.cluster.hardware import load_profile  # noqa: E402
 
 P, N, G, Q = 64, 128, 1, 256
@@ -51,12 +52,7 @@ def fit() -> float:
     """The rate minimising the squared log error on the 32k-token rows (golden-section search)."""
     def loss(r: float) -> float:
         return sum(math.log1p(e) ** 2 for e in errors(r, 1))
-    lo, hi = 50.0, 1000.0
-    g = (math.sqrt(5) - 1) / 2
-    for _ in range(80):
-        a, b = hi - g * (hi - lo), lo + g * (hi - lo)
-        lo, hi = (lo, b) if loss(a) < loss(b) else (a, hi)
-    return (lo + hi) / 2
+    return golden_section_min(loss, 50.0, 1000.0, 1e-3)
 
 
 def main() -> None:
