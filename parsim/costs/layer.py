@@ -239,10 +239,7 @@ def mamba_cp_exchange(inp: LayerInputs) -> tuple[float, float]:
     groups = m.mamba_groups / sh.tp
     bc = max(groups, float(sh.cp)) * m.mamba_state_dim  # B (or C) after the repeat
     widths = (inner, inner, bc, bc, m.mamba_heads / sh.tp, inner)  # z, x, B, C, dt; then y
-    group = inp.shard.cp_group
-    t = sum(cached_collective_time(inp.cluster, "all_to_all", sh.tokens * w * a, group) for w in widths)
-    sent = sum(bytes_sent_per_rank("all_to_all", sh.tokens * w * a, sh.cp) for w in widths)
-    return t, sent
+    return _cp_all_to_alls(inp, [sh.tokens * w * a for w in widths])
 
 
 def gdn_cp_exchange(inp: LayerInputs) -> tuple[float, float]:
@@ -254,10 +251,15 @@ def gdn_cp_exchange(inp: LayerInputs) -> tuple[float, float]:
     m, sh, o = inp.model, inp.shard, inp.options
     a = PRECISION_TABLE[o.precision].activation_bytes
     widths = (m.gdn_in_proj_width / sh.tp, m.gdn_value_width / sh.tp)
-    group = inp.shard.cp_group
-    t = sum(cached_collective_time(inp.cluster, "all_to_all", sh.tokens * w * a, group) for w in widths)
-    sent = sum(bytes_sent_per_rank("all_to_all", sh.tokens * w * a, sh.cp) for w in widths)
-    return t, sent
+    return _cp_all_to_alls(inp, [sh.tokens * w * a for w in widths])
+
+
+def _cp_all_to_alls(inp: LayerInputs, sizes: list[float]) -> tuple[float, float]:
+    """(seconds, bytes this GPU sends) of blocking all-to-alls over the cp group, one per size
+    (bytes of the tensor on this rank)."""
+    group, cp = inp.shard.cp_group, inp.shard.cp
+    t = sum(cached_collective_time(inp.cluster, "all_to_all", n, group) for n in sizes)
+    return t, sum(bytes_sent_per_rank("all_to_all", n, cp) for n in sizes)
 
 
 def attention_times(inp: LayerInputs) -> tuple[float, float]:
