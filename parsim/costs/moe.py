@@ -427,20 +427,18 @@ def layer_kernels(dev, model, cfg: MoEConfig, precision: str, r: Routing, kept: 
     permute = (mem(pf) + PERMUTE_KERNELS[0] * launch, mem(pb) + PERMUTE_KERNELS[1] * launch, 0.0)
     m = expert_rows(kept, gp, r.capacity, cfg.pad_to_capacity)
     n1 = (model.ffn_matrices - 1) * f  # gate and up as one FC1 (Megatron-Core GroupedMLP)
-    fc1 = [(x, n1, d) for x in m]
-    fc2 = [(x, d, f) for x in m]
+    # each pass's two grouped GEMMs as (m, n, k) per expert: the forward's FC1 and FC2, the
+    # backward's input gradients (FC2's, then FC1's) and weight gradients
+    passes = ([[(x, n1, d) for x in m], [(x, d, f) for x in m]],
+              [[(x, f, d) for x in m], [(x, d, n1) for x in m]],
+              [[(d, n1, x) for x in m], [(f, d, x) for x in m]])
     impl = cfg.expert_gemm or "grouped"  # resolved from the framework by parsim.costs.inputs
-    gg = (_grouped(dev, fc1, gp, impl) + _grouped(dev, fc2, gp, impl) + 2 * launch,
-          _grouped(dev, [(x, f, d) for x in m], gp, impl) + _grouped(dev, [(x, d, n1) for x in m], gp, impl)
-          + 2 * launch,
-          _grouped(dev, [(d, n1, x) for x in m], gp, impl) + _grouped(dev, [(f, d, x) for x in m], gp, impl)
-          + 2 * launch)
+    gg = tuple(_grouped(dev, a, gp, impl) + _grouped(dev, b, gp, impl) + 2 * launch for a, b in passes)
     if canonical_precision(gp) == "fp8":
         def promo(shapes):
             return sum(fp8_promotion_time(dev, a, b, c) for a, b, c in shapes if a and b and c)
-        gg = (gg[0] + (promo(fc1) + promo(fc2) if blockwise else 0.0),
-              gg[1] + promo([(x, f, d) for x in m]) + promo([(x, d, n1) for x in m]),
-              gg[2] + promo([(d, n1, x) for x in m]) + promo([(f, d, x) for x in m]))
+        split = [promo(a) + promo(b) for a, b in passes]
+        gg = (gg[0] + (split[0] if blockwise else 0.0), gg[1] + split[1], gg[2] + split[2])
     padded = float(sum(m))
     af, ab = activation_bytes(padded, f, model.ffn_matrices, bpe)
     activation = (mem(af) + launch, mem(ab) + launch, 0.0)
