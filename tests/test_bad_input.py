@@ -806,8 +806,8 @@ def test_sweep_round_6_profiles_within_plausible_ranges(capsys, tmp_path):
         refused(capsys, ["simulate", llama, "--set", f"hardware={bad}"], named)
     cal = tmp_path / "cal.toml"
     assert text.rstrip().rsplit("\n[", 1)[1].startswith("calibration]")  # its last table: the key joins it
-    cal.write_text(text.rstrip("\n") + "\ncollective_all_reduce_8 = [[1e9, 5.0, 1e-300]]\n")
-    refused(capsys, ["simulate", llama, "--set", f"hardware={cal}"], "calibration.collective_all_reduce_8")
+    cal.write_text(text.rstrip("\n") + "\ncollective_broadcast_8 = [[1e9, 5.0, 1e-300]]\n")
+    refused(capsys, ["simulate", llama, "--set", f"hardware={cal}"], "calibration.collective_broadcast_8")
     v100 = (ROOT / "parsim" / "cluster" / "profiles" / "dgx2-v100.toml").read_text()
     host = tmp_path / "host.toml"
     host.write_text("\n".join("cpu_memory_gbyte_per_s = 1e-300" if ln.startswith("cpu_memory_gbyte_per_s")

@@ -108,7 +108,7 @@ def test_sequence_parallel_backward_adds_the_re_gathers(hardware):
                   training={"seq_len": 2048, "microbatch_size": 1, "global_batch": 8, "precision": "bf16"})
     li = layer_inputs(cost_inputs(sc))
     lc = layer_cost(li, False)
-    act = li.shard.tokens * sc.model.d_model * PRECISION_TABLE["bf16"].wire_bytes
+    act = li.shard.tokens * sc.model.d_model * PRECISION_TABLE["bf16"].activation_bytes
     ag, rs = tp_collective_time(li, "all_gather", act), tp_collective_time(li, "reduce_scatter", act)
     assert lc.forward.tp_comm == pytest.approx(2 * (ag + rs), rel=1e-12)
     dev = li.hardware.device

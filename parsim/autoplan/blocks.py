@@ -61,7 +61,7 @@ def block_graph(st: Setting, mesh: Mesh, first: bool = False, last: bool = False
     edges.append((6, 0, m.d_model))
     _add_ends(st, mesh, lin, ops, edges, first, last, 6)
     tokens = st.microbatch * st.seq_len
-    return Graph(tuple(ops), tuple(edges), mesh, tokens, PRECISION_TABLE[st.precision].wire_bytes)
+    return Graph(tuple(ops), tuple(edges), mesh, tokens, PRECISION_TABLE[st.precision].activation_bytes)
 
 
 def _with_activation(st: Setting, mesh: Mesh, up: Op) -> Op:
@@ -145,5 +145,5 @@ def _moe_graph(st: Setting, mesh: Mesh, first: bool, last: bool, runnable: bool 
     widths = [m.d_model, (m.n_heads + 2 * m.n_kv_heads) * m.head_dim_, m.n_heads * m.head_dim_, m.d_model, m.d_model]
     edges = [(i, i + 1, w) for i, w in enumerate(widths)] + [(5, 0, m.d_model)]
     _add_ends(st, mesh, lin, ops, edges, first, last, 5)
-    return Graph(tuple(ops), tuple(edges), mesh, st.microbatch * st.seq_len, PRECISION_TABLE[st.precision].wire_bytes,
+    return Graph(tuple(ops), tuple(edges), mesh, st.microbatch * st.seq_len, PRECISION_TABLE[st.precision].activation_bytes,
                  m.n_experts)

@@ -83,9 +83,10 @@ class CollectiveFit:
         return [float(self.max_bytes), self.alpha_s * 1e6, self.beta / 1e9]
 
 
-def fit_collectives(rows: pd.DataFrame) -> tuple[CollectiveFit, ...]:
-    """Per (kind, group size): one alpha-beta line per size range with two sizes or more
-    (ranges with fewer are merged into their neighbour), least squares on relative error."""
+def fit_collectives(rows: pd.DataFrame, ranges: tuple[float, ...] = SIZE_RANGES) -> tuple[CollectiveFit, ...]:
+    """Per (kind, group size): one alpha-beta line per size range (``ranges``: their upper ends,
+    the last range open) with two sizes or more (ranges with fewer are merged into their
+    neighbour), least squares on relative error."""
     out = []
     for (kind, n), g in rows.groupby(["name", "group"]):
         kind, n = str(kind), int(n)
@@ -93,7 +94,7 @@ def fit_collectives(rows: pd.DataFrame) -> tuple[CollectiveFit, ...]:
             continue
         g = g.sort_values("bytes")
         edges, lo = [], 0.0
-        for e in SIZE_RANGES:  # a range needs two sizes to fit a line, and so does what is left
+        for e in ranges:  # a range needs two sizes to fit a line, and so does what is left
             if ((g["bytes"] > lo) & (g["bytes"] <= e)).sum() >= 2 and (g["bytes"] > e).sum() >= 2:
                 edges.append(e)
                 lo = e

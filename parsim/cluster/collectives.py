@@ -219,15 +219,23 @@ def _intra_node_path(hw: HardwareProfile, ranks: list[int]) -> GroupPath:
 
 
 def algorithm_times(hw: HardwareProfile, kind: str, nbytes: float, ranks: list[int],
-                    concurrent: int | None = None) -> dict[str, float]:
-    """Modelled time of every algorithm that implements ``kind`` on this group."""
+                    concurrent: int | None = None, measured: bool = True) -> dict[str, float]:
+    """Modelled time of every algorithm that implements ``kind`` on this group.
+
+    A group inside one node whose profile measured ``kind`` (``collective_fits``: nccl-tests on
+    the GPU's NVLink, or ``parsim calibrate`` on this machine) is priced by the measurement,
+    under the name of the algorithm the formulas would pick (the measurement is what the library
+    ran; which algorithm that was, the formulas say). ``measured=False``: the formulas alone
+    (the link as a transport other than the measured library sees it, e.g. Transformer
+    Engine's userbuffers)."""
     n = len(ranks)
     if n <= 1 or nbytes <= 0:
         return {"ring": 0.0}
     pl = placement(hw, ranks, concurrent)
-    fitted = fitted_time(hw, kind, nbytes, n) if pl.nodes <= 1 else None
-    if fitted is not None:  # measured on this machine (parsim calibrate): what its library runs
-        return {"ring": fitted}
+    fitted = fitted_time(hw, kind, nbytes, n) if measured and pl.nodes <= 1 else None
+    if fitted is not None:
+        formulas = algorithm_times(hw, kind, nbytes, ranks, concurrent, measured=False)
+        return {min(formulas, key=formulas.get): fitted}
     flat = group_path(hw, ranks, concurrent)
     out = {"ring": alpha_beta_time(kind, nbytes, n, flat.bandwidth, flat.latency_s)}
     if kind in TREE_KINDS and n > 2 and pl.nodes > 1:  # NCCL's trees span nodes
@@ -256,13 +264,34 @@ def _hierarchical(hw: HardwareProfile, kind: str, nbytes: float, pl: GroupPlacem
     return intra + alpha_beta_time(kind, nbytes / g, k, inter.bandwidth, inter.latency_s)
 
 
-def fitted_time(hw: HardwareProfile, kind: str, nbytes: float, n: int) -> float | None:
-    """``kind`` of ``nbytes`` on n ranks from the profile's measured fits (``collective_fits``),
-    the size's range; None when none was measured for this kind and group size."""
-    for k, g, max_bytes, alpha, beta in getattr(hw, "collective_fits", ()):
-        if k == kind and g == n and nbytes <= max_bytes:
-            return HOPS[kind](n) * alpha + BUSBW_FACTOR[kind](n) * nbytes / beta
+def fitted_line(hw: HardwareProfile, kind: str, nbytes: float, n: int) -> tuple[float, float] | None:
+    """(per-step latency s, link bandwidth B/s) of ``kind`` of ``nbytes`` on n ranks from the
+    profile's measured fits (``collective_fits``), the size's range; None when none was
+    measured for this kind.
+
+    A group size with no line of its own takes the line of the largest measured size below it
+    (the smallest, when every measured one is larger): the lines are the ring formulas' terms,
+    so a 16-GPU all-to-all inside an NVLink domain measured up to 4 GPUs pays its 15 steps at
+    the 4-GPU call's per-step latency and moves its bytes at that call's link bandwidth."""
+    fits = [f for f in getattr(hw, "collective_fits", ()) if f[0] == kind]
+    if not fits:
+        return None
+    sizes = sorted({f[1] for f in fits})
+    g = n if n in sizes else max((s for s in sizes if s < n), default=sizes[0])
+    for _, _, max_bytes, alpha, beta in sorted(f for f in fits if f[1] == g):
+        if nbytes <= max_bytes:
+            return alpha, beta
     return None
+
+
+def fitted_time(hw: HardwareProfile, kind: str, nbytes: float, n: int) -> float | None:
+    """Seconds of ``kind`` of ``nbytes`` on n ranks from the profile's measured line
+    (:func:`fitted_line`) in the ring formulas; None when none was measured for this kind."""
+    line = fitted_line(hw, kind, nbytes, n)
+    if line is None:
+        return None
+    alpha, beta = line
+    return HOPS[kind](n) * alpha + BUSBW_FACTOR[kind](n) * nbytes / beta
 
 
 def select_algorithm(hw: HardwareProfile, kind: str, nbytes: float, ranks: list[int],
@@ -271,6 +300,15 @@ def select_algorithm(hw: HardwareProfile, kind: str, nbytes: float, ranks: list[
     times = algorithm_times(hw, kind, nbytes, ranks, concurrent)
     name = min(times, key=times.get)
     return name, times[name]
+
+
+def link_time(hw: HardwareProfile, kind: str, nbytes: float, ranks: list[int]) -> float:
+    """Time of one collective on the group by the formulas alone, whatever the profile measured
+    of its collective library: a transport that is not that library (Transformer Engine's
+    userbuffers, whose ring exchanges are point-to-point copies over NVLink)."""
+    if len(ranks) <= 1:
+        return 0.0
+    return min(algorithm_times(hw, kind, nbytes, ranks, measured=False).values())
 
 
 def collective_time(hw: HardwareProfile, kind: str, nbytes: float, ranks: list[int],

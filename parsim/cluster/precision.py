@@ -24,28 +24,27 @@ class Precision:
     activation_bytes: int
     """Bytes per element of activations kept between kernels (and sent between stages, TP/CP peers)."""
     weight_bytes: int
-    """Bytes per parameter of the working weights (and of gradients)."""
-    wire_bytes: int
-    """Bytes per element of activations on the wire (TP/CP collectives, pipeline sends): fp8
-    counts 1, as Transformer Engine all-gathers fp8 inputs (a simplification for the
-    reduce-scatters, which stay bf16)."""
+    """Bytes per parameter of the working weights (and of gradients). What travels between
+    GPUs is ``activation_bytes`` (GEMM outputs, gradients, pipeline sends, K/V), except the
+    inputs sequence parallelism all-gathers for an FP8 recipe's linears, which Transformer
+    Engine gathers quantized (``parsim.costs.compute.tp_wire_bytes``)."""
 
 
 PRECISION_TABLE: dict[str, Precision] = {p.name: p for p in (
-    Precision("bf16", 2, 2, 2, 2, 2),
-    Precision("fp16", 2, 2, 2, 2, 2),
-    Precision("fp32", 4, 4, 4, 4, 4),
-    Precision("tf32", 4, 4, 4, 4, 4),   # tensor-core GEMMs on fp32 tensors
-    Precision("fp8", 1, 2, 2, 2, 1),
+    Precision("bf16", 2, 2, 2, 2),
+    Precision("fp16", 2, 2, 2, 2),
+    Precision("fp32", 4, 4, 4, 4),
+    Precision("tf32", 4, 4, 4, 4),   # tensor-core GEMMs on fp32 tensors
+    Precision("fp8", 1, 2, 2, 2),
     # OCP MX FP8 (Blackwell block-scaled GEMMs): fp8 elements plus one 8-bit scale per 32,
     # which the kernel model counts (parsim.cluster.kernels.INPUT_BYTES); elsewhere as fp8
-    Precision("mxfp8", 1, 2, 2, 2, 1),
+    Precision("mxfp8", 1, 2, 2, 2),
     # NVFP4 (Blackwell block-scaled FP4, Transformer Engine ``NVFP4BlockScaling``): E2M1 elements
     # (half a byte) plus one E4M3 scale per 16, which the kernel model counts as it counts MXFP8's
     # (docs/features/low_precision_training/nvfp4); a GEMM precision only: the job trains with
     # ``precision = "fp8"``, ``fp8_recipe = "nvfp4"`` (TE runs it through its FP8 autocast),
     # activations and weights 16-bit as under FP8
-    Precision("nvfp4", 0.5, 2, 2, 2, 1),
+    Precision("nvfp4", 0.5, 2, 2, 2),
 )}
 GEMM_PRECISIONS = tuple(PRECISION_TABLE)
 """Precisions a device profile may give a peak for (``<p>_tflops``)."""

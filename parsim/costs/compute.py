@@ -97,6 +97,34 @@ def fp8_recipe(inp: LayerInputs) -> str:
     return inp.options.fp8_recipe or default_fp8_recipe(inp.hardware.device.peak_flops)
 
 
+GATHERED_INPUT_BYTES: dict[str, float | None] = {
+    "delayed": 1.0, "current": 1.0,       # per-tensor FP8: one byte, one fp32 scale per tensor
+    "blockwise": 1.0 + 4.0 / 128,         # FP8 with one fp32 scale per 128 elements
+    "mxfp8": 1.0 + 1.0 / 32,              # FP8 with one E8M0 scale per 32
+    "nvfp4": 0.5 + 1.0 / 16,              # E2M1 (half a byte) with one E4M3 scale per 16
+    "rowwise": None,                      # torchao.float8: casts after the gather (no quantized all-gather)
+}
+"""Bytes per element of a column-parallel linear's input as sequence parallelism all-gathers it
+under each FP8 recipe: Transformer Engine quantizes the input before the gather and gathers the
+quantized tensor with its scales (``transformer_engine/pytorch/distributed.py``:
+``gather_along_first_dim`` has per-tensor FP8, FP8-blockwise, MXFP8 and NVFP4 all-gathers);
+None: the gather moves the 16-bit activation."""
+
+
+def tp_wire_bytes(inp: LayerInputs) -> tuple[float, float]:
+    """(bytes per element of a sequence-parallel all-gather of a linear layer's input, bytes per
+    element of every other tensor-parallel collective: the reduce-scatters and all-reduces of
+    GEMM outputs, the backward's gradient collectives, the pipeline's and embedding's sends).
+    Only the gathered inputs of the FP8 linears travel quantized; the GEMMs' outputs and every
+    gradient are 16-bit (``activation_bytes``) under FP8 training too."""
+    o = inp.options
+    a = PRECISION_TABLE[o.precision].activation_bytes
+    if o.precision != "fp8":
+        return float(a), float(a)
+    q = GATHERED_INPUT_BYTES.get(fp8_recipe(inp))
+    return (float(a) if q is None else q), float(a)
+
+
 def attention_precision(precision: str) -> str:
     """Attention runs in BF16 unless the job is FP16 (FP8 attention is not the recipes' default)."""
     return "fp16" if precision == "fp16" else "bf16"

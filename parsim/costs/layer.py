@@ -29,6 +29,7 @@ from parsim.cluster.collectives import (
     bytes_sent_per_rank,
     collective_time,
     in_pass_time,
+    link_time,
 )
 from parsim.cluster.precision import PRECISION_TABLE
 from parsim.costs.inputs import Cluster, LayerInputs, Ranks
@@ -130,6 +131,13 @@ def cached_collective_time(cluster: Cluster, kind: str, nbytes: float, group: Ra
     return collective_time(cluster.profile, kind, nbytes, group)
 
 
+@lru_cache(maxsize=65536)
+def cached_link_time(cluster: Cluster, kind: str, nbytes: float, group: Ranks) -> float:
+    """``parsim.cluster.collectives.link_time`` (the formulas on the group's link, not the
+    profile's measured NCCL lines), memoised."""
+    return link_time(cluster.profile, kind, nbytes, group)
+
+
 def block_gemms(inp: LayerInputs, moe_layer: bool) -> tuple:
     """The forward GEMMs one block's own cost counts: ``layer_gemms`` of its kind, less the router
     and the routed experts when ``parsim.costs.moe`` costs those (the tokens actually routed)."""
@@ -180,9 +188,9 @@ def layer_cost(inp: LayerInputs, moe_layer: bool) -> LayerCost:
         w_gemm = sum(dev.gemm_time(g.k, g.n, g.m, prec, g.count) for g in gemms)
         f_attn, i_attn = attention_times(inp)
         i_mem = 2 * f_mem
-    act_bytes = tokens * m.d_model * PRECISION_TABLE[prec].wire_bytes
-    tp_fwd, f_slow = tp_layer_comm(inp, act_bytes, f_gemm, pass_s=f_gemm + f_attn + f_mem, memory_s=f_mem)
-    tp_bwd, i_slow = tp_layer_comm(inp, act_bytes, i_gemm, backward=True,
+    act_elems = tokens * m.d_model
+    tp_fwd, f_slow = tp_layer_comm(inp, act_elems, f_gemm, pass_s=f_gemm + f_attn + f_mem, memory_s=f_mem)
+    tp_bwd, i_slow = tp_layer_comm(inp, act_elems, i_gemm, backward=True,
                                    regather_windows=regather_windows_s(inp, gemms),
                                    pass_s=i_gemm + i_attn + i_mem + w_gemm, memory_s=i_mem)
     # context parallelism (parsim.costs.context): the K/V ring (or gather / all-to-all) and its
@@ -201,8 +209,8 @@ def layer_cost(inp: LayerInputs, moe_layer: bool) -> LayerCost:
     inp_parts = Parts(compute=i_gemm + i_attn + i_mem + i_slow, tp_comm=tp_bwd, cp_comm=cp_i)
     wgt = Parts(compute=w_gemm)
     cp_sent = ca.forward_bytes if ca is not None else (mamba_cp[1] if mamba_cp is not None else 0.0)
-    sent_f = AxisBytes(tp=tp_layer_bytes(inp, act_bytes), cp=cp_sent)
-    sent_i = AxisBytes(tp=tp_layer_bytes(inp, act_bytes, backward=True),
+    sent_f = AxisBytes(tp=tp_layer_bytes(inp, act_elems), cp=cp_sent)
+    sent_i = AxisBytes(tp=tp_layer_bytes(inp, act_elems, backward=True),
                        cp=ca.backward_bytes if ca is not None else cp_sent)  # dK/dV ride back too
     if ph is not None:
         if dev.eager_op_forward_s is not None and dev.eager_op_backward_s is not None:
@@ -376,18 +384,23 @@ def _routed_memory_counted(inp: LayerInputs) -> tuple[float, float]:
 
 
 def tp_collective_time(inp: LayerInputs, kind: str, nbytes: float) -> float:
-    """One ``kind`` collective of ``nbytes`` over the tensor-parallel group."""
+    """One ``kind`` collective of ``nbytes`` over the tensor-parallel group: NCCL's, or, with
+    ``overlap.tp_comm`` under sequence parallelism, Transformer Engine's userbuffers ring exchange
+    (point-to-point copies over NVLink, not NCCL: the formulas on the link, :func:`cached_link_time`)."""
+    if inp.options.overlap.tp_comm and inp.shard.sequence_parallel:
+        return cached_link_time(inp.cluster, kind, nbytes, inp.shard.tp_group)
     return cached_collective_time(inp.cluster, kind, nbytes, inp.shard.tp_group)
 
 
-def in_pass_calls_time(inp: LayerInputs, kind: str, nbytes: float, group: Ranks, calls: int, gap_s: float) -> float:
+def in_pass_calls_time(inp: LayerInputs, kind: str, nbytes: float, group: Ranks, calls: int, gap_s: float,
+                       base_s: float | None = None) -> float:
     """``calls`` blocking ``kind`` collectives inside one pass of a block, ``gap_s`` of its compute
     before each on average: :func:`~parsim.cluster.collectives.in_pass_time` on the memoised collective
     time (a profile that measured how the in-situ cost grows with the compute before the call
     prices them at that gap, :func:`~parsim.cluster.collectives.at_gap`; the others at ``calls`` x
-    the collective's time)."""
+    the collective's time; ``base_s``: that time when it is not NCCL's, e.g. :func:`tp_collective_time`'s)."""
     return in_pass_time(inp.cluster.profile, kind, nbytes, group, calls, gap_s,
-                        cached_collective_time(inp.cluster, kind, nbytes, group))
+                        cached_collective_time(inp.cluster, kind, nbytes, group) if base_s is None else base_s)
 
 
 def regather_windows_s(inp: LayerInputs, gemms: tuple) -> tuple[float, ...]:
@@ -405,7 +418,7 @@ def regather_windows_s(inp: LayerInputs, gemms: tuple) -> tuple[float, ...]:
     return tuple(sum(dgrad(g) for g in gemms if g.name in site) for site in sites)
 
 
-def tp_layer_comm(inp: LayerInputs, act_bytes: float, gemm_s: float, backward: bool = False,
+def tp_layer_comm(inp: LayerInputs, act_elems: float, gemm_s: float, backward: bool = False,
                   regather_windows: tuple[float, ...] = (0.0, 0.0), pass_s: float = 0.0,
                   memory_s: float = 0.0) -> tuple[float, float]:
     """(exposed TP communication, compute slowed by the hidden part) of one block in one pass
@@ -440,14 +453,21 @@ def tp_layer_comm(inp: LayerInputs, act_bytes: float, gemm_s: float, backward: b
     if sh.tp <= 1:
         return 0.0, 0.0
     n = sublayers(inp.model)  # each sub-layer's pair of calls (a hybrid layer has one sub-layer)
-    gather = tp_collective_time(inp, "all_gather", act_bytes) if sh.sequence_parallel else 0.0
+    q, r = _compute.tp_wire_bytes(inp)
+    # every all-gather feeds a GEMM, which Transformer Engine gathers quantized under FP8 (the
+    # forward's inputs, the backward's output gradients -- ``grad_output_preprocess`` -- and the
+    # inputs re-gathered for the weight gradients); every reduce-scatter or all-reduce sums a GEMM's
+    # 16-bit output
+    gather_bytes = act_elems * q
+    gather = tp_collective_time(inp, "all_gather", gather_bytes) if sh.sequence_parallel else 0.0
     regathers = (gather,) * len(regather_windows) if backward else ()
     if sh.sequence_parallel:
-        comm = (in_pass_calls_time(inp, "all_gather", act_bytes, sh.tp_group, n, memory_s / n)
-                + in_pass_calls_time(inp, "reduce_scatter", act_bytes, sh.tp_group, n,
-                                     (pass_s - memory_s) / (n + len(regathers))))
+        comm = (in_pass_calls_time(inp, "all_gather", gather_bytes, sh.tp_group, n, memory_s / n, gather)
+                + in_pass_calls_time(inp, "reduce_scatter", act_elems * r, sh.tp_group, n,
+                                     (pass_s - memory_s) / (n + len(regathers)),
+                                     tp_collective_time(inp, "reduce_scatter", act_elems * r)))
     else:
-        comm = in_pass_calls_time(inp, "all_reduce", act_bytes, sh.tp_group, n, pass_s / n)
+        comm = in_pass_calls_time(inp, "all_reduce", act_elems * r, sh.tp_group, n, pass_s / n)
     dev = inp.hardware.device
     if not inp.options.overlap.tp_comm:
         # each blocking call leaves the compute after it to re-warm (a CPU rank's core; 0 on a GPU);
@@ -467,18 +487,20 @@ def tp_layer_comm(inp: LayerInputs, act_bytes: float, gemm_s: float, backward: b
     return exposed, _contention.slowdown_s(dev, sms, comm - exposed, gemm_s)
 
 
-def tp_layer_bytes(inp: LayerInputs, act_bytes: float, backward: bool = False) -> float:
+def tp_layer_bytes(inp: LayerInputs, act_elems: float, backward: bool = False) -> float:
     """Bytes one GPU sends in a block's TP collectives in one pass (those :func:`tp_layer_comm`
-    times; the backward's re-gathers under sequence parallelism included)."""
+    times, each at its wire bytes: :func:`parsim.costs.compute.tp_wire_bytes`; the backward's
+    re-gathers under sequence parallelism included)."""
     tp = inp.shard.tp
     if tp <= 1:
         return 0.0
     n = sublayers(inp.model)
+    q, r = _compute.tp_wire_bytes(inp)
     if inp.shard.sequence_parallel:
-        regather = n * bytes_sent_per_rank("all_gather", act_bytes, tp) if backward else 0.0
-        return n * (bytes_sent_per_rank("all_gather", act_bytes, tp)
-                    + bytes_sent_per_rank("reduce_scatter", act_bytes, tp)) + regather
-    return n * bytes_sent_per_rank("all_reduce", act_bytes, tp)
+        regather = n * bytes_sent_per_rank("all_gather", act_elems * q, tp) if backward else 0.0
+        return n * (bytes_sent_per_rank("all_gather", act_elems * q, tp)
+                    + bytes_sent_per_rank("reduce_scatter", act_elems * r, tp)) + regather
+    return n * bytes_sent_per_rank("all_reduce", act_elems * r, tp)
 
 
 def scores_traffic(inp: LayerInputs, passes: float) -> float:
@@ -635,12 +657,12 @@ def module_recompute(inp: LayerInputs, moe_layer: bool) -> tuple[Parts, float, A
         flops += _attention_flops(inp) / sh.cp
     if "mlp" in mods and not moe_layer and block_kind(m) in ("T", "-"):
         t, f = gemm_s(MLP_GEMMS)
-        act_bytes = sh.tokens * m.d_model * PRECISION_TABLE[o.precision].wire_bytes
-        tp_f, slow = tp_layer_comm(inp, act_bytes, t)
+        act_elems = sh.tokens * m.d_model
+        tp_f, slow = tp_layer_comm(inp, act_elems, t)
         n = sublayers(m)  # the MLP's share of the block's collectives: one sub-layer's
         out += Parts(recompute=t + slow / n + mem_s(pieces["norm"], pieces["activation"]), tp_comm=tp_f / n)
         flops += f
-        sent += AxisBytes(tp=tp_layer_bytes(inp, act_bytes) / n)
+        sent += AxisBytes(tp=tp_layer_bytes(inp, act_elems) / n)
     ph = moe_phase(inp) if moe_layer and inp.moe is not None else None
     shared = tuple(g.name for g in gemms if g.name.startswith("shared_"))
     if moe_layer and ("moe" in mods or "shared_experts" in mods) and shared:
@@ -743,6 +765,6 @@ def _weight_grad_stash(m: ModelSpec, tokens: int, tp: int, sp: bool) -> float:
 
 def clear_caches() -> None:
     """Empty this module's caches (a cold start)."""
-    for fn in (moe_phase, cached_collective_time, layer_cost, op_recompute_time, module_recompute):
+    for fn in (moe_phase, cached_collective_time, cached_link_time, layer_cost, op_recompute_time, module_recompute):
         fn.cache_clear()
     _context.clear_caches()

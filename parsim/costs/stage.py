@@ -16,7 +16,7 @@ from parsim.cluster.collectives import bytes_sent_per_rank
 from parsim.cluster.contention import async_beside, rewarm_s
 from parsim.cluster.precision import PRECISION_TABLE
 from parsim.config.moe import for_moe_layer
-from parsim.costs.compute import linear_precision
+from parsim.costs.compute import linear_precision, tp_wire_bytes
 from parsim.costs.inputs import LayerInputs
 from parsim.costs.layer import (
     activation_options,
@@ -291,7 +291,7 @@ def stage_cost(inp: LayerInputs, shape: StageShape) -> StageCost:
         grad_bytes = state_bytes_per_param(o.optimizer, o.precision)[1]
         w = w + Parts(compute=inp.hardware.device.update_time(3 * params * grad_bytes))
     sh, m = inp.shard, inp.model
-    p2p = sh.tokens * m.d_model * PRECISION_TABLE[o.precision].wire_bytes / (sh.tp if sh.sequence_parallel else 1)
+    p2p = sh.tokens * m.d_model * PRECISION_TABLE[o.precision].activation_bytes / (sh.tp if sh.sequence_parallel else 1)
     if shape.last:  # the loss's backward temporaries come before any block is recomputed
         transient = max(transient, head_cost(inp).transient_bytes)
     parts = {Op.F: f, Op.I: i, Op.W: w, Op.B: i + w}
@@ -366,7 +366,7 @@ def embedding_cost(inp: LayerInputs) -> EndCost:
     m, sh, dev = inp.model, inp.shard, inp.hardware.device
     tokens = sh.tokens
     emb = dev.memory_time(2 * tokens * m.d_model * 2)
-    out_bytes = tokens * m.d_model * PRECISION_TABLE[inp.options.precision].wire_bytes
+    out_bytes = tokens * m.d_model * PRECISION_TABLE[inp.options.precision].activation_bytes
     # each rank looks up its vocabulary rows and zeroes the rest: the partial outputs are summed
     # over tp (Megatron's VocabParallelEmbedding), reduce-scattered along the sequence under
     # sequence parallelism
@@ -418,7 +418,7 @@ def head_tp_comm(inp: LayerInputs, dgrad_s: float = 0.0) -> tuple[float, float, 
     gradient, beside its input-gradient GEMM (``dgrad_s``;
     ``parsim.cluster.contention.async_beside``)."""
     sh = inp.shard
-    act = sh.tokens * inp.model.d_model * PRECISION_TABLE[inp.options.precision].wire_bytes
+    act = sh.tokens * inp.model.d_model * PRECISION_TABLE[inp.options.precision].activation_bytes  # the head runs BF16
     loss_s, loss_sent = _tp_collective(inp, "all_reduce", sh.tokens * 4.0)
     slow = 0.0
     if sh.sequence_parallel:
@@ -496,10 +496,10 @@ def mtp_cost(inp: LayerInputs) -> EndCost:
     f_gemm = dev.gemm_time(tokens, n, 2 * d, gemm_prec)
     i_gemm = dev.gemm_time(tokens, 2 * d, n, gemm_prec)
     w_gemm = dev.gemm_time(2 * d, n, tokens, gemm_prec)
-    wire = PRECISION_TABLE[prec].wire_bytes
+    q, wire = tp_wire_bytes(inp)  # the projection's gathered input quantized under FP8; the rest 16-bit
     out_gather, out_sent = _tp_collective(inp, "all_gather", tokens * d * wire)
     if sh.sequence_parallel:
-        in_gather, in_sent = _tp_collective(inp, "all_gather", tokens * 2 * d * wire)
+        in_gather, in_sent = _tp_collective(inp, "all_gather", tokens * 2 * d * q)
         in_grad, in_grad_sent = _tp_collective(inp, "reduce_scatter", tokens * 2 * d * wire)
         out_grad, out_grad_sent = _tp_collective(inp, "all_gather", tokens * d * wire)  # the scatter's conjugate
     else:

@@ -34,7 +34,7 @@ def collective_algorithms(sc) -> dict[str, dict]:
 
     par, m, tr, hw = sc.parallel, sc.model, sc.training, sc.hardware
     groups = rank_groups(par)
-    act = PRECISION_TABLE[tr.precision].wire_bytes
+    act = PRECISION_TABLE[tr.precision].activation_bytes  # GEMM outputs, K/V and dispatched tokens: 16-bit under FP8
     tokens = tr.microbatch_size * tr.seq_len // par.cp
     wanted = []
     if par.tp > 1:

@@ -22,6 +22,10 @@ formula; the latency term (alpha) is the formula's own, paid once the flows are 
   f x S through the switch at the NVLS algorithm bandwidth (f = 1 for all-reduce, 1/2 for
   its halves, ``parsim.cluster.collectives.NVLS``); its flow is sized (f x S x port
   bandwidth / NVLS bandwidth) so that alone it holds the port for f x S / B_nvls.
+* measured (a group inside one node whose profile carries a fitted line for the kind,
+  ``parsim.cluster.collectives.fitted_line``): the ring's flows, each sized (S' x port
+  bandwidth / the line's bandwidth) so that alone it holds the port for the line's bandwidth
+  term; the line's latency term after them.
 * buckets (``n_buckets`` > 1, gradient reduction): the algorithm is the one picked for one
   bucket; the flows carry all buckets' bytes (the bandwidth term is linear in bytes) and
   the latency term is paid once per bucket, as fast mode's :func:`bucketed_time` sums it.
@@ -41,7 +45,9 @@ from functools import lru_cache
 from parsim.cluster.collectives import (
     BUSBW_FACTOR,
     NVLS,
+    HOPS,
     alpha_beta_time,
+    fitted_line,
     group_path,
     parameter_server_time,
     select_algorithm,
@@ -144,6 +150,12 @@ def _plan(hw: HardwareProfile, kind: str, nbytes: float, ranks: tuple[int, ...])
     if len(group) <= 1 or nbytes <= 0:
         return CollectivePlan("ring", (), 0.0)
     algorithm, t = select_algorithm(hw, kind, nbytes, group)  # the one selection fast mode uses
+    path = group_path(hw, group)
+    line = fitted_line(hw, kind, nbytes, len(group)) if path.name != "nic" else None
+    if line is not None:  # priced by the profile's measured line: the ring's flows at its bandwidth
+        alpha, beta = line
+        flows = _ring_flows(hw, group, BUSBW_FACTOR[kind](len(group)) * nbytes * path.bandwidth / beta)
+        return CollectivePlan(algorithm, (Phase(flows, HOPS[kind](len(group)) * alpha),), t)
     if algorithm == "hierarchical":
         return CollectivePlan(algorithm, _hierarchical(hw, kind, nbytes, group), t)
     if algorithm == "nvls":
@@ -151,7 +163,6 @@ def _plan(hw: HardwareProfile, kind: str, nbytes: float, ranks: tuple[int, ...])
         flows = tuple((a, group[(i + 1) % len(group)], nbytes * scale) for i, a in enumerate(group))
         return CollectivePlan(algorithm, (Phase(flows, _no_latency(kind, nbytes, len(group),
                                                                     hw.nvlink.latency_s, "nvls")),), t)
-    path = group_path(hw, group)
     flows = _ring_flows(hw, group, BUSBW_FACTOR[kind](len(group)) * nbytes)
     return CollectivePlan(algorithm, (Phase(flows, _no_latency(kind, nbytes, len(group), path.latency_s,
                                                                algorithm)),), t)
