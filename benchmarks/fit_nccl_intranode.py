@@ -14,8 +14,9 @@ GPU's NVLink and NCCL, measured by a collective microbenchmark, so they belong i
 Protocol (the issue's fit rule: physically named quantities fitted on part of the data, the error
 on the rest reported):
 
-* data: ``benchmarks/data/nccl_tests_times.csv`` (aiconfigurator's nccl-tests runs on H100 SXM,
-  B200 and GB200; all-gather, all-reduce, reduce-scatter, all-to-all; 2, 4 and 8 GPUs, 512 B to
+* data: ``benchmarks/data/nccl_tests_times.csv`` (aiconfigurator's nccl-tests runs on A100 SXM at
+  NCCL 2.27.3, H100 SXM, H200 SXM, B200, GB200, B300 and GB300 at NCCL 2.29.2; all-gather,
+  all-reduce, reduce-scatter, all-to-all; 2, 4 and 8 GPUs (GB200 and GB300: 2 and 4), 512 B to
   512 MiB in powers of two);
 * fitted on the sizes with an even power of two (1 KiB, 4 KiB, ..., 256 MiB), held out: the odd
   ones (512 B, 2 KiB, ..., 512 MiB, which is outside every fitted size);
@@ -56,11 +57,13 @@ PROFILE_DIR = ROOT / "parsim" / "cluster" / "profiles"
 RANGES = (64 * 2 ** 10, 4 * 2 ** 20)
 """Upper ends of the fitted size ranges (bytes): latency-bound calls, NCCL's low-latency
 protocols, and the Simple protocol's bandwidth-bound range (open)."""
-PROFILES = {"H100 SXM": ("dgx-h100", "dgx-h200"), "B200": ("dgx-b200", "hgx-b200"), "GB200": ("gb200-nvl72",)}
-"""The profiles each measured GPU's lines go to: the same GPU and NVLink generation on the same
-switch (HGX H100 and H200 baseboards share NVLink 4 and the third-generation NVSwitch; DGX and
-HGX B200 are one baseboard). Not H800 (8 NVLink links, not 18), not B300 / GB300 (not measured)."""
-SOURCE = ("benchmarks/fit_nccl_intranode.py: nccl-tests at NCCL 2.29.2 ({gpu}, aiconfigurator nccl_perf, "
+PROFILES = {"A100 SXM": ("dgx-a100-80g", "dgx-a100-40g"), "H100 SXM": ("dgx-h100", "grand-teton-h100"),
+            "H200 SXM": ("dgx-h200",), "B200": ("dgx-b200", "hgx-b200"), "GB200": ("gb200-nvl72",),
+            "B300": ("dgx-b300",), "GB300": ("gb300-nvl72",)}
+"""The profiles each measured GPU's lines go to: the same GPU on the same NVLink and switch (both
+DGX A100s share the NVLink 3 baseboard; Grand Teton carries an HGX H100 8-GPU baseboard; DGX and
+HGX B200 are one baseboard). Not H800 (8 NVLink links, not 18: not measured)."""
+SOURCE = ("benchmarks/fit_nccl_intranode.py: nccl-tests ({gpu}, aiconfigurator nccl_perf, "
           "benchmarks/data/nccl_tests_times.csv), ring-formula per-step latency and link bandwidth per size "
           "range fitted on the even powers of two; held-out odd sizes: median |error| {med:.1%} (before: {before:.1%})")
 

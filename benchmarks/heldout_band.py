@@ -109,12 +109,36 @@ def report(b: dict[tuple[str, str], dict]) -> str:
     return head + "\n".join(lines)
 
 
+PROFILE_DIR = ROOT / "parsim" / "cluster" / "profiles"
+
+
+def write_profiles(b: dict[tuple[str, str], dict], directory: Path = PROFILE_DIR) -> None:
+    """Put each generation's fitted discrepancy in its profiles' ``[calibration]`` key, with the
+    counts its source comment states (the rows it rests on, the held-out rows inside its range)."""
+    import re
+    for (gen, kind), v in b.items():
+        key = KINDS[kind]
+        for name in v["profiles"]:
+            path = directory / f"{name}.toml"
+            pat = re.compile(rf"^{key} = [\d.]+(  # source: .*?)on \d+ held-out rows of (.*?); \d+ of the other \d+ inside",
+                             re.M)
+            text, n = pat.subn(lambda m: f"{key} = {v['sigma']:.4f}{m.group(1)}on {v['fit']} held-out rows of "
+                                         f"{m.group(2)}; {v['covered_held']} of the other {v['held']} inside",
+                               path.read_text())
+            if n != 1:
+                raise SystemExit(f"{path}: no {key} line with the generated source comment to update")
+            path.write_text(text)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--markdown", help="write the table to this Markdown file")
+    ap.add_argument("--write", action="store_true", help="write the fitted values into the profiles")
     args = ap.parse_args(argv)
     results, _ = fh.run_all()
     b = bands(results)
+    if args.write:
+        write_profiles(b)
     text = report(b)
     print(text)
     if args.markdown:

@@ -95,7 +95,8 @@ def attention_table() -> list[str]:
 
 
 NCCL = ROOT / "benchmarks" / "data" / "nccl_tests_times.csv"
-NCCL_PROFILES = {"H100 SXM": "dgx-h100", "B200": "dgx-b200", "GB200": "gb200-nvl72"}
+NCCL_PROFILES = {"A100 SXM": "dgx-a100-80g", "H100 SXM": "dgx-h100", "H200 SXM": "dgx-h200", "B200": "dgx-b200",
+                 "GB200": "gb200-nvl72", "B300": "dgx-b300", "GB300": "gb300-nvl72"}
 
 
 def collective_ratios() -> dict[tuple[str, str, str], list[float]]:

@@ -74,8 +74,10 @@ def test_busbw_is_algbw_times_the_nccl_tests_factor(kind, hardware, gpus):
 
 def test_all_gather_inside_a_node_is_the_ring_closed_form():
     # (n-1)/n * S/B + (n-1) * a on NVLink (parsim.cluster.collectives docstring; NCCL's ring);
-    # A100's NVSwitch has no NVLink SHARP, so the ring is what NCCL runs there
-    hw = load_profile("dgx-a100-80g")
+    # A100's NVSwitch has no NVLink SHARP, so the ring is what NCCL runs there (the formulas: the
+    # shipped profile prices it by its nccl-tests lines, tests/test_nccl_lines.py)
+    import dataclasses
+    hw = dataclasses.replace(load_profile("dgx-a100-80g"), collective_fits=())
     n, s = 8, 2 ** 28
     r = predict(hw, "all_gather", s, n)
     nv = hw.nvlink

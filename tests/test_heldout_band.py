@@ -89,3 +89,19 @@ def test_model_factors_are_the_lognormal_quantiles_in_a_seeded_order():
     assert sorted(f)[100] == pytest.approx(1.0, abs=1e-12)  # the median stratum is the point
     assert f != sorted(f) and f == model_factors(0.3, 201, random.Random(7))  # shuffled, the same seed the same order
     assert model_factors(0.0, 5, random.Random(0)) == [1.0] * 5
+
+
+def test_write_puts_each_generations_fit_in_its_profiles(tmp_path):
+    import shutil
+
+    from parsim.cluster.hardware import load_profile
+    from parsim.cluster.spread import spread_of
+    for name in hb.GENERATIONS["ampere"]:
+        shutil.copy(hb.PROFILE_DIR / f"{name}.toml", tmp_path / f"{name}.toml")
+    b = {("ampere", "dense"): {"profiles": hb.GENERATIONS["ampere"], "sigma": 0.12345, "fit": 7, "held": 6,
+                               "covered_held": 5}}
+    hb.write_profiles(b, tmp_path)
+    for name in hb.GENERATIONS["ampere"]:
+        text = (tmp_path / f"{name}.toml").read_text()
+        assert "on 7 held-out rows of" in text and "; 5 of the other 6 inside" in text
+        assert spread_of(load_profile(str(tmp_path / f"{name}.toml"))).model == pytest.approx(0.1235)
