@@ -446,3 +446,19 @@ def test_fit_says_which_p2p_benchmark_the_link_comes_from():
     assert fit.profile.nvlink.latency_s == pytest.approx(5e-4, rel=1e-6)
     assert fit.profile.nvlink.bandwidth == pytest.approx(2e9, rel=1e-6)
     assert "pipeline exchanges" in fit.sources["node.nvlink_latency_us"]
+
+
+def test_sends_the_latency_alone_explains_still_write_a_profile_that_loads(tmp_path):
+    """Equal times at every size (a noisy quick run on a loaded machine) leave the link's bandwidth
+    unresolved: held at the plausibility bound (1e5 GB/s), the latency exact, and the written
+    profile loads (it was written as 1e6 GB/s and refused)."""
+    from parsim.calibrate.fit import LINK_BANDWIDTH_CEILING
+    from parsim.cluster.hardware import dumps_profile
+    rows = pd.DataFrame([{"kind": "p2p", "name": "exchange", "bytes": s, "group": 2, "peers": "0-1",
+                          "seconds": 2e-5, "rank": 1, "host": "vm"} for s in (1024, 65536, 1 << 20)])
+    fit = fit_profile(load_profile("cpu-gloo"), rows, name="x")
+    assert fit.profile.nvlink.bandwidth == LINK_BANDWIDTH_CEILING
+    assert fit.profile.nvlink.latency_s == pytest.approx(2e-5, rel=1e-9)
+    path = tmp_path / "x.toml"
+    path.write_text(dumps_profile(fit.profile, fit.sources, {}))
+    assert load_profile(str(path)).nvlink.bandwidth == pytest.approx(LINK_BANDWIDTH_CEILING)

@@ -53,6 +53,8 @@ from parsim.cluster.collectives import BUSBW_FACTOR, HOPS, alpha_beta_time, at_g
 from parsim.cluster.hardware import Device, HardwareProfile, LinkTier
 from parsim.costs.layer import scores_pass_bytes
 
+LINK_BANDWIDTH_CEILING = 1e14
+"""Bytes/s a fitted link may claim: the plausibility bound of a ``_gbyte_per_s`` key (1e5 GB/s)."""
 H_GRID = np.concatenate([[0.0], np.geomspace(0.5, 1024, 160)])
 SIZE_RANGES = (64 * 2 ** 10, 2 ** 20)
 """Upper ends (bytes) of the collective fits' size ranges; the last range is open. Small
@@ -394,6 +396,11 @@ def fit_profile(base: HardwareProfile, data: pd.DataFrame, name: str, precision:
                                description=f"{base.description.split(' (')[0]} (calibrated by {tag})")
     if "p2p" in kinds:
         alpha, beta = fit_alpha_beta(kinds["p2p"])
+        # sends whose times the latency alone explains (a noisy run, or sizes too small to show a
+        # bandwidth) leave the bandwidth unresolved: the fit's 1e15 B/s would be refused when the
+        # written profile loads (parsim.cluster.plausible: at most 1e5 GB/s), so it is held at that
+        # bound -- the latency term carries the fit either way
+        beta = min(beta, LINK_BANDWIDTH_CEILING)
         tier = LinkTier(base.nvlink.name, beta, alpha, 1.0)
         prof = dataclasses.replace(prof, nvlink=tier)
         how = ("pipeline exchanges (both ranks send after computing, one computes on)"
