@@ -53,6 +53,11 @@ from parsim.cluster.collectives import collective_time  # noqa: E402
 from parsim.cluster.hardware import load_profile  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data" / "nccl_tests_times.csv"
+CUSTOM_DATA = ROOT / "benchmarks" / "data" / "custom_allreduce_times.csv"
+CUSTOM_KIND = "custom_all_reduce"
+"""The profile key's kind of a serving engine's NVLink all-reduce lines (``collective_custom_all_reduce_<n>``):
+vLLM's CustomAllreduce under a CUDA graph, which ``parsim infer``'s ``engine = "fused"`` runs for
+tensor-parallel all-reduces up to 8 MiB (``parsim.costs.inference.tp_allreduce_s``)."""
 PROFILE_DIR = ROOT / "parsim" / "cluster" / "profiles"
 RANGES = (64 * 2 ** 10, 4 * 2 ** 20)
 """Upper ends of the fitted size ranges (bytes): latency-bound calls, NCCL's low-latency
@@ -63,6 +68,9 @@ PROFILES = {"A100 SXM": ("dgx-a100-80g", "dgx-a100-40g"), "H100 SXM": ("dgx-h100
 """The profiles each measured GPU's lines go to: the same GPU on the same NVLink and switch (both
 DGX A100s share the NVLink 3 baseboard; Grand Teton carries an HGX H100 8-GPU baseboard; DGX and
 HGX B200 are one baseboard). Not H800 (8 NVLink links, not 18: not measured)."""
+CUSTOM_SOURCE = ("benchmarks/fit_nccl_intranode.py: vLLM CustomAllreduce under a CUDA graph ({gpu}, aiconfigurator "
+                 "custom_allreduce_perf, benchmarks/data/custom_allreduce_times.csv, up to 8 MiB), ring-formula lines "
+                 "fitted on the even powers of two; held-out odd sizes: median |error| {med:.1%} (NCCL's line: {before:.1%})")
 SOURCE = ("benchmarks/fit_nccl_intranode.py: nccl-tests ({gpu}, aiconfigurator nccl_perf, "
           "benchmarks/data/nccl_tests_times.csv), ring-formula per-step latency and link bandwidth per size "
           "range fitted on the even powers of two; held-out odd sizes: median |error| {med:.1%} (before: {before:.1%})")
@@ -81,6 +89,31 @@ def load(path: Path = DATA) -> pd.DataFrame:
 def fit(df: pd.DataFrame) -> dict[str, tuple[CollectiveFit, ...]]:
     """Per GPU: its fitted lines (on the even sizes)."""
     return {gpu: fit_collectives(g[g["fit"]], RANGES) for gpu, g in df.groupby("gpu")}
+
+
+def load_custom(path: Path = CUSTOM_DATA) -> pd.DataFrame:
+    """vLLM's custom all-reduce rows, as :func:`load` reads nccl-tests' (kind ``all_reduce``)."""
+    with open(path) as f:
+        rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
+    df = pd.DataFrame({"gpu": [r["gpu"] for r in rows], "name": "all_reduce",
+                       "group": [int(r["gpus"]) for r in rows], "bytes": [float(r["bytes"]) for r in rows],
+                       "seconds": [float(r["ms"]) * 1e-3 for r in rows]})
+    df["fit"] = [round(math.log2(b)) % 2 == 0 for b in df["bytes"]]
+    return df
+
+
+def custom_errors(df: pd.DataFrame, fits: dict[str, tuple[CollectiveFit, ...]]) -> pd.DataFrame:
+    """The held-out custom all-reduce rows: error of the fitted lines, and of NCCL's (what the
+    profile priced a serving engine's all-reduce at without them)."""
+    out = []
+    for gpu, g in df[~df["fit"]].groupby("gpu"):
+        hw = load_profile(PROFILES[gpu][0])
+        for r in g.itertuples():
+            nccl = collective_time(hw, "all_reduce", r.bytes, list(range(r.group)))
+            after = collective_fit_time(fits[gpu], "all_reduce", r.bytes, r.group)
+            out.append({"gpu": gpu, "kind": CUSTOM_KIND, "group": r.group, "bytes": r.bytes,
+                        "before": nccl / r.seconds - 1, "after": after / r.seconds - 1})
+    return pd.DataFrame(out)
 
 
 def errors(df: pd.DataFrame, fits: dict[str, tuple[CollectiveFit, ...]]) -> pd.DataFrame:
@@ -108,11 +141,12 @@ def table(err: pd.DataFrame) -> list[str]:
     return lines
 
 
-def calibration_lines(fits: tuple[CollectiveFit, ...], source: str) -> list[str]:
-    """The ``collective_<kind>_<n>`` keys of one GPU's fits, each with its source comment."""
+def calibration_lines(fits: tuple[CollectiveFit, ...], source: str, kind: str | None = None) -> list[str]:
+    """The ``collective_<kind>_<n>`` keys of one GPU's fits (``kind``: the key's kind in place of
+    the fit's own), each with its source comment."""
     keys: dict[str, list[list[float]]] = {}
     for f in sorted(fits, key=lambda f: (f.kind, f.group, f.max_bytes)):
-        keys.setdefault(f"collective_{f.kind}_{f.group}", []).append(f.as_row())
+        keys.setdefault(f"collective_{kind or f.kind}_{f.group}", []).append(f.as_row())
 
     def num(x: float) -> str:  # sizes exactly (a range's edge is a size), rates to 6 digits
         return "inf" if math.isinf(x) else str(int(x)) if x == int(x) and abs(x) >= 1 else f"{x:.6g}"
@@ -136,18 +170,29 @@ def main(argv: list[str] | None = None) -> None:
     df = load()
     fits = fit(df)
     err = errors(df, fits)
+    cdf = load_custom()
+    cfits = fit(cdf)
+    cerr = custom_errors(cdf, cfits)
     lines = table(err)
-    print("\n".join(lines))
+    clines = table(cerr)
+    print("\n".join(lines) + "\n\n" + "\n".join(clines))
     if args.write:
         for gpu, names in PROFILES.items():
-            e = err[err["gpu"] == gpu]
+            e, c = err[err["gpu"] == gpu], cerr[cerr["gpu"] == gpu]
             src = SOURCE.format(gpu=gpu, med=statistics.median(e["after"].abs()), before=statistics.median(e["before"].abs()))
+            csrc = CUSTOM_SOURCE.format(gpu=gpu, med=statistics.median(c["after"].abs()),
+                                        before=statistics.median(c["before"].abs()))
             for name in names:
-                write_profile(PROFILE_DIR / f"{name}.toml", calibration_lines(fits[gpu], src))
+                write_profile(PROFILE_DIR / f"{name}.toml",
+                              calibration_lines(fits[gpu], src) + calibration_lines(cfits[gpu], csrc, CUSTOM_KIND))
     if args.markdown:
         doc = (__doc__ or "").split("\n\n", 2)
         args.markdown.write_text("# NCCL inside one NVLink domain: fitted per-step latency and link bandwidth\n\n"
-                                 + doc[2].strip() + "\n\n" + "\n".join(lines) + "\n")
+                                 + doc[2].strip() + "\n\n" + "\n".join(lines) + "\n\n"
+                                 "## A serving engine's custom all-reduce (vLLM's CustomAllreduce under a CUDA graph)\n\n"
+                                 "Fitted the same way on `benchmarks/data/custom_allreduce_times.csv` (up to its 8 MiB "
+                                 "cap); 'before' is what the profile's NCCL all-reduce line charges at that size.\n\n"
+                                 + "\n".join(clines) + "\n")
 
 
 if __name__ == "__main__":

@@ -397,10 +397,13 @@ class HardwareProfile:
     """NVLink SHARP (in-switch reduction) all-reduce algorithm bandwidth S/t inside a node,
     bytes/s; 0 = the NVSwitch cannot reduce (optional key ``node.nvls_gbyte_per_s``)."""
     collective_fits: tuple[tuple[str, int, float, float, float], ...] = ()
-    """Measured collectives inside one node, from ``parsim calibrate`` (``[calibration]`` keys
-    ``collective_<kind>_<n>`` = [[max bytes, latency us, GB/s], ...]): (kind, group size, max
-    bytes, per-step latency s, link bandwidth B/s) in the ring formulas' terms. A group inside
-    one node with a fit for its kind and size is priced by it (``parsim.cluster.collectives``)."""
+    """Measured collectives inside one node, from ``parsim calibrate`` or nccl-tests
+    (``benchmarks/fit_nccl_intranode.py``; ``[calibration]`` keys ``collective_<kind>_<n>`` =
+    [[max bytes, latency us, GB/s], ...]): (kind, group size, max bytes, per-step latency s, link
+    bandwidth B/s) in the ring formulas' terms. A group inside one node with a fit for its kind is
+    priced by it (``parsim.cluster.collectives.fitted_line``). Kind ``custom_all_reduce``: a serving
+    engine's own NVLink all-reduce kernel (vLLM's CustomAllreduce), which only ``parsim infer``'s
+    serving engine uses (``parsim.costs.inference.tp_allreduce_s``)."""
     collective_gaps: tuple[tuple[str, int, float, float, float, float], ...] = ()
     """How a blocking collective's in-situ cost grows with the compute before it, measured by
     ``parsim calibrate`` (``[calibration]`` keys ``comm_gap_<kind>_<n>`` = [reference gap us,

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from parsim.cluster.collectives import select_algorithm
+from parsim.cluster.collectives import BUSBW_FACTOR, HOPS, fitted_line, select_algorithm
 from parsim.cluster.hardware import HardwareProfile
 from parsim.costs.ssd import ScanShape, scan_times
 from parsim.costs.gdn import DeltaShape, delta_times
@@ -158,10 +158,29 @@ def _gemm_s(hw: HardwareProfile, m: int, n: int, k: int, count: int, precision: 
     return max(flops / (dev.peak(gp) * dev.gemm_efficiency), nbytes / dev.effective_memory_bandwidth)
 
 
-def tp_allreduce_s(hw: HardwareProfile, nbytes: float, tp: int) -> float:
-    """One all-reduce of ``nbytes`` over the first ``tp`` GPUs of a node."""
+SERVING_ALLREDUCE_MAX_BYTES = 8 * 2 ** 20
+"""The largest all-reduce a serving engine runs through its own NVLink kernel (vLLM's
+``CustomAllreduce(max_size=8192 * 1024)``; larger ones go through NCCL)."""
+SERVING_ALLREDUCE_SIZES = (2, 4, 6, 8)
+"""Tensor-parallel sizes that kernel serves (vLLM's ``CustomAllreduce._SUPPORTED_WORLD_SIZES``)."""
+
+
+def tp_allreduce_s(hw: HardwareProfile, nbytes: float, tp: int, engine: str = "fused") -> float:
+    """One all-reduce of ``nbytes`` over the first ``tp`` GPUs of a node. A serving engine
+    (``engine = "fused"``) runs the small ones through its own NVLink kernel, captured in the
+    decode's CUDA graph: priced by the profile's measured lines of it
+    (``[calibration] collective_custom_all_reduce_<n>``: vLLM's CustomAllreduce,
+    ``benchmarks/fit_nccl_intranode.py``) in the all-reduce ring formula, where the profile has
+    them, the group fits in a node and is a size that kernel serves; everything else through NCCL
+    (DeepSpeed-Inference v0.7 calls ``torch.distributed.all_reduce``)."""
     if tp <= 1 or nbytes <= 0:
         return 0.0
+    if (engine == "fused" and tp in SERVING_ALLREDUCE_SIZES and tp <= hw.gpus_per_node
+            and nbytes <= SERVING_ALLREDUCE_MAX_BYTES):
+        line = fitted_line(hw, "custom_all_reduce", nbytes, tp)
+        if line is not None:
+            alpha, beta = line
+            return HOPS["all_reduce"](tp) * alpha + BUSBW_FACTOR["all_reduce"](tp) * nbytes / beta
     return select_algorithm(hw, "all_reduce", nbytes, list(range(tp)), concurrent=1)[1]
 
 
@@ -219,7 +238,7 @@ def pass_cost(*, hw: HardwareProfile, model: ModelSpec, layers: tuple[int, ...],
             if concat:  # torch.cat reads the past (context - 1 tokens) and writes the new cache
                 att += batch * (2 * context - 1) * kv_elems * a / dev.effective_memory_bandwidth
         comm = 2 * _memo(cache, ("all_reduce", tokens * model.d_model * a, tp),
-                         lambda: tp_allreduce_s(hw, tokens * model.d_model * a, tp))
+                         lambda: tp_allreduce_s(hw, tokens * model.d_model * a, tp, engine))
         tp_total += comm
         out.append(g + att + comm + kernels * dev.kernel_launch_s)
         wb.append(_memo(cache, ("params", li), lambda li=li: layer_params(model, li)) / tp * weight_bits / 8)
