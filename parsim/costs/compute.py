@@ -97,6 +97,12 @@ def fp8_recipe(inp: LayerInputs) -> str:
     return inp.options.fp8_recipe or default_fp8_recipe(inp.hardware.device.peak_flops)
 
 
+def blockwise_fp8(inp: LayerInputs) -> bool:
+    """FP8 training under the blockwise recipe (1x128 / 128x128 scales), whose every GEMM, the
+    forward's too, promotes its partial sums on Hopper (:func:`~parsim.costs.memory_ops.fp8_promotion_time`)."""
+    return inp.options.precision == "fp8" and fp8_recipe(inp) == "blockwise"
+
+
 GATHERED_INPUT_BYTES: dict[str, float | None] = {
     "delayed": 1.0, "current": 1.0,       # per-tensor FP8: one byte, one fp32 scale per tensor
     "blockwise": 1.0 + 4.0 / 128,         # FP8 with one fp32 scale per 128 elements
@@ -278,7 +284,7 @@ def block_compute(inp: LayerInputs, gemms: tuple, moe_layer: bool) -> BlockCompu
     dev, o = inp.hardware.device, inp.options
     g_f = g_i = g_w = 0.0
     n_f = n_i = 0
-    blockwise = o.precision == "fp8" and fp8_recipe(inp) == "blockwise"
+    blockwise = blockwise_fp8(inp)
     for g in gemms:
         p = gemm_precision(inp, g.name)
         (c_f, s_f), (c_i, s_i) = overlap_chunks(inp, g.name)

@@ -120,7 +120,7 @@ def moe_phase(inp: LayerInputs) -> _moe.MoEPhase:
     sh = inp.shard
     # the grouped GEMMs run at the linear layers' precision (FP8 -> MXFP8 on Blackwell's recipe)
     gemm_prec = _compute.linear_precision(inp) if inp.hardware.device.kernels is not None else None
-    blockwise = inp.options.precision == "fp8" and _compute.fp8_recipe(inp) == "blockwise"
+    blockwise = _compute.blockwise_fp8(inp)
     return _moe.moe_phase(inp.model, inp.hardware, inp.moe, inp.options.precision, sh.tokens, sh.ep_group,
                           sh.expert_tp, sh.tp, gemm_prec, blockwise)
 
