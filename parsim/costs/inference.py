@@ -308,25 +308,28 @@ MAMBA_STATE_BYTES = 4
 ``mamba_ssm_cache_dtype = "float32"``; the state accumulates over the whole context)."""
 
 
+def _recurrent_state_bytes(heads: int, per_head: int, conv_channels: int, conv_kernel: int, tp: int,
+                           precision: str) -> float:
+    """One sequence's recurrent state in one layer on one GPU: ``per_head`` fp32 elements for each of
+    this rank's heads (of ``heads``) and the causal convolution's window (this rank's channels x
+    ``conv_kernel - 1`` past inputs, at the activations' precision)."""
+    state = max(1, heads // tp) * per_head * MAMBA_STATE_BYTES
+    return state + conv_channels / tp * (conv_kernel - 1) * act_bytes(precision)
+
+
 def mamba_state_bytes(model: ModelSpec, tp: int, precision: str) -> float:
     """The state one sequence keeps in one Mamba-2 layer on one GPU: the SSM state (this rank's heads
-    x head dim x state size, fp32) and the causal convolution's window (its channels x
-    ``conv_kernel - 1`` past inputs, at the activations' precision)."""
-    heads = max(1, model.mamba_heads // tp)
-    ssm = heads * model.mamba_head_dim * model.mamba_state_dim * MAMBA_STATE_BYTES
-    conv = model.mamba_conv_channels / tp * (model.mamba_conv_kernel - 1) * act_bytes(precision)
-    return ssm + conv
+    x head dim x state size, fp32) and the causal convolution's window."""
+    return _recurrent_state_bytes(model.mamba_heads, model.mamba_head_dim * model.mamba_state_dim,
+                                  model.mamba_conv_channels, model.mamba_conv_kernel, tp, precision)
 
 
 def gdn_state_bytes(model: ModelSpec, tp: int, precision: str) -> float:
     """The state one sequence keeps in one Gated DeltaNet layer on one GPU: a key dim x value dim
     matrix per value head (fp32, as Mamba's: Qwen3.5's ``mamba_ssm_dtype = "float32"``) and the
-    convolution's window over q, k and v (``conv_kernel - 1`` past inputs, at the activations'
-    precision)."""
-    heads = max(1, model.gdn_value_heads // tp)
-    state = heads * model.gdn_key_dim * model.gdn_value_dim * MAMBA_STATE_BYTES
-    conv = model.gdn_conv_channels / tp * (model.gdn_conv_kernel - 1) * act_bytes(precision)
-    return state + conv
+    convolution's window over q, k and v."""
+    return _recurrent_state_bytes(model.gdn_value_heads, model.gdn_key_dim * model.gdn_value_dim,
+                                  model.gdn_conv_channels, model.gdn_conv_kernel, tp, precision)
 
 
 def cache_bytes_per_sequence(model: ModelSpec, layers: tuple[int, ...], tp: int, context: int,
