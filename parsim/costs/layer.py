@@ -392,15 +392,14 @@ def tp_collective_time(inp: LayerInputs, kind: str, nbytes: float) -> float:
     return cached_collective_time(inp.cluster, kind, nbytes, inp.shard.tp_group)
 
 
-def in_pass_calls_time(inp: LayerInputs, kind: str, nbytes: float, group: Ranks, calls: int, gap_s: float,
-                       base_s: float | None = None) -> float:
-    """``calls`` blocking ``kind`` collectives inside one pass of a block, ``gap_s`` of its compute
-    before each on average: :func:`~parsim.cluster.collectives.in_pass_time` on the memoised collective
-    time (a profile that measured how the in-situ cost grows with the compute before the call
-    prices them at that gap, :func:`~parsim.cluster.collectives.at_gap`; the others at ``calls`` x
-    the collective's time; ``base_s``: that time when it is not NCCL's, e.g. :func:`tp_collective_time`'s)."""
-    return in_pass_time(inp.cluster.profile, kind, nbytes, group, calls, gap_s,
-                        cached_collective_time(inp.cluster, kind, nbytes, group) if base_s is None else base_s)
+def in_pass_calls_time(inp: LayerInputs, kind: str, nbytes: float, calls: int, gap_s: float) -> float:
+    """``calls`` blocking ``kind`` collectives over the tensor-parallel group inside one pass of a
+    block, ``gap_s`` of its compute before each on average: :func:`~parsim.cluster.collectives.in_pass_time`
+    on :func:`tp_collective_time` (a profile that measured how the in-situ cost grows with the
+    compute before the call prices them at that gap, :func:`~parsim.cluster.collectives.at_gap`;
+    the others at ``calls`` x the collective's time)."""
+    return in_pass_time(inp.cluster.profile, kind, nbytes, inp.shard.tp_group, calls, gap_s,
+                        tp_collective_time(inp, kind, nbytes))
 
 
 def regather_windows_s(inp: LayerInputs, gemms: tuple) -> tuple[float, ...]:
@@ -462,12 +461,11 @@ def tp_layer_comm(inp: LayerInputs, act_elems: float, gemm_s: float, backward: b
     gather = tp_collective_time(inp, "all_gather", gather_bytes) if sh.sequence_parallel else 0.0
     regathers = (gather,) * len(regather_windows) if backward else ()
     if sh.sequence_parallel:
-        comm = (in_pass_calls_time(inp, "all_gather", gather_bytes, sh.tp_group, n, memory_s / n, gather)
-                + in_pass_calls_time(inp, "reduce_scatter", act_elems * r, sh.tp_group, n,
-                                     (pass_s - memory_s) / (n + len(regathers)),
-                                     tp_collective_time(inp, "reduce_scatter", act_elems * r)))
+        comm = (in_pass_calls_time(inp, "all_gather", gather_bytes, n, memory_s / n)
+                + in_pass_calls_time(inp, "reduce_scatter", act_elems * r, n,
+                                     (pass_s - memory_s) / (n + len(regathers))))
     else:
-        comm = in_pass_calls_time(inp, "all_reduce", act_elems * r, sh.tp_group, n, pass_s / n)
+        comm = in_pass_calls_time(inp, "all_reduce", act_elems * r, n, pass_s / n)
     dev = inp.hardware.device
     if not inp.options.overlap.tp_comm:
         # each blocking call leaves the compute after it to re-warm (a CPU rank's core; 0 on a GPU);
