@@ -27,7 +27,7 @@ on the rest reported):
 * ``--write`` puts the lines in the profiles of the measured GPU (:data:`PROFILES`) as
   ``[calibration] collective_<kind>_<n>`` keys. A group inside one NVLink domain with no line of
   its own size takes the per-step latency and link bandwidth of the largest measured size below it
-  (``parsim.cluster.collectives.fitted_time``).
+  (``parsim.cluster.collectives.fitted_line``).
 
 Printed: per GPU and collective, the median and largest absolute error on the held-out sizes,
 before (the ring formulas on the profile's NVLink) and after (the fitted lines).

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from parsim.cluster.collectives import BUSBW_FACTOR, HOPS, alpha_beta_time, at_gap
+from parsim.cluster.collectives import BUSBW_FACTOR, HOPS, alpha_beta_time, at_gap, ring_time
 from parsim.cluster.hardware import Device, HardwareProfile, LinkTier
 from parsim.costs.layer import scores_pass_bytes
 
@@ -78,7 +78,7 @@ class CollectiveFit:
     """Link bandwidth, bytes/s (the ring moves busbw_factor(n) S over it)."""
 
     def time(self, nbytes: float) -> float:
-        return HOPS[self.kind](self.group) * self.alpha_s + BUSBW_FACTOR[self.kind](self.group) * nbytes / self.beta
+        return ring_time(self.kind, nbytes, self.group, (self.alpha_s, self.beta))
 
     def as_row(self) -> list[float]:
         """[max bytes, latency us, GB/s]: one row of the profile's ``collective_<kind>_<n>`` key."""

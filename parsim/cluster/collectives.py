@@ -232,10 +232,10 @@ def algorithm_times(hw: HardwareProfile, kind: str, nbytes: float, ranks: list[i
     if n <= 1 or nbytes <= 0:
         return {"ring": 0.0}
     pl = placement(hw, ranks, concurrent)
-    fitted = fitted_time(hw, kind, nbytes, n) if measured and pl.nodes <= 1 else None
-    if fitted is not None:
+    line = node_line(hw, kind, nbytes, ranks) if measured else None
+    if line is not None:
         formulas = algorithm_times(hw, kind, nbytes, ranks, concurrent, measured=False)
-        return {min(formulas, key=formulas.get): fitted}
+        return {min(formulas, key=formulas.get): ring_time(kind, nbytes, n, line)}
     flat = group_path(hw, ranks, concurrent)
     out = {"ring": alpha_beta_time(kind, nbytes, n, flat.bandwidth, flat.latency_s)}
     if kind in TREE_KINDS and n > 2 and pl.nodes > 1:  # NCCL's trees span nodes
@@ -284,12 +284,17 @@ def fitted_line(hw: HardwareProfile, kind: str, nbytes: float, n: int) -> tuple[
     return None
 
 
-def fitted_time(hw: HardwareProfile, kind: str, nbytes: float, n: int) -> float | None:
-    """Seconds of ``kind`` of ``nbytes`` on n ranks from the profile's measured line
-    (:func:`fitted_line`) in the ring formulas; None when none was measured for this kind."""
-    line = fitted_line(hw, kind, nbytes, n)
-    if line is None:
+def node_line(hw: HardwareProfile, kind: str, nbytes: float, ranks: list[int]) -> tuple[float, float] | None:
+    """:func:`fitted_line` of a group inside one node (its collectives' measured line); None for a
+    group across nodes, which the formulas price, or where nothing was measured."""
+    if len({hw.node_of(r) for r in ranks}) > 1:
         return None
+    return fitted_line(hw, kind, nbytes, len(ranks))
+
+
+def ring_time(kind: str, nbytes: float, n: int, line: tuple[float, float]) -> float:
+    """Seconds of ``kind`` of ``nbytes`` on n ranks at a measured line (per-step latency s, link
+    bandwidth B/s) in the ring formula's terms."""
     alpha, beta = line
     return HOPS[kind](n) * alpha + BUSBW_FACTOR[kind](n) * nbytes / beta
 

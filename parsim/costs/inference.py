@@ -50,7 +50,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from parsim.cluster.collectives import BUSBW_FACTOR, HOPS, fitted_line, select_algorithm
+from parsim.cluster.collectives import fitted_line, ring_time, select_algorithm
 from parsim.cluster.hardware import HardwareProfile
 from parsim.costs.ssd import ScanShape, scan_times
 from parsim.costs.gdn import DeltaShape, delta_times
@@ -179,8 +179,7 @@ def tp_allreduce_s(hw: HardwareProfile, nbytes: float, tp: int, engine: str = "f
             and nbytes <= SERVING_ALLREDUCE_MAX_BYTES):
         line = fitted_line(hw, "custom_all_reduce", nbytes, tp)
         if line is not None:
-            alpha, beta = line
-            return HOPS["all_reduce"](tp) * alpha + BUSBW_FACTOR["all_reduce"](tp) * nbytes / beta
+            return ring_time("all_reduce", nbytes, tp, line)
     return select_algorithm(hw, "all_reduce", nbytes, list(range(tp)), concurrent=1)[1]
 
 

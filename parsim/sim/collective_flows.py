@@ -23,7 +23,7 @@ formula; the latency term (alpha) is the formula's own, paid once the flows are 
   its halves, ``parsim.cluster.collectives.NVLS``); its flow is sized (f x S x port
   bandwidth / NVLS bandwidth) so that alone it holds the port for f x S / B_nvls.
 * measured (a group inside one node whose profile carries a fitted line for the kind,
-  ``parsim.cluster.collectives.fitted_line``): the ring's flows, each sized (S' x port
+  ``parsim.cluster.collectives.node_line``): the ring's flows, each sized (S' x port
   bandwidth / the line's bandwidth) so that alone it holds the port for the line's bandwidth
   term; the line's latency term after them.
 * buckets (``n_buckets`` > 1, gradient reduction): the algorithm is the one picked for one
@@ -47,8 +47,8 @@ from parsim.cluster.collectives import (
     NVLS,
     HOPS,
     alpha_beta_time,
-    fitted_line,
     group_path,
+    node_line,
     parameter_server_time,
     select_algorithm,
 )
@@ -151,7 +151,7 @@ def _plan(hw: HardwareProfile, kind: str, nbytes: float, ranks: tuple[int, ...])
         return CollectivePlan("ring", (), 0.0)
     algorithm, t = select_algorithm(hw, kind, nbytes, group)  # the one selection fast mode uses
     path = group_path(hw, group)
-    line = fitted_line(hw, kind, nbytes, len(group)) if path.name != "nic" else None
+    line = node_line(hw, kind, nbytes, group)
     if line is not None:  # priced by the profile's measured line: the ring's flows at its bandwidth
         alpha, beta = line
         flows = _ring_flows(hw, group, BUSBW_FACTOR[kind](len(group)) * nbytes * path.bandwidth / beta)
