@@ -76,10 +76,12 @@ SOURCE = ("benchmarks/fit_nccl_intranode.py: nccl-tests ({gpu}, aiconfigurator n
           "range fitted on the even powers of two; held-out odd sizes: median |error| {med:.1%} (before: {before:.1%})")
 
 
-def load(path: Path = DATA) -> pd.DataFrame:
+def load(path: Path = DATA, kind: str | None = None) -> pd.DataFrame:
+    """One measured table as the fit reads it (kind from its ``kind`` column, else ``kind``), each
+    row marked ``fit`` (an even power of two) or held out."""
     with open(path) as f:
         rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
-    df = pd.DataFrame({"gpu": [r["gpu"] for r in rows], "name": [r["kind"] for r in rows],
+    df = pd.DataFrame({"gpu": [r["gpu"] for r in rows], "name": [kind or r["kind"] for r in rows],
                        "group": [int(r["gpus"]) for r in rows], "bytes": [float(r["bytes"]) for r in rows],
                        "seconds": [float(r["ms"]) * 1e-3 for r in rows]})
     df["fit"] = [round(math.log2(b)) % 2 == 0 for b in df["bytes"]]
@@ -93,13 +95,7 @@ def fit(df: pd.DataFrame) -> dict[str, tuple[CollectiveFit, ...]]:
 
 def load_custom(path: Path = CUSTOM_DATA) -> pd.DataFrame:
     """vLLM's custom all-reduce rows, as :func:`load` reads nccl-tests' (kind ``all_reduce``)."""
-    with open(path) as f:
-        rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
-    df = pd.DataFrame({"gpu": [r["gpu"] for r in rows], "name": "all_reduce",
-                       "group": [int(r["gpus"]) for r in rows], "bytes": [float(r["bytes"]) for r in rows],
-                       "seconds": [float(r["ms"]) * 1e-3 for r in rows]})
-    df["fit"] = [round(math.log2(b)) % 2 == 0 for b in df["bytes"]]
-    return df
+    return load(path, kind="all_reduce")
 
 
 def custom_errors(df: pd.DataFrame, fits: dict[str, tuple[CollectiveFit, ...]]) -> pd.DataFrame:
