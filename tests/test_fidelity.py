@@ -95,3 +95,24 @@ def test_held_out_classic_rows_within_five_percent_at_the_power_limited_clock(cl
     table lands at 4.4% (6.3% at the burst clock), every cell within 10%."""
     assert fidelity.mape(classic) <= 5.0
     assert all(abs(r["error"]) <= 0.10 for r in classic)
+
+
+def test_same_block_compares_per_layer_and_sequence(rows, classic):
+    """``same_block`` divides each run's step by its layers and by the sequences one replica trains:
+    Table 1's 18B (40 layers, 1,024 sequences over 32 replicas) and Table 5's 22B (48 layers, 4
+    sequences, one replica), hand-computed from the rows."""
+    sb = fidelity.same_block(rows, classic)
+    r1 = next(r for r in rows if r["id"] == "megatron21-table1-18B")
+    r5 = next(r for r in classic if r["id"] == "korthikanti-table5-22B" and r["mode"] == "full")
+    assert sb["table1_measured"] == pytest.approx(r1["published_step_s"] / (40 * 32))
+    assert sb["table1_predicted"] == pytest.approx(r1["predicted_step_s"] / (40 * 32))
+    assert sb["table5_measured"] == pytest.approx(1.42 / (48 * 4))
+    assert sb["table5_predicted"] == pytest.approx(r5["predicted_step_s"] / (48 * 4))
+
+
+def test_the_2022_run_of_the_shared_block_is_predicted_within_five_percent(rows, classic):
+    """The kernel model on the 6144-wide block as Megatron-LM ran it in 2022 (Table 5, full
+    recomputation), per layer and sequence: the residual of Table 1's 2021 run of the same block
+    (reports/fidelity.md, 'One block, measured twice') is not the kernels'."""
+    sb = fidelity.same_block(rows, classic)
+    assert abs(sb["table5_measured"] / sb["table5_predicted"] - 1.0) <= 0.05
