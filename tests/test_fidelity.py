@@ -91,8 +91,9 @@ def test_held_out_classic_rows_within_the_project_gate(classic):
 
 
 def test_held_out_classic_rows_within_five_percent_at_the_power_limited_clock(classic):
-    """With the A100's power-limited clock (a kernel microbenchmark, not a fit to these rows) the
-    table lands at 4.4% (6.3% at the burst clock), every cell within 10%."""
+    """With the A100's power-limited clock (a kernel microbenchmark, not a fit to these rows) and the
+    2022 code's asynchronous input-gradient reductions (``overlap.tp_grad_allreduce``) the table stays
+    within 5% (4.7%; 3.0% with those reductions blocking), every cell within 10%."""
     assert fidelity.mape(classic) <= 5.0
     assert all(abs(r["error"]) <= 0.10 for r in classic)
 

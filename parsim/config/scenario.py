@@ -194,6 +194,17 @@ class OverlapConfig:
     prefetch: int = 1
     """ZeRO-3/FSDP units whose parameter all-gather is issued ahead of the unit computing
     (FSDP2's default 1; 0: each unit gathered only when reached, nothing hidden)."""
+    tp_grad_allreduce: bool | None = None
+    """Each column-parallel linear's input-gradient all-reduce (a reduce-scatter under sequence
+    parallelism) runs asynchronously beside its weight-gradient GEMM and is waited for after it,
+    when ``tp_comm`` does not pipeline it instead. Unset: as the framework does -- on under
+    ``parallel.framework = "megatron"`` (Megatron-LM's
+    ``LinearWithGradAccumulationAndAsyncCommunication``, on by default since September 2021 -- commit
+    3f65246911 -- unless ``--no-async-tensor-model-parallel-allreduce``; Transformer Engine's ``Linear`` backward,
+    ``allreduce(dgrad, async_op=True)``); false: it blocks after the input-gradient GEMM
+    (Megatron-LM before that, e.g. the April 2021 runs of Narayanan et al.), and off elsewhere: PyTorch's
+    DTensor tensor parallelism (torchtitan) reduces the input gradient in its own autograd node, after the
+    linear's backward has computed both gradients."""
     p2p: bool = True
     """Pipeline sends run on their own stream while the sender computes on (torch ``isend``,
     Megatron); false: a send holds the sender's compute until the data has arrived (blocking

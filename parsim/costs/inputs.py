@@ -233,6 +233,10 @@ class TrainOptions:
     tp_overlap_splits: OverlapSplits = WHOLE
     """The chunks each GEMM next to an overlapped sequence-parallel collective runs as
     (:func:`tp_overlap_splits`)."""
+    async_grad_reduce: bool = False
+    """The backward's column-parallel input-gradient all-reduces (reduce-scatters under sequence
+    parallelism) run beside the weight-gradient GEMMs (``overlap.tp_grad_allreduce``, resolved by
+    :func:`async_grad_reduce`)."""
     causal_softmax_triangle: bool = False
     """The unfused attention's softmax reads only the causal triangle of the scores (forward and
     backward) and writes the whole rows: Megatron's fused ``scaled_upper_triang_masked_softmax``
@@ -309,8 +313,20 @@ def layer_inputs(ci: CostInputs) -> LayerInputs:
                         recompute_num_layers=tr.recompute_num_layers or 1,
                         tp_overlap_splits=tp_overlap_splits(par.framework, par.tp, par.sequence_parallel,
                                                             ci.overlap.tp_comm),
-                        causal_softmax_triangle=causal_softmax_triangle(par.framework, tr.seq_len, par.cp))
+                        causal_softmax_triangle=causal_softmax_triangle(par.framework, tr.seq_len, par.cp),
+                        async_grad_reduce=async_grad_reduce(par.framework, ci.overlap))
     return LayerInputs(m, ci.cluster, shard, opts, ci.moe if has_moe else None)
+
+
+def async_grad_reduce(framework: str, overlap: OverlapConfig) -> bool:
+    """Whether the backward's column-parallel input-gradient reductions run beside the weight-gradient
+    GEMMs: ``overlap.tp_grad_allreduce`` when stated, else Megatron's default (on) and DTensor's (off),
+    and never where ``overlap.tp_comm`` pipelines the TP collectives instead."""
+    if overlap.tp_comm:
+        return False
+    if overlap.tp_grad_allreduce is not None:
+        return overlap.tp_grad_allreduce
+    return framework == "megatron"
 
 
 MEGATRON_TRIANGLE_SOFTMAX_KEYS = (16, 4096)

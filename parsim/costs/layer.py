@@ -192,7 +192,8 @@ def layer_cost(inp: LayerInputs, moe_layer: bool) -> LayerCost:
     tp_fwd, f_slow = tp_layer_comm(inp, act_elems, f_gemm, pass_s=f_gemm + f_attn + f_mem, memory_s=f_mem)
     tp_bwd, i_slow = tp_layer_comm(inp, act_elems, i_gemm, backward=True,
                                    regather_windows=regather_windows_s(inp, gemms),
-                                   pass_s=i_gemm + i_attn + i_mem + w_gemm, memory_s=i_mem)
+                                   pass_s=i_gemm + i_attn + i_mem + w_gemm, memory_s=i_mem,
+                                   wgrad_windows=wgrad_windows_s(inp, gemms))
     # context parallelism (parsim.costs.context): the K/V ring (or gather / all-to-all) and its
     # attention -- with the kernel model per-block kernels in place of the 1/cp share, without
     # it that share spread over the ring's steps, each later step paying its merge
@@ -417,9 +418,25 @@ def regather_windows_s(inp: LayerInputs, gemms: tuple) -> tuple[float, ...]:
     return tuple(sum(dgrad(g) for g in gemms if g.name in site) for site in sites)
 
 
+def wgrad_windows_s(inp: LayerInputs, gemms: tuple) -> tuple[float, ...]:
+    """Seconds of each column-parallel site's weight-gradient GEMMs (the sites of
+    :data:`parsim.costs.compute.SEQUENCE_GATHERED_GEMMS`): what its input-gradient all-reduce runs
+    beside without sequence parallelism (``overlap.tp_grad_allreduce``)."""
+    dev = inp.hardware.device
+    kernels = dev.kernels is not None
+
+    def wgrad(g) -> float:
+        prec = _compute.gemm_precision(inp, g.name) if kernels else inp.options.precision
+        return dev.gemm_time(g.k, g.n, g.m, prec, g.count)
+    sites = _compute.SEQUENCE_GATHERED_GEMMS
+    if inp.model.hybrid_pattern:  # one sub-layer: only its own site
+        sites = tuple(site for site in sites if any(g.name in site for g in gemms))[:1]
+    return tuple(sum(wgrad(g) for g in gemms if g.name in site) for site in sites)
+
+
 def tp_layer_comm(inp: LayerInputs, act_elems: float, gemm_s: float, backward: bool = False,
                   regather_windows: tuple[float, ...] = (0.0, 0.0), pass_s: float = 0.0,
-                  memory_s: float = 0.0) -> tuple[float, float]:
+                  memory_s: float = 0.0, wgrad_windows: tuple[float, ...] = ()) -> tuple[float, float]:
     """(exposed TP communication, compute slowed by the hidden part) of one block in one pass
     (Megatron f/g operators).
 
@@ -441,6 +458,13 @@ def tp_layer_comm(inp: LayerInputs, act_elems: float, gemm_s: float, backward: b
     pipelined reduce-scatters; backward: ring-exchange and bulk overlaps, half each), else
     NCCL's CTAs.
 
+    The backward's all-reduces (without sequence parallelism) or reduce-scatters (with it) are the
+    column-parallel linears' input gradients; with ``overlap.tp_grad_allreduce`` (the frameworks'
+    default: Megatron's ``LinearWithGradAccumulationAndAsyncCommunication`` and Transformer Engine's
+    ``Linear`` launch them with ``async_op=True``) each runs beside its site's weight-gradient
+    GEMMs (``wgrad_windows``) and is waited for after them, like the re-gathers above; else they
+    block.
+
     ``pass_s``: the pass's compute, ``memory_s`` its memory-bound part, which the calls'
     in-situ price may depend on (:func:`in_pass_calls_time`, the blocking calls only): the two
     all-reduces each follow half the pass; under sequence parallelism the all-gathers follow
@@ -460,10 +484,20 @@ def tp_layer_comm(inp: LayerInputs, act_elems: float, gemm_s: float, backward: b
     gather_bytes = act_elems * q
     gather = tp_collective_time(inp, "all_gather", gather_bytes) if sh.sequence_parallel else 0.0
     regathers = (gather,) * len(regather_windows) if backward else ()
+    # the backward's column-parallel input gradients (an all-reduce each, a reduce-scatter under sequence
+    # parallelism) launched beside the weight-gradient GEMMs instead of blocking
+    async_grad = backward and inp.options.async_grad_reduce and bool(wgrad_windows)
+    beside = ()
+    if async_grad:
+        kind = "reduce_scatter" if sh.sequence_parallel else "all_reduce"
+        beside = tuple(zip((tp_collective_time(inp, kind, act_elems * r),) * len(wgrad_windows), wgrad_windows))
     if sh.sequence_parallel:
-        comm = (in_pass_calls_time(inp, "all_gather", gather_bytes, n, memory_s / n)
-                + in_pass_calls_time(inp, "reduce_scatter", act_elems * r, n,
-                                     (pass_s - memory_s) / (n + len(regathers))))
+        comm = in_pass_calls_time(inp, "all_gather", gather_bytes, n, memory_s / n)
+        if not async_grad:
+            comm += in_pass_calls_time(inp, "reduce_scatter", act_elems * r, n,
+                                       (pass_s - memory_s) / (n + len(regathers)))
+    elif async_grad:
+        comm = 0.0
     else:
         comm = in_pass_calls_time(inp, "all_reduce", act_elems * r, n, pass_s / n)
     dev = inp.hardware.device
@@ -471,7 +505,7 @@ def tp_layer_comm(inp: LayerInputs, act_elems: float, gemm_s: float, backward: b
         # each blocking call leaves the compute after it to re-warm (a CPU rank's core; 0 on a GPU);
         # the backward's re-gathers run beside their GEMMs instead (async_beside below)
         slow = _contention.rewarm_s(dev, 2 * n if sh.sequence_parallel else n)
-        for t, window in zip(regathers, regather_windows):
+        for t, window in tuple(zip(regathers, regather_windows)) + beside:
             exposed, hidden_cost = _contention.async_beside(inp.hardware, t, window, sh.tp_group)
             comm, slow = comm + exposed, slow + hidden_cost
         return comm, slow

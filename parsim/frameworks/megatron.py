@@ -87,6 +87,8 @@ def import_megatron(argv: list[str], hardware: str | None = None, gpus: int | No
                "p2p": bool(v.get("overlap_p2p"))}
     if "overlap_ep_comm" in v:
         overlap["ep_comm"] = True
+    if v.get("no_async_tp_allreduce"):  # the input-gradient all-reduces block (overlap.tp_grad_allreduce)
+        overlap["tp_grad_allreduce"] = False
     doc = {"name": "megatron-import", "hardware": hardware, "gpus": gpus, "model": model, "training": training,
            "parallel": parallel, "schedule": schedule, "overlap": overlap}
     if "num_experts" in v:

@@ -101,6 +101,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     "--overlap-grad-reduce": ("overlap_grad_reduce", "true"),
     "--overlap-param-gather": ("overlap_param_gather", "true"),
     "--tp-comm-overlap": ("tp_comm_overlap", "true"),
+    "--no-async-tensor-model-parallel-allreduce": ("no_async_tp_allreduce", "true"),
     "--overlap-p2p-communication": ("overlap_p2p", "true"),
     "--overlap-moe-expert-parallel-comm": ("overlap_ep_comm", "true"),
     "--moe-token-dispatcher-type": ("moe_dispatcher", "str"),
