@@ -1,4 +1,4 @@
-"""Held-out fidelity: parsim against 238 published training runs not used to fit it (9 flagged rows excepted).
+"""Held-out fidelity: parsim against 239 published training runs not used to fit it (9 flagged rows excepted).
 
     python benchmarks/fidelity_heldout.py [--markdown reports/fidelity-heldout.md] [--json]
 
