@@ -403,35 +403,33 @@ def in_pass_calls_time(inp: LayerInputs, kind: str, nbytes: float, calls: int, g
                         tp_collective_time(inp, kind, nbytes))
 
 
-def regather_windows_s(inp: LayerInputs, gemms: tuple) -> tuple[float, ...]:
-    """Seconds of each site's input-gradient GEMMs (:data:`parsim.costs.compute.SEQUENCE_GATHERED_GEMMS`): what
-    Megatron's backward re-gather of that site's input runs beside."""
+def _site_gemms_s(inp: LayerInputs, gemms: tuple, weight: bool) -> tuple[float, ...]:
+    """Seconds of each column-parallel site's input-gradient GEMMs (``weight`` false) or weight-gradient
+    GEMMs (``weight`` true), by the sites of :data:`parsim.costs.compute.SEQUENCE_GATHERED_GEMMS` (a
+    hybrid layer's one sub-layer: its own site only)."""
     dev = inp.hardware.device
     kernels = dev.kernels is not None
 
-    def dgrad(g) -> float:
+    def seconds(g) -> float:
         prec = _compute.gemm_precision(inp, g.name) if kernels else inp.options.precision
-        return dev.gemm_time(g.m, g.k, g.n, prec, g.count)
-    sites = _compute.SEQUENCE_GATHERED_GEMMS
-    if inp.model.hybrid_pattern:  # one sub-layer: only its own site re-gathers
-        sites = tuple(site for site in sites if any(g.name in site for g in gemms))[:1]
-    return tuple(sum(dgrad(g) for g in gemms if g.name in site) for site in sites)
-
-
-def wgrad_windows_s(inp: LayerInputs, gemms: tuple) -> tuple[float, ...]:
-    """Seconds of each column-parallel site's weight-gradient GEMMs (the sites of
-    :data:`parsim.costs.compute.SEQUENCE_GATHERED_GEMMS`): what its input-gradient all-reduce runs
-    beside without sequence parallelism (``overlap.tp_grad_allreduce``)."""
-    dev = inp.hardware.device
-    kernels = dev.kernels is not None
-
-    def wgrad(g) -> float:
-        prec = _compute.gemm_precision(inp, g.name) if kernels else inp.options.precision
-        return dev.gemm_time(g.k, g.n, g.m, prec, g.count)
+        m, n, k = (g.k, g.n, g.m) if weight else (g.m, g.k, g.n)
+        return dev.gemm_time(m, n, k, prec, g.count)
     sites = _compute.SEQUENCE_GATHERED_GEMMS
     if inp.model.hybrid_pattern:  # one sub-layer: only its own site
         sites = tuple(site for site in sites if any(g.name in site for g in gemms))[:1]
-    return tuple(sum(wgrad(g) for g in gemms if g.name in site) for site in sites)
+    return tuple(sum(seconds(g) for g in gemms if g.name in site) for site in sites)
+
+
+def regather_windows_s(inp: LayerInputs, gemms: tuple) -> tuple[float, ...]:
+    """Seconds of each site's input-gradient GEMMs (:data:`parsim.costs.compute.SEQUENCE_GATHERED_GEMMS`): what
+    Megatron's backward re-gather of that site's input runs beside."""
+    return _site_gemms_s(inp, gemms, weight=False)
+
+
+def wgrad_windows_s(inp: LayerInputs, gemms: tuple) -> tuple[float, ...]:
+    """Seconds of each column-parallel site's weight-gradient GEMMs: what its input-gradient
+    all-reduce (reduce-scatter under sequence parallelism) runs beside (``overlap.tp_grad_allreduce``)."""
+    return _site_gemms_s(inp, gemms, weight=True)
 
 
 def tp_layer_comm(inp: LayerInputs, act_elems: float, gemm_s: float, backward: bool = False,
@@ -459,9 +457,9 @@ def tp_layer_comm(inp: LayerInputs, act_elems: float, gemm_s: float, backward: b
     NCCL's CTAs.
 
     The backward's all-reduces (without sequence parallelism) or reduce-scatters (with it) are the
-    column-parallel linears' input gradients; with ``overlap.tp_grad_allreduce`` (the frameworks'
-    default: Megatron's ``LinearWithGradAccumulationAndAsyncCommunication`` and Transformer Engine's
-    ``Linear`` launch them with ``async_op=True``) each runs beside its site's weight-gradient
+    column-parallel linears' input gradients; with ``overlap.tp_grad_allreduce`` (Megatron's default:
+    its ``LinearWithGradAccumulationAndAsyncCommunication`` and Transformer Engine's ``Linear`` launch
+    them with ``async_op=True``; ``TrainOptions.async_grad_reduce``) each runs beside its site's weight-gradient
     GEMMs (``wgrad_windows``) and is waited for after them, like the re-gathers above; else they
     block.
 
