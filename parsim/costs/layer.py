@@ -487,17 +487,15 @@ def tp_layer_comm(inp: LayerInputs, act_elems: float, gemm_s: float, backward: b
     async_grad = backward and inp.options.async_grad_reduce and bool(wgrad_windows)
     beside = ()
     if async_grad:
-        kind = "reduce_scatter" if sh.sequence_parallel else "all_reduce"
-        beside = tuple(zip((tp_collective_time(inp, kind, act_elems * r),) * len(wgrad_windows), wgrad_windows))
+        t_grad = tp_collective_time(inp, "reduce_scatter" if sh.sequence_parallel else "all_reduce", act_elems * r)
+        beside = tuple((t_grad, window) for window in wgrad_windows)
     if sh.sequence_parallel:
         comm = in_pass_calls_time(inp, "all_gather", gather_bytes, n, memory_s / n)
         if not async_grad:
             comm += in_pass_calls_time(inp, "reduce_scatter", act_elems * r, n,
                                        (pass_s - memory_s) / (n + len(regathers)))
-    elif async_grad:
-        comm = 0.0
     else:
-        comm = in_pass_calls_time(inp, "all_reduce", act_elems * r, n, pass_s / n)
+        comm = 0.0 if async_grad else in_pass_calls_time(inp, "all_reduce", act_elems * r, n, pass_s / n)
     dev = inp.hardware.device
     if not inp.options.overlap.tp_comm:
         # each blocking call leaves the compute after it to re-warm (a CPU rank's core; 0 on a GPU);

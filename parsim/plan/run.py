@@ -313,8 +313,13 @@ def _human_rows(res: PlanResult) -> tuple[list[str], list[list[str]]]:
     return heads, rows
 
 
+def _stated_overlap(spec: PlanSpec) -> dict:
+    """The plan's ``[overlap]`` keys that are set (an unset one is left to the framework)."""
+    return {k: v for k, v in asdict(spec.overlap).items() if v is not None}
+
+
 def _overlap_text(spec: PlanSpec) -> str:
-    return ", ".join(f"{k} = {str(v).lower()}" for k, v in asdict(spec.overlap).items() if v is not None)
+    return ", ".join(f"{k} = {str(v).lower()}" for k, v in _stated_overlap(spec).items())
 
 
 def to_table(res: PlanResult) -> str:
@@ -370,7 +375,7 @@ def scenario_toml(spec: PlanSpec, row: dict) -> str:
     p = row["parallel"]
     model = f'preset = "{spec.model_ref}"' if "/" not in spec.model_ref and not spec.model_ref.endswith(".json") \
         else f'hf_config = "{spec.model_ref}"'
-    ov = {k: v for k, v in asdict(spec.overlap).items() if v is not None}  # unset: the framework decides
+    ov = _stated_overlap(spec)
     return f"""name = "{spec.model.name}-plan-{row['key']}"
 hardware = "{spec.hardware.name}"
 gpus = {row['world_size']}
