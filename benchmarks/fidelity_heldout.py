@@ -761,7 +761,7 @@ def convert(row: dict) -> tuple[dict | Skip, list[str]]:
         "overlap": overlap,
     }
     if moe is not None:
-        notes += _moe_recipe(row, moe, doc["overlap"], doc["training"], notes)
+        notes += _moe_recipe(row, moe, doc["overlap"], doc["training"], notes, tp)
         notes += _stated_settings(row, moe, doc["overlap"], doc["training"], notes)
         notes += _stated_dispatcher(row, moe)
     notes += _dense_recipe(row, doc, notes)
@@ -835,7 +835,7 @@ def _mb_moe_recipes() -> dict:
     return json.loads(MB_MOE_RECIPES.read_text())["rows"]
 
 
-def _moe_recipe(row: dict, moe: dict, overlap: dict, training: dict, notes: list[str]) -> list[str]:
+def _moe_recipe(row: dict, moe: dict, overlap: dict, training: dict, notes: list[str], tp: int = 1) -> list[str]:
     """Set ``moe`` / ``overlap`` / ``training`` (in place) from the row's Megatron-Bridge perf
     recipe when one with the row's exact layout exists
     (benchmarks/data/megatron_bridge_moe_recipes.json): the dispatcher (HybridEP and DeepEP both
@@ -854,10 +854,17 @@ def _moe_recipe(row: dict, moe: dict, overlap: dict, training: dict, notes: list
         moe["dispatcher"] = r["dispatcher"]
         moe["dispatcher_sms"] = r["dispatcher_sms"]
     overlap["ep_comm"] = bool(r["ep_overlap"])
-    if r["tp_comm_overlap"] is not None:
-        overlap["tp_comm"] = bool(r["tp_comm_overlap"])
+    # TP overlap as the recipe leaves it. Never set (null) means off: the base recipes start from
+    # recipes/common.py _pretrain_common (comm_overlap=None), Megatron-Bridge then applies no
+    # CommOverlapConfig (training/config.py: only `if self.comm_overlap is not None`), and the
+    # model keeps Megatron-Core's TransformerConfig.tp_comm_overlap = False; the one helper that
+    # would create one, scripts/performance/utils/overrides.py _set_moe_a2a_overlap_overrides,
+    # runs only with EP overlap, which these rows do not set
+    overlap["tp_comm"] = bool(r["tp_comm_overlap"])
     note = (f"perf recipe {name} (Megatron-Bridge HEAD, not the row's release): dispatcher {r['dispatcher']}, "
             f"EP overlap {'on' if r['ep_overlap'] else 'off'}")
+    if r["tp_comm_overlap"] is None and tp > 1:
+        note += ", TP overlap off (never set: Megatron-Core's default)"
     if r.get("bf16_last_layers") and training.get("precision") == "fp8":  # the recipe's BF16 tail under FP8 / NVFP4
         training["bf16_last_layers"] = r["bf16_last_layers"]
         note += f", last {r['bf16_last_layers']} layers in BF16"

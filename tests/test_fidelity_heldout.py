@@ -41,6 +41,23 @@ def test_nemotron_3_rows_run_their_hybrid_presets_with_the_recipes_mtp():
     assert fh.scenario_for(ROWS["mb-26.08-gb300-nemotron3super-nvfp4"])["training"]["bf16_last_layers"] == 14
 
 
+def test_a_recipe_that_never_sets_tp_overlap_runs_without_it():
+    # nemotron_3_super_pretrain_64gpu_gb200_fp8mx_config (TP 2, SP) sets no comm_overlap and its base
+    # recipe starts from _pretrain_common(comm_overlap=None): Megatron-Core's tp_comm_overlap = False.
+    # The asynchronous input-gradient reductions stay (overlap.tp_grad_allreduce unset: Megatron's default)
+    row = ROWS["mb-26.08-gb200-nemotron3super-mxfp8"]
+    assert fh._mb_moe_recipes()[row["id"]]["tp_comm_overlap"] is None
+    doc = fh.scenario_for(row)
+    assert doc["parallel"]["tp"] == 2 and doc["parallel"]["sequence_parallel"]
+    assert doc["overlap"]["tp_comm"] is False and "tp_grad_allreduce" not in doc["overlap"]
+    assert any("TP overlap off (never set" in n for n in fh.convert(row)[1])
+    # a recipe that states it keeps what it states (the H100 Qwen3-235B recipe: False), and a TP 1
+    # recipe that never sets it has nothing to overlap
+    assert fh.scenario_for(ROWS["mb-25.11-h100-qwen3235ba22b-fp8cs"])["overlap"]["tp_comm"] is False
+    tp1 = fh.scenario_for(ROWS["mb-26.08-gb300-nemotron3super-mxfp8"])
+    assert tp1["parallel"]["tp"] == 1 and tp1["overlap"]["tp_comm"] is False
+
+
 def test_megatron_bridge_llama3_70b_fp8_row():
     # | LLAMA3_70B | 64 | FP8-CS | GBS 128 | MBS 1 | 8192 | FSDP 0 | TP 4 | PP 8 | CP 1 | VP 5 | ... | 1602 |
     doc = fh.scenario_for(ROWS["mb-25.11-h100-llama370b-fp8cs"])
