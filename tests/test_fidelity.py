@@ -31,7 +31,7 @@ A100_FLAT = ("megatron21-table1-1.7B", "megatron21-table1-3.6B", "megatron21-tab
 """Table 1's rows without pipeline parallelism."""
 
 
-@pytest.mark.xfail(strict=True, reason="open: run with the microbatch sizes, interleaving and DDP of Megatron-LM's own script for Table 1 (examples/academic_paper_scripts/sc21/run_table_1.sh, fidelity.SC21_TABLE_1) instead of the one-sequence microbatches assumed before, every A100 row is predicted 1-12% faster than it ran (the rows without pipelining 9-11%), while Korthikanti's 2022 runs of the same layer shapes on the same machines stay within 4.4%; not identified, not fitted")
+@pytest.mark.xfail(strict=True, reason="open: with the A100's layer_memory_efficiency fitted on Korthikanti's Table 4 (benchmarks/fit_layer_memory.py) the rows without pipelining are +2.5..+6.0%: the 18B row, the 2021 code's run of the 6144-wide block whose 2022 run Table 5 and Table 4 time within 1%, stays 6% fast (the 2021 code's own kernels, e.g. the non-persistent layer norm, are not separated: no source times them)")
 def test_a100_rows_without_pipeline_within_five_percent(rows):
     # the kernel models alone, at the A100's power-limited clock, with the unfused attention as
     # Megatron ran it (batched GEMMs in one launch, its fused upper-triangular softmax)
@@ -62,12 +62,12 @@ def test_the_32b_row_is_not_predicted_slower_than_published_by_more_than_five_pe
     assert next(r for r in rows if r["id"] == OPEN_SLOW_ROW)["error"] >= -0.05
 
 
-@pytest.mark.xfail(strict=True, reason="open: run with the microbatch sizes, interleaving and DDP of Megatron-LM's own script for Table 1 (examples/academic_paper_scripts/sc21/run_table_1.sh, fidelity.SC21_TABLE_1) instead of the one-sequence microbatches assumed before, every A100 row is predicted 1-12% faster than it ran (the rows without pipelining 9-11%), while Korthikanti's 2022 runs of the same layer shapes on the same machines stay within 4.4%; not identified, not fitted")
-def test_mape_within_six_percent_on_the_a100_rows(rows):
-    # 7.7% with the script's inputs (4.3% with one-sequence microbatches)
+def test_mape_within_four_percent_on_the_a100_rows(rows):
+    # 3.8% with the layer kernels' bandwidth fraction fitted on Korthikanti's per-layer Table 4
+    # (benchmarks/fit_layer_memory.py), these rows held out of that fit; 6.6% at a copy's rate
     a100 = [r for r in rows if r["family"] == "a100"]
     assert len(a100) == 10
-    assert fidelity.mape(a100) <= 6.0
+    assert fidelity.mape(a100) <= 4.0
 
 
 def test_mape_within_ten_percent_on_the_h100_rows(rows):
@@ -96,6 +96,14 @@ def test_held_out_classic_rows_within_five_percent_at_the_power_limited_clock(cl
     within 5% (4.7%; 3.0% with those reductions blocking), every cell within 10%."""
     assert fidelity.mape(classic) <= 5.0
     assert all(abs(r["error"]) <= 0.10 for r in classic)
+
+
+def test_held_out_classic_rows_within_four_percent_with_the_fitted_layer_bandwidth(classic):
+    """Table 5's end-to-end iteration times, held out of the fit of the A100's
+    ``layer_memory_efficiency`` on Table 4's per-layer times of the same paper
+    (benchmarks/fit_layer_memory.py): 3.2% (4.7% at a copy's rate), every cell within 9%."""
+    assert fidelity.mape(classic) <= 4.0
+    assert all(abs(r["error"]) <= 0.09 for r in classic)
 
 
 def test_same_block_compares_per_layer_and_sequence(rows, classic):

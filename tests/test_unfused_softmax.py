@@ -45,6 +45,6 @@ def test_a_megatron_job_pays_the_triangle_and_another_framework_does_not():
     meg, other = _inputs("megatron"), _inputs("zero")
     assert meg.options.causal_softmax_triangle and not other.options.causal_softmax_triangle
     bh, s = 24, 2048  # megatron-1.7b: 24 heads, microbatch 1
-    half_pass = meg.hardware.device.memory_time(0.5 * bh * s * s * 2)
+    half_pass = meg.hardware.device.layer_memory_time(0.5 * bh * s * s * 2)  # a layer kernel's rate
     for passes in (1.0, 2.0):  # forward, backward
         assert scores_traffic(other, passes) - scores_traffic(meg, passes) == pytest.approx(passes * half_pass)

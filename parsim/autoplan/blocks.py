@@ -72,7 +72,7 @@ def _with_activation(st: Setting, mesh: Mesh, up: Op) -> Op:
         c = _prod(mesh, s.roles, "C")
         bz = _prod(mesh, s.roles, "BZ")
         _, rest = memory_bound_bytes(st, tokens // bz, c)
-        t = st.hardware.device.memory_time(rest)
+        t = st.hardware.device.layer_memory_time(rest)
         out.append(replace(s, forward_s=s.forward_s + t, backward_s=s.backward_s + 2 * t))
     return replace(up, strategies=tuple(out))
 
@@ -102,7 +102,7 @@ def experts_op(st: Setting, mesh: Mesh, only: frozenset | None = None) -> Op:
         ph = _layer.moe_phase(inp)
         counted_f, counted_i = _layer._routed_memory_counted(inp)
         _, rest = memory_bound_bytes(st, tokens // bz, t, moe=True)
-        mem = dev.memory_time(rest)
+        mem = dev.layer_memory_time(rest)
         f = mem + ph.forward_s - counted_f
         b = 2 * mem + ph.backward_input_s - counted_i + ph.backward_weight_s
         expert = m.n_experts * m.ffn_matrices * m.d_model * f_e / (e * t)

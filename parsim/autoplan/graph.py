@@ -314,7 +314,7 @@ def norm_op(st: Setting, mesh: Mesh, name: str) -> Op:
         if tokens % t:
             continue
         d_part, _ = memory_bound_bytes(st, tokens // t, 1)
-        f = dev.memory_time(d_part / 2)
+        f = dev.layer_memory_time(d_part / 2)
         lay = Layout(tuple("T" if x == "T" else "-" for x in roles))
         params = (2 if m.norm == "layernorm" and m.norm_shift else 1) * m.d_model  # scale (and shift)
         stash = tokens // t * m.d_model * st_act_bytes(st)

@@ -133,11 +133,19 @@ class Device:
     ``parsim.costs.memory_ops`` counts for it (Hugging Face's ``LlamaRMSNorm``: upcast, ``pow``,
     ``mean``, ``rsqrt``, scale, downcast, weight -- a row reduction among pointwise kernels, below a
     copy's rate). Optional key ``device.eager_norm_efficiency`` (measured by
-    benchmarks/gpu/measure.py); ``None``: ``memory_efficiency``."""
+    benchmarks/gpu/measure.py); ``None``: ``layer_memory_efficiency``."""
     eager_rotary_efficiency: float | None = None
     """The same for Hugging Face's ``apply_rotary_pos_emb`` (``q * cos``, ``rotate_half``'s negated
     half and ``cat``, ``* sin``, ``+``: broadcasts of cos / sin over the heads and half-width slices).
-    Optional key ``device.eager_rotary_efficiency``; ``None``: ``memory_efficiency``."""
+    Optional key ``device.eager_rotary_efficiency``; ``None``: ``layer_memory_efficiency``."""
+    layer_memory_efficiency: float | None = None
+    """Fraction of ``memory_bandwidth`` the model's memory-bound layer kernels reach over the bytes
+    ``parsim.costs`` counts for them: normalizations, activation functions, residual adds and
+    dropout, the unfused attention's softmax and dropout passes over the scores, the loss's softmax,
+    the embedding lookup -- kernels that read activations, reduce or draw random numbers over them
+    and write them back, below the rate of a plain copy (``memory_efficiency``, which copies,
+    gradient updates and optimizer steps keep). Optional key ``device.layer_memory_efficiency``
+    (a documented fit per GPU: ``benchmarks/fit_layer_memory.py``); ``None``: ``memory_efficiency``."""
     transport_core_share: float | None = None
     """Fraction of a rank's compute rate that an asynchronous data-parallel collective takes
     while it is in flight, on a device whose transport runs on the rank's own processor: gloo
@@ -229,6 +237,12 @@ class Device:
     def effective_memory_bandwidth(self) -> float:
         """Bytes/s that streaming kernels reach."""
         return self.memory_bandwidth * self.memory_efficiency
+
+    def layer_memory_time(self, nbytes: float) -> float:
+        """Seconds for the model's memory-bound layer kernels moving ``nbytes`` in total (reads +
+        writes): see ``layer_memory_efficiency``."""
+        eff = self.memory_efficiency if self.layer_memory_efficiency is None else self.layer_memory_efficiency
+        return _bytes_time("layer_memory_time", nbytes, self.memory_bandwidth * eff)
 
     def update_time(self, nbytes: float) -> float:
         """Seconds for an in-place memory-bound kernel that reads + writes ``nbytes`` in total
@@ -515,6 +529,7 @@ _SCHEMA: dict[str, dict[str, tuple[str, bool]]] = {
         "optimizer_efficiency": ("frac", _OPT), "transport_core_share": ("frac", _OPT),
         "comm_rewarm_us": ("nonneg", _OPT),
         "eager_norm_efficiency": ("frac", _OPT), "eager_rotary_efficiency": ("frac", _OPT),
+        "layer_memory_efficiency": ("frac", _OPT),
         "eager_op_forward_us": ("pos", _OPT), "eager_op_backward_us": ("pos", _OPT),
         "mxfp8_tflops": ("pos", _OPT), "nvfp4_tflops": ("pos", _OPT), "ds07_decode_gemm_tflops": ("pos", _OPT),
         # kernel-model facts (parsim.cluster.kernels, attention_kernels): all or none
@@ -673,6 +688,7 @@ def parse_profile(data: Mapping[str, Any], file: str = "<profile>") -> HardwareP
         transport_core_share=d.get("transport_core_share"),
         comm_rewarm_s=None if "comm_rewarm_us" not in d else to_si("comm_rewarm_us", d["comm_rewarm_us"]),
         eager_norm_efficiency=d.get("eager_norm_efficiency"), eager_rotary_efficiency=d.get("eager_rotary_efficiency"),
+        layer_memory_efficiency=d.get("layer_memory_efficiency"),
         eager_op_forward_s=None if "eager_op_forward_us" not in d else to_si("eager_op_forward_us", d["eager_op_forward_us"]),
         eager_op_backward_s=None if "eager_op_backward_us" not in d else to_si("eager_op_backward_us", d["eager_op_backward_us"]),
         kernels=kernels.facts_from_table(d, peaks, PRECISIONS, file), gemm_model=d.get("gemm_model", "kernel"),
@@ -825,7 +841,7 @@ def profile_to_tables(profile: HardwareProfile) -> dict[str, dict[str, Any]]:
         dev["transport_core_share"] = d.transport_core_share
     if d.comm_rewarm_s is not None:
         dev["comm_rewarm_us"] = d.comm_rewarm_s / US
-    for key in ("eager_norm_efficiency", "eager_rotary_efficiency"):
+    for key in ("eager_norm_efficiency", "eager_rotary_efficiency", "layer_memory_efficiency"):
         if getattr(d, key) is not None:
             dev[key] = getattr(d, key)
     for key in ("eager_op_forward", "eager_op_backward"):

@@ -244,7 +244,7 @@ def _correction_s(inp: LayerInputs, blocks: Sequence[Block], heads: int) -> floa
     accumulator and its LSE."""
     b, d = inp.shard.microbatch_size, kernel_head_dim(inp)
     rows = sum(x.seq_q for x in blocks)
-    return inp.hardware.device.memory_time(b * rows * heads * (d * (2 + 4 + 4) + 3 * 4))
+    return inp.hardware.device.layer_memory_time(b * rows * heads * (d * (2 + 4 + 4) + 3 * 4))
 
 
 def _accumulate_s(inp: LayerInputs, blocks: Sequence[Block], heads: int, kv_heads: int) -> float:
@@ -254,7 +254,7 @@ def _accumulate_s(inp: LayerInputs, blocks: Sequence[Block], heads: int, kv_head
     b, d = inp.shard.microbatch_size, kernel_head_dim(inp)
     rows = sum(x.seq_q for x in blocks)
     cols = sum(x.seq_k for x in blocks)
-    return inp.hardware.device.memory_time(b * d * (rows * heads * (2 + 4 + 4) + 2 * cols * kv_heads * 3 * 2))
+    return inp.hardware.device.layer_memory_time(b * d * (rows * heads * (2 + 4 + 4) + 2 * cols * kv_heads * 3 * 2))
 
 
 @lru_cache(maxsize=4096)

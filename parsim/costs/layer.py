@@ -153,7 +153,7 @@ def plain_forward_times(inp: LayerInputs, gemms: tuple) -> tuple[float, float]:
     (cpu-gloo): the calibrated two-knob GEMM model and the elementwise bytes at HBM bandwidth."""
     m, dev, sh, prec = inp.model, inp.hardware.device, inp.shard, inp.options.precision
     f_gemm = sum(dev.gemm_time(g.m, g.n, g.k, prec, g.count) for g in gemms)
-    f_mem = dev.memory_time(layer_elementwise_bytes(m, sh.tokens, sh.tp, sh.sequence_parallel,
+    f_mem = dev.layer_memory_time(layer_elementwise_bytes(m, sh.tokens, sh.tp, sh.sequence_parallel,
                                                     PRECISION_TABLE[prec].activation_bytes))
     return f_gemm, f_mem
 
@@ -375,12 +375,12 @@ def _routed_memory_counted(inp: LayerInputs) -> tuple[float, float]:
     scale = big / (big - 1)
     if dev.kernels is not None:
         (f1, b1), (f0, b0) = _compute.memory_work(inp, True), _compute.memory_work(small, True)
-        return (dev.memory_time(max(0.0, f1.bytes - f0.bytes) * scale),
-                dev.memory_time(max(0.0, b1.bytes - b0.bytes) * scale))
+        return (dev.layer_memory_time(max(0.0, f1.bytes - f0.bytes) * scale),
+                dev.layer_memory_time(max(0.0, b1.bytes - b0.bytes) * scale))
     a = PRECISION_TABLE[inp.options.precision].activation_bytes
     e1 = layer_elementwise_bytes(m, sh.tokens, sh.tp, sh.sequence_parallel, a)
     e0 = layer_elementwise_bytes(small.model, sh.tokens, sh.tp, sh.sequence_parallel, a)
-    t = dev.memory_time(max(0.0, e1 - e0) * scale)
+    t = dev.layer_memory_time(max(0.0, e1 - e0) * scale)
     return t, 2 * t
 
 
@@ -539,7 +539,7 @@ def scores_traffic(inp: LayerInputs, passes: float) -> float:
     if o.flash_attention or not has_attention(inp.model):
         return 0.0
     heads = max(1, inp.model.n_heads // sh.tp)
-    return passes * inp.hardware.device.memory_time(
+    return passes * inp.hardware.device.layer_memory_time(
         scores_pass_bytes(sh.microbatch_size * heads, sh.seq_len // sh.cp, sh.seq_len, o.precision, o.dropout,
                           o.causal_softmax_triangle))
 
@@ -556,7 +556,7 @@ def head_layout_traffic(inp: LayerInputs) -> float:
         return 0.0
     q = m.n_heads * m.head_dim_ / sh.tp
     kv = m.n_kv_heads * m.head_dim_ / (sh.tp if m.n_kv_heads >= sh.tp else 1)
-    return inp.hardware.device.memory_time(
+    return inp.hardware.device.layer_memory_time(
         2.0 * sh.tokens * (2 * q + 2 * kv) * PRECISION_TABLE[o.precision].activation_bytes)
 
 

@@ -124,10 +124,10 @@ def work_time(dev, w: MemoryWork) -> float:
     (``memory_efficiency``), the eager norm and rotary chains' at their own measured rates where the
     profile gives them (``eager_norm_efficiency``, ``eager_rotary_efficiency``), a causal
     convolution's at the slower of the streaming rate and its kernel's (:func:`conv_rate`)."""
-    t = dev.memory_time(max(0.0, w.bytes - w.norm_bytes - w.rotary_bytes - w.conv_bytes))
+    t = dev.layer_memory_time(max(0.0, w.bytes - w.norm_bytes - w.rotary_bytes - w.conv_bytes))
     for part, eff in ((w.norm_bytes, dev.eager_norm_efficiency), (w.rotary_bytes, dev.eager_rotary_efficiency)):
         if part:
-            t += part / (dev.memory_bandwidth * eff) if eff is not None else dev.memory_time(part)
+            t += part / (dev.memory_bandwidth * eff) if eff is not None else dev.layer_memory_time(part)
     if w.conv_bytes:
         rate = conv_rate(dev)
         t += max(dev.memory_time(w.conv_bytes), w.conv_bytes / rate if rate else 0.0)

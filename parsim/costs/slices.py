@@ -39,7 +39,7 @@ def _unfused_s(inp: LayerInputs, sq: int, sk: int) -> tuple[float, float]:
     fwd = dev.gemm_time(sq, sk, hd, prec, bh) + dev.gemm_time(sq, hd, sk, prec, bh)
     bwd = (dev.gemm_time(sk, hd, sq, prec, bh) + dev.gemm_time(sq, sk, hd, prec, bh)
            + dev.gemm_time(sq, hd, sk, prec, bh) + dev.gemm_time(sk, hd, sq, prec, bh))
-    scores = dev.memory_time(scores_pass_bytes(bh, sq, sk, o.precision, o.dropout))
+    scores = dev.layer_memory_time(scores_pass_bytes(bh, sq, sk, o.precision, o.dropout))
     return fwd + scores, bwd + 2 * scores
 
 
@@ -62,7 +62,7 @@ def context_attention_s(inp: LayerInputs, context: int) -> tuple[float, float]:
     # a profile without kernel facts: FLOPs through the calibrated attention efficiency
     flops = 4.0 * sh.microbatch_size * heads * l * context * hd
     ratio = FLASH_BACKWARD_FLOP_RATIO if o.flash_attention else 2.0
-    extra = 0.0 if o.flash_attention else dev.memory_time(
+    extra = 0.0 if o.flash_attention else dev.layer_memory_time(
         scores_pass_bytes(sh.microbatch_size * heads, l, context, o.precision, o.dropout))
     return (dev.attention_time(flops, o.precision, o.flash_attention) + extra,
             dev.attention_time(flops * ratio, o.precision, o.flash_attention, backward=True) + 2 * extra)

@@ -365,7 +365,7 @@ def embedding_cost(inp: LayerInputs) -> EndCost:
     sequence parallelism a reduce-scatter, and the backward's all-gather)."""
     m, sh, dev = inp.model, inp.shard, inp.hardware.device
     tokens = sh.tokens
-    emb = dev.memory_time(2 * tokens * m.d_model * 2)
+    emb = dev.layer_memory_time(2 * tokens * m.d_model * 2)
     out_bytes = tokens * m.d_model * PRECISION_TABLE[inp.options.precision].activation_bytes
     # each rank looks up its vocabulary rows and zeroes the rest: the partial outputs are summed
     # over tp (Megatron's VocabParallelEmbedding), reduce-scattered along the sequence under
@@ -455,8 +455,8 @@ def head_cost(inp: LayerInputs) -> EndCost:
     o = inp.options
     logits, out_bytes = logits_bytes(m, seq, b, sh.tp) / 4.0, PRECISION_TABLE[prec].activation_bytes
     lf, lb = loss_work(logits, out_bytes, o.fused_kernels, o.cross_entropy_fusion)
-    loss_f = max(dev.memory_time(lf.bytes), lf.kernels * dev.kernel_launch_s)
-    loss_b = max(dev.memory_time(lb.bytes), lb.kernels * dev.kernel_launch_s)
+    loss_f = max(dev.layer_memory_time(lf.bytes), lf.kernels * dev.kernel_launch_s)
+    loss_b = max(dev.layer_memory_time(lb.bytes), lb.kernels * dev.kernel_launch_s)
     # fp32 logits for the loss, plus the final norm's input and the LM head's input
     # (two d_model activations per token; replicated over tp unless sequence parallel)
     head_inputs = 2 * tokens * m.d_model * activation_options(inp).bytes_per_element
@@ -491,7 +491,7 @@ def mtp_cost(inp: LayerInputs) -> EndCost:
     local = tokens / tp if sh.sequence_parallel else tokens  # the tokens a rank's norms see
     # enorm, hnorm (read d, write d each), the concatenation (read 2d, write 2d), the final
     # norm (read d, write d); the backward about twice the bytes
-    norms = dev.memory_time(local * d * a * (2 + 2 + 4 + 2))
+    norms = dev.layer_memory_time(local * d * a * (2 + 2 + 4 + 2))
     n = -(-d // tp)
     f_gemm = dev.gemm_time(tokens, n, 2 * d, gemm_prec)
     i_gemm = dev.gemm_time(tokens, 2 * d, n, gemm_prec)
