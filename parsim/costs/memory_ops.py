@@ -120,10 +120,11 @@ def conv_rate(dev) -> float | None:
 
 
 def work_time(dev, w: MemoryWork) -> float:
-    """Seconds of ``w``'s kernels on ``dev`` (launches aside): its bytes at the streaming rate
-    (``memory_efficiency``), the eager norm and rotary chains' at their own measured rates where the
-    profile gives them (``eager_norm_efficiency``, ``eager_rotary_efficiency``), a causal
-    convolution's at the slower of the streaming rate and its kernel's (:func:`conv_rate`)."""
+    """Seconds of ``w``'s kernels on ``dev`` (launches aside): its bytes at the layer kernels' rate
+    (``layer_memory_efficiency``, a copy's ``memory_efficiency`` where the profile states none), the
+    eager norm and rotary chains' at their own measured rates where the profile gives them
+    (``eager_norm_efficiency``, ``eager_rotary_efficiency``), a causal convolution's at the slower of
+    the streaming rate and its kernel's (:func:`conv_rate`)."""
     t = dev.layer_memory_time(max(0.0, w.bytes - w.norm_bytes - w.rotary_bytes - w.conv_bytes))
     for part, eff in ((w.norm_bytes, dev.eager_norm_efficiency), (w.rotary_bytes, dev.eager_rotary_efficiency)):
         if part:
