@@ -409,6 +409,7 @@ def _training(t: dict, file: str) -> TrainingConfig:
         recompute_num_layers=_typed(t, "recompute_num_layers", int, file, p, None),
         bf16_first_layers=_typed(t, "bf16_first_layers", int, file, p, 0),
         bf16_last_layers=_typed(t, "bf16_last_layers", int, file, p, 0),
+        persist_layer_norm=_typed(t, "persist_layer_norm", bool, file, p, True),
     )
     if tc.seq_len > MAX_SEQ_LEN:
         raise ConfigError(file, p + "seq_len", f"{tc.seq_len:,} tokens is more than parsim models ({MAX_SEQ_LEN:,}: "

@@ -31,10 +31,12 @@ A100_FLAT = ("megatron21-table1-1.7B", "megatron21-table1-3.6B", "megatron21-tab
 """Table 1's rows without pipeline parallelism."""
 
 
-@pytest.mark.xfail(strict=True, reason="open: with the A100's layer_memory_efficiency fitted on Korthikanti's Table 4 (benchmarks/fit_layer_memory.py) the rows without pipelining are +2.5..+6.0%: the 18B row, the 2021 code's run of the 6144-wide block whose 2022 run Table 5 and Table 4 time within 1%, stays 6% fast (the 2021 code's own kernels, e.g. the non-persistent layer norm, are not separated: no source times them)")
 def test_a100_rows_without_pipeline_within_five_percent(rows):
     # the kernel models alone, at the A100's power-limited clock, with the unfused attention as
-    # Megatron ran it (batched GEMMs in one launch, its fused upper-triangular softmax)
+    # Megatron ran it (batched GEMMs in one launch, its fused upper-triangular softmax), the layer
+    # kernels at the bandwidth Korthikanti's Table 4 gives them and the 2021 code's Apex
+    # FusedLayerNorm at the time apex #1037 measured for it: +1.6..+3.1% (+2.5..+6.0% with the
+    # persistent norm the code did not have yet; 8.6% MAPE at a copy's rate)
     flat = [r for r in rows if r["id"] in A100_FLAT]
     assert len(flat) == 4 and all(r["family"] == "a100" and r["pp"] == 1 for r in flat)
     assert all(abs(r["error"]) <= 0.05 for r in flat)
@@ -62,12 +64,22 @@ def test_the_32b_row_is_not_predicted_slower_than_published_by_more_than_five_pe
     assert next(r for r in rows if r["id"] == OPEN_SLOW_ROW)["error"] >= -0.05
 
 
-def test_mape_within_four_percent_on_the_a100_rows(rows):
-    # 3.8% with the layer kernels' bandwidth fraction fitted on Korthikanti's per-layer Table 4
-    # (benchmarks/fit_layer_memory.py), these rows held out of that fit; 6.6% at a copy's rate
+def test_mape_within_three_percent_on_the_a100_rows(rows):
+    # 2.3%: the layer kernels' bandwidth fraction fitted on Korthikanti's per-layer Table 4
+    # (benchmarks/fit_layer_memory.py), these rows held out of that fit, and the April 2021 code's
+    # Apex FusedLayerNorm (training.persist_layer_norm = false); 3.8% with the persistent norm,
+    # 6.6% at a copy's rate
     a100 = [r for r in rows if r["family"] == "a100"]
     assert len(a100) == 10
-    assert fidelity.mape(a100) <= 4.0
+    assert fidelity.mape(a100) <= 3.0
+
+
+def test_public_set_mape_within_five_percent(rows):
+    """The issue's must-show on the public set (Megatron-LM 2021 Table 1 on A100 and Megatron-Core's
+    H100 weak scaling, 19 rows): 4.9%, with no per-GPU or per-row factor (7.1% before the A100's
+    layer-kernel bandwidth and the 2021 code's norm)."""
+    assert len(rows) == 19
+    assert fidelity.mape(rows) <= 5.0
 
 
 def test_mape_within_ten_percent_on_the_h100_rows(rows):

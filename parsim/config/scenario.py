@@ -121,6 +121,11 @@ class TrainingConfig:
     bf16_last_layers: int = 0
     """Likewise the trailing blocks (``--num-layers-at-end-in-bf16``; torchtitan's NVFP4 recipe:
     the last ~15%)."""
+    persist_layer_norm: bool = True
+    """A LayerNorm model's fused norms run as the persistent kernel (Apex's ``FastLayerNorm``, which
+    Megatron-LM has called since a2fdcdf061, 2021-10-08, unless ``--no-persist-layer-norm``; Transformer
+    Engine's norms read and write each tensor once too); false: Apex's earlier ``FusedLayerNorm``
+    kernels, which Megatron-LM ran before (``parsim.costs.memory_ops.LEGACY_LAYER_NORM_TIME``)."""
 
     @property
     def recompute_modules_(self) -> tuple[str, ...]:
@@ -304,6 +309,10 @@ def check_model_parallel(model: ModelSpec, tr: TrainingConfig, par: ParallelConf
         raise ConfigError(file, "parallel.sequence_parallel", f"seq_len={tr.seq_len} is not divisible by tp={par.tp}")
     if par.ep > 1 and not model.is_moe:
         raise ConfigError(file, "parallel.ep", f"ep={par.ep} but model {model.name} has no experts")
+    if not tr.persist_layer_norm and (model.norm != "layernorm" or not tr.fused_kernels):
+        why = f"{model.name} uses {model.norm}" if model.norm != "layernorm" else "fused_kernels = false runs nn.LayerNorm"
+        raise ConfigError(file, "training.persist_layer_norm", f"false names Apex's fused LayerNorm kernels "
+                          f"(Megatron's --no-persist-layer-norm); {why}")
     if model.is_moe and model.n_experts % par.ep:
         raise ConfigError(file, "parallel.ep", f"{model.n_experts} experts are not divisible by ep={par.ep}")
 

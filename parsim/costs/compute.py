@@ -34,6 +34,7 @@ from parsim.costs.memory_ops import (
     fp8_cast_work,
     fp8_gemm_precision,
     fp8_promotion_time,
+    legacy_layer_norm_work,
     non_tn_fp8_gemms,
     work_time,
 )
@@ -195,6 +196,9 @@ def memory_work(inp: LayerInputs, moe_layer: bool) -> tuple[MemoryWork, MemoryWo
     a = PRECISION_TABLE[o.precision].activation_bytes
     fwd = block_forward_work(m, sh.tokens, sh.tp, sh.sequence_parallel, a, o.fused_kernels, o.dropout, moe_layer)
     bwd = fwd.scaled(2)
+    if not o.persist_layer_norm and m.norm == "layernorm" and o.fused_kernels:  # Apex's earlier kernels
+        lf, lb = legacy_layer_norm_work(m, sh.tokens, sh.tp, sh.sequence_parallel, a)
+        fwd, bwd = fwd + lf, bwd + lb
     if o.precision == "fp8":
         cf, cb = fp8_cast_work(m, sh.tokens, sh.tp, fp8_recipe(inp), a, moe_layer, non_tn_fp8_gemms(inp.hardware.device))
         fwd, bwd = fwd + cf, bwd + cb

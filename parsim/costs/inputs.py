@@ -241,6 +241,9 @@ class TrainOptions:
     """The unfused attention's softmax reads only the causal triangle of the scores (forward and
     backward) and writes the whole rows: Megatron's fused ``scaled_upper_triang_masked_softmax``
     kernel (:func:`causal_softmax_triangle`)."""
+    persist_layer_norm: bool = True
+    """A LayerNorm model's fused norms as the persistent kernel (false: Apex's earlier
+    ``FusedLayerNorm``, ``training.persist_layer_norm``)."""
 
 
 @dataclass(frozen=True)
@@ -314,7 +317,8 @@ def layer_inputs(ci: CostInputs) -> LayerInputs:
                         tp_overlap_splits=tp_overlap_splits(par.framework, par.tp, par.sequence_parallel,
                                                             ci.overlap.tp_comm),
                         causal_softmax_triangle=causal_softmax_triangle(par.framework, tr.seq_len, par.cp),
-                        async_grad_reduce=async_grad_reduce(par.framework, ci.overlap))
+                        async_grad_reduce=async_grad_reduce(par.framework, ci.overlap),
+                        persist_layer_norm=tr.persist_layer_norm)
     return LayerInputs(m, ci.cluster, shard, opts, ci.moe if has_moe else None)
 
 

@@ -212,6 +212,29 @@ of q and k, the gates (beta's sigmoid, alpha's softplus) and the gated RMSNorm o
 (the delta rule itself: :func:`parsim.costs.compute.gdn_delta_times`)."""
 
 
+LEGACY_LAYER_NORM_TIME = (0.0751 / 0.0535, 0.1762 / 0.0866)
+"""(forward, backward) time of Apex's ``FusedLayerNorm`` kernels over the persistent ``FastLayerNorm`` on
+the same tensor, the norm Megatron-LM ran before a2fdcdf061 (2021-10-08) and with
+``--no-persist-layer-norm`` after: apex #1037 (2021-01-27, the pull request that added FastLayerNorm) timed
+both on a GA100 over B = 32 x S = 512 tokens of hidden 1024 in fp16 -- 0.0751 against 0.0535 ms forward,
+0.1762 against 0.0866 ms backward. Its authors put the gap in the passes over HBM: the new backward
+"reads the large input tensors dout and x only once", the new forward keeps its input in registers
+(vectorized 16-byte loads); the earlier kernels read them again. parsim charges the persistent kernel's
+bytes (the model's ``forward_pieces`` norm: read x, write y; twice that backward) and, for the earlier
+one, these ratios of them: the extra passes as extra bytes at the same rate."""
+
+
+def legacy_layer_norm_work(spec: ModelSpec, tokens: int, tp: int, sp: bool,
+                           act_bytes: float) -> tuple[MemoryWork, MemoryWork]:
+    """(forward, backward) HBM passes Apex's earlier ``FusedLayerNorm`` makes beyond the persistent
+    kernel's over one block's norms (:data:`LEGACY_LAYER_NORM_TIME`): no extra launches."""
+    norm = forward_pieces(spec, tokens, tp, sp, act_bytes, True, False)["norm"]
+    count = spec.block_norms if block_kind(spec) == "T" else 1
+    fwd = norm.bytes * count
+    return (MemoryWork(fwd * (LEGACY_LAYER_NORM_TIME[0] - 1.0), 0),
+            MemoryWork(2 * fwd * (LEGACY_LAYER_NORM_TIME[1] - 1.0), 0))
+
+
 def block_forward_work(spec: ModelSpec, tokens: int, tp: int, sp: bool, act_bytes: float,
                        fused: bool, dropout: bool, moe: bool = False) -> MemoryWork:
     """Norms, rotary, activation, residual adds (and dropout) of one block's forward on one GPU:

@@ -430,7 +430,8 @@ def _training(v: dict, dp: int, notes: list[str]) -> dict:
             "optimizer": opt,
             "flash_attention": backend not in ("unfused", "local"),
             "dropout": v.get("attention_dropout", 0.1) > 0 or v.get("hidden_dropout", 0.1) > 0,
-            "grad_accumulation_fusion": not v.get("no_grad_acc_fusion")}
+            "grad_accumulation_fusion": not v.get("no_grad_acc_fusion"),
+            **({"persist_layer_norm": False} if v.get("no_persist_layer_norm") else {})}
 
 
 def _grad_conventions(v: dict, zero: int, precision: str) -> dict:

@@ -124,6 +124,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     "--optimizer": ("optimizer", "str"),
     "--sgd-momentum": ("sgd_momentum", "float"),
     "--no-gradient-accumulation-fusion": ("no_grad_acc_fusion", "true"),
+    "--no-persist-layer-norm": ("no_persist_layer_norm", "true"),
     "--grad-reduce-in-bf16": ("grad_reduce_in_bf16", "true"),
     "--accumulate-allreduce-grads-in-fp32": ("grads_in_fp32", "true"),
 }
