@@ -309,12 +309,12 @@ def check_model_parallel(model: ModelSpec, tr: TrainingConfig, par: ParallelConf
         raise ConfigError(file, "parallel.sequence_parallel", f"seq_len={tr.seq_len} is not divisible by tp={par.tp}")
     if par.ep > 1 and not model.is_moe:
         raise ConfigError(file, "parallel.ep", f"ep={par.ep} but model {model.name} has no experts")
+    if model.is_moe and model.n_experts % par.ep:
+        raise ConfigError(file, "parallel.ep", f"{model.n_experts} experts are not divisible by ep={par.ep}")
     if not tr.persist_layer_norm and (model.norm != "layernorm" or not tr.fused_kernels):
         why = f"{model.name} uses {model.norm}" if model.norm != "layernorm" else "fused_kernels = false runs nn.LayerNorm"
         raise ConfigError(file, "training.persist_layer_norm", f"false names Apex's fused LayerNorm kernels "
                           f"(Megatron's --no-persist-layer-norm); {why}")
-    if model.is_moe and model.n_experts % par.ep:
-        raise ConfigError(file, "parallel.ep", f"{model.n_experts} experts are not divisible by ep={par.ep}")
 
 
 def check_hybrid(model: ModelSpec, tr: TrainingConfig, par: ParallelConfig, hardware: HardwareProfile,

@@ -154,7 +154,7 @@ def plain_forward_times(inp: LayerInputs, gemms: tuple) -> tuple[float, float]:
     m, dev, sh, prec = inp.model, inp.hardware.device, inp.shard, inp.options.precision
     f_gemm = sum(dev.gemm_time(g.m, g.n, g.k, prec, g.count) for g in gemms)
     f_mem = dev.layer_memory_time(layer_elementwise_bytes(m, sh.tokens, sh.tp, sh.sequence_parallel,
-                                                    PRECISION_TABLE[prec].activation_bytes))
+                                                          PRECISION_TABLE[prec].activation_bytes))
     return f_gemm, f_mem
 
 
