@@ -67,17 +67,23 @@ def _scenario(row: dict, table: dict):
     return scenario_from_dict(doc, f"<table4:{row['experiment']}>")
 
 
+def block_seconds(sc) -> tuple[float, float]:
+    """(forward, backward) seconds of one block of scenario ``sc`` on a middle pipeline stage (no
+    embedding, no head): B includes the recomputation."""
+    cost = stage_cost(layer_inputs(cost_inputs(sc)), StageShape(kinds=(False,), first=False, last=False,
+                                                                head_copy=False))
+    return cost.parts[Op.F].total, cost.parts[Op.B].total
+
+
 def layer_times(row: dict, table: dict, efficiency: float | None) -> tuple[float, float]:
     """(forward, backward) seconds of one block of the row's setting, the profile's
-    ``layer_memory_efficiency`` replaced by ``efficiency`` (None: as the profile states it).
-    The block of a middle pipeline stage: no embedding, no head; B includes the recomputation."""
+    ``layer_memory_efficiency`` replaced by ``efficiency`` (None: as the profile states it):
+    :func:`block_seconds`."""
     sc = _scenario(row, table)
     if efficiency is not None:
         dev = dataclasses.replace(sc.hardware.device, layer_memory_efficiency=efficiency)
         sc = dataclasses.replace(sc, hardware=dataclasses.replace(sc.hardware, device=dev))
-    inp = layer_inputs(cost_inputs(sc))
-    cost = stage_cost(inp, StageShape(kinds=(False,), first=False, last=False, head_copy=False))
-    return cost.parts[Op.F].total, cost.parts[Op.B].total
+    return block_seconds(sc)
 
 
 def residuals(table: dict, efficiency: float | None) -> list[tuple[str, str, float, float]]:
@@ -140,10 +146,8 @@ def hopper_layers(precision: str = "bf16") -> list[tuple[str, float, float]]:
                             "dropout": L["dropout"] > 0, "fused_kernels": fused,  # else torch GeLU, Dropout, adds
                             **({"flash_attention": False} if eager else {"attention_kernel": "cudnn"})},
                "parallel": {"dp": 1, "tp": 1, "pp": 1}}
-        sc = scenario_from_dict(doc, f"<te:{row['implementation']}>")
-        cost = stage_cost(layer_inputs(cost_inputs(sc)), StageShape(kinds=(False,), first=False, last=False,
-                                                                  head_copy=False))
-        out.append((row["implementation"], cost.parts[Op.F].total + cost.parts[Op.B].total, row["time_ms"] / 1e3))
+        f, b = block_seconds(scenario_from_dict(doc, f"<te:{row['implementation']}>"))
+        out.append((row["implementation"], f + b, row["time_ms"] / 1e3))
     return out
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from parsim.cluster.attention_kernels import attention_flops  # noqa: E402
 from parsim.cluster.hardware import load_profile  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data" / "aiconfigurator_gemm_times.csv"
@@ -108,10 +109,10 @@ def cudnn_ratios() -> list[tuple[int, bool, str, float]]:
         for r in csv.DictReader(line for line in f if not line.startswith("#")):
             b, h, s, d = (int(r[k]) for k in ("batch", "heads", "seq", "head_dim"))
             causal = r["causal"] == "True"
-            flops = 4.0 * b * h * s * s * d * (0.5 if causal else 1.0)
-            for back, key, mult in ((False, "fwd", 1.0), (True, "bwd", 2.5)):
+            for back, key in ((False, "fwd"), (True, "bwd")):
                 t = dev.attention_kernel_time(b, s, s, h, h, d, causal, back, "bf16", "cudnn")
-                out.append((s, causal, key, mult * flops / t / 1e12 / float(r[f"{key}_tflops"])))
+                flops = attention_flops(b, s, s, h, d, causal, back)  # as the benchmark's script counts them
+                out.append((s, causal, key, flops / t / 1e12 / float(r[f"{key}_tflops"])))
     return out
 
 
